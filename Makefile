@@ -1,0 +1,23 @@
+# The two commands of the quick start: `make demo` and `make test`. Each sets up what it needs first.
+.PHONY: setup demo test lint bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/coordl demo
+	.venv/bin/dsanalyzer demo
+
+# Fast suite by default; slow tests too when CI=true (as in .ci/run) or COORDL_SLOW=1.
+test: setup
+	@bash scripts/test.sh
+
+lint: setup
+	.venv/bin/ruff check .
+
+bench: setup
+	COORDL_EXTRAS=dev,nfs,dali bash scripts/setup.sh
+	@echo "Each benchmark is one command; see benchmarks/README.md"
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache reports/runs

@@ -1,0 +1,177 @@
+"""Named shared-memory segments that never leak and never bus-error.
+
+Every segment coordl creates is a file named ``coordl-<kind>-<pid>-<start>-<token>`` in ``/dev/shm``
+(or in a directory the user chooses, for a file-backed mapping when ``/dev/shm`` is small). The owner's
+pid and process start time in the name let any later process tell a segment whose owner died (even by
+``kill -9``) from one in use, so :func:`reclaim_stale` frees leftovers at the next start: leaked
+segments after crashes are the top complaint users have about shared-memory loaders.
+
+The file is created sparse and its pages are reserved with ``posix_fallocate`` before anything is
+written to them (:meth:`Segment.reserve`). On tmpfs, touching an unreserved page when the file system
+is full raises SIGBUS ("DataLoader worker is killed by signal: Bus error"); reserving first turns that
+into a clean ``False`` that callers treat as "cache full".
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import mmap
+import os
+import re
+import secrets
+import weakref
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+__all__ = ["DEFAULT_DIR", "Segment", "free_bytes", "reclaim_stale", "owner_tag"]
+
+DEFAULT_DIR = "/dev/shm"
+_NAME_RE = re.compile(r"^coordl-(?P<kind>[a-z0-9_]+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<token>[0-9a-f]+)$")
+
+
+def _start_ticks(pid: int) -> int:
+    """Process start time in centiseconds: with the pid, it names a process uniquely."""
+    return int(psutil.Process(pid).create_time() * 100)
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """``<pid>-<start>`` of a process (default: this one)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{_start_ticks(pid)}"
+
+
+def _owner_alive(pid: int, start: int) -> bool:
+    try:
+        # Start times are rounded; allow one tick of slack.
+        return abs(_start_ticks(pid) - start) <= 1
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return False
+
+
+def free_bytes(directory: str | os.PathLike = DEFAULT_DIR) -> int:
+    """Bytes still available to an unprivileged writer in ``directory``'s file system."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def reclaim_stale(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:
+    """Delete coordl segments in ``directory`` whose owning process is gone. Returns their paths."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        m = _NAME_RE.match(name)
+        if m is None or _owner_alive(int(m["pid"]), int(m["start"])):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass  # another process reclaimed it first
+    return removed
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class Segment:
+    """A shared mapping of a file in ``/dev/shm`` (or another directory).
+
+    Create one with :meth:`create` in the owning process; other processes get it by pickling (only
+    the path travels) or :meth:`attach`. Only the creating process unlinks it, at :meth:`unlink`,
+    interpreter exit or garbage collection.
+    """
+
+    def __init__(self, path: str, size: int, *, owner: bool) -> None:
+        self.path = path
+        self.size = size
+        self._fd = os.open(path, os.O_RDWR)
+        self._mmap = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.buf = memoryview(self._mmap)
+        self._owner_pid = os.getpid() if owner else None
+        self._finalizer = None
+        if owner:
+            self._finalizer = weakref.finalize(self, _unlink_quietly, path)
+            atexit.register(self._finalizer)
+
+    @classmethod
+    def create(cls, kind: str, size: int, directory: str | os.PathLike = DEFAULT_DIR) -> Segment:
+        """Create a sparse segment of ``size`` bytes. Reclaims stale segments in ``directory`` first."""
+        if not re.fullmatch(r"[a-z0-9_]+", kind):
+            raise ValueError(f"segment kind must be lowercase alphanumeric, got {kind!r}")
+        directory = os.fspath(directory)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        reclaim_stale(directory)
+        path = os.path.join(directory, f"coordl-{kind}-{owner_tag()}-{secrets.token_hex(4)}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, max(size, 1))
+        finally:
+            os.close(fd)
+        return cls(path, max(size, 1), owner=True)
+
+    @classmethod
+    def attach(cls, path: str) -> Segment:
+        """Map an existing segment (no ownership: this process will not unlink it)."""
+        return cls(path, os.stat(path).st_size, owner=False)
+
+    def reserve(self, offset: int, length: int) -> bool:
+        """Back ``[offset, offset+length)`` with real pages. False when the file system is full."""
+        if length <= 0:
+            return True
+        try:
+            os.posix_fallocate(self._fd, offset, length)
+            return True
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                return False
+            raise
+
+    def array(self, dtype: np.dtype | str, offset: int, count: int) -> np.ndarray:
+        """A NumPy view of ``count`` elements of ``dtype`` at byte ``offset``."""
+        return np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offset)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        """Unmap (and, in the owner, unlink). Views handed out earlier must be dropped first."""
+        if self._mmap is None:
+            return
+        self.buf.release()
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass  # a NumPy view still references it; the OS frees it at exit
+        os.close(self._fd)
+        self._mmap = None
+        if self._owner_pid == os.getpid():
+            self.unlink()
+
+    def unlink(self) -> None:
+        """Remove the name (owner only); existing mappings stay valid until closed."""
+        if self._owner_pid == os.getpid() and self._finalizer is not None:
+            self._finalizer()
+
+    @property
+    def is_owner(self) -> bool:
+        return self._owner_pid == os.getpid()
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], os.stat(state["path"]).st_size, owner=False)
+
+    def __repr__(self) -> str:
+        return f"Segment({self.path!r}, size={self.size})"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Creates everything the project needs on a fresh Debian machine: system packages (Redis, a user-space
+# NFS server and client library, iproute2 for network namespaces, Chromium for the report's screenshot
+# test) and a virtual environment in .venv with the project installed in editable mode.
+# Idempotent: a second run only checks. Set COORDL_SKIP_APT=1 to skip the system packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(redis-server nfs-ganesha nfs-ganesha-vfs libnfs-dev libnfs-utils rpcbind iproute2 chromium)
+EXTRAS="${COORDL_EXTRAS:-dev,nfs}"
+
+missing=()
+if [ "${COORDL_SKIP_APT:-0}" != "1" ] && command -v dpkg-query >/dev/null; then
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != "0" ] && ! command -v sudo >/dev/null; then
+    echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1
+  fi
+  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "setup: installing system packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  # Debian's policy-rc.d keeps the services from starting: the project starts its own on demand.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.coordl-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$EXTRAS" ]; then
+  echo "setup: installing coordl[$EXTRAS] into .venv (torch 2.13.0 CPU)"
+  .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import torch, simplejpeg, redis, psutil" \
+    || { echo "setup: the install failed (see above)" >&2; exit 1; }
+  echo "$EXTRAS" > "$stamp"
+fi
+echo "setup: ready (.venv, $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
