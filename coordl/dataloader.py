@@ -1,0 +1,388 @@
+"""``coordl.DataLoader``: a drop-in ``torch.utils.data.DataLoader`` with a MinIO cache of raw items.
+
+It takes torch's arguments with torch's meaning (it builds a torch DataLoader inside, so samplers,
+workers, pinning, timeouts and persistent workers behave exactly as in torch) and adds:
+
+* ``cache_bytes``: raw fetched bytes of items stay in shared memory for all workers, filled once and
+  never evicted, so from the second epoch the hit ratio equals the cached fraction (:mod:`coordl.minio`);
+* ``on_error="skip"``: items whose files are corrupt are dropped, logged and counted, never zero-filled;
+* a worker that dies raises :class:`~coordl.errors.WorkerDiedError` naming the item it was on;
+* ``stats()`` / ``epoch_stats()``: hits, misses and bytes read from storage, summed over all workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.utils.data
+from torch.utils.data.dataloader import default_collate
+
+from coordl.counters import SharedCounters
+from coordl.errors import CoordlTimeoutError
+from coordl.minio import MinioCache
+from coordl.pipeline import BASE_COUNTERS, EmptyBatch, FetchTier, LoaderSource, MinioTier
+from coordl.source import has_split_prep, is_item_source
+from coordl.worker_watch import WorkerWatch, is_worker_death, worker_died_error
+
+__all__ = ["DataLoader"]
+
+_SAMPLE_CACHE_COUNTERS = ("sample_cache_hits", "sample_cache_misses", "sample_cache_errors")
+_EPOCH_KEYS = (
+    "cache_hits",
+    "cache_misses",
+    "storage_bytes_read",
+    "storage_items_read",
+    "items_loaded",
+    "skipped_items",
+)
+
+
+class DataLoader:
+    """Iterate batches of a dataset, like ``torch.utils.data.DataLoader``, through a MinIO cache.
+
+    Every torch argument keeps its torch meaning. The additions:
+
+    Args:
+        cache_bytes: bytes of shared memory for the MinIO cache of raw items (0: no cache). Items are
+            cached as first fetched until the budget is full and never evicted.
+        cache_dir: directory for a file-backed cache when ``/dev/shm`` is too small (default: a
+            ``coordl`` directory under the system temp dir). Setting it forces the file-backed cache.
+        on_error: "raise" (default): a corrupt item raises :class:`CorruptItemError` naming its file;
+            "skip": drop it from its batch, log it once and count it in ``stats()["skipped_items"]``.
+        sample_cache: a memcache store for the deterministic part of prep (needs a split-prep source).
+        partitioned: share the cache across the nodes of a distributed job (``coordl.partition``).
+        coordinate: coordinated prep across jobs on one server (``coordl.coordinate``).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        cache_bytes: int = 0,
+        cache_dir: str | None = None,
+        on_error: str = "raise",
+        sample_cache: Any = None,
+        partitioned: bool = False,
+        coordinate: Any = None,
+    ) -> None:
+        self._torch: torch.utils.data.DataLoader | None = None
+        self._closed = False
+        self._validate(cache_bytes, on_error, batch_size, batch_sampler, timeout)
+        self.dataset = dataset
+        self.cache_bytes = int(cache_bytes)
+        self.cache_dir = cache_dir
+        self.on_error = on_error
+        self.partitioned = partitioned
+        self.coordinate = coordinate
+        self._require_optional("partitioned=True", "coordl.partition", partitioned)
+        self._require_optional("coordinate=", "coordl.coordinate", coordinate is not None)
+        self._iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        self.source = None if self._iterable else _adapt(dataset)
+        if sample_cache is not None and not has_split_prep(self.source):
+            raise ValueError(
+                f"sample_cache= needs a dataset whose prep is split into prep_deterministic/prep_random; "
+                f"{type(dataset).__name__} has no such split (use coordl.ImageFolder or add the methods)"
+            )
+        if self._iterable and (cache_bytes or sample_cache is not None or on_error != "raise"):
+            raise ValueError(
+                "cache_bytes=, sample_cache= and on_error= need a map-style dataset; "
+                f"{type(dataset).__name__} is an IterableDataset"
+            )
+        self.sample_cache = sample_cache
+        self._counters = SharedCounters(self._counter_names())
+        self._minio: MinioCache | None = None
+        self._tiers = [] if self._iterable else self._build_fetch_tiers()
+        self._watch = WorkerWatch(num_workers) if num_workers > 0 and not self._iterable else None
+        self._epochs: list[dict[str, Any]] = []
+        self._epoch_start: dict[str, int] | None = None
+        self._final_stats: dict[str, Any] | None = None
+        if self._iterable:
+            inner = dataset
+        else:
+            inner = LoaderSource(
+                self.source,
+                self._tiers,
+                self._counters,
+                on_error=on_error,
+                sample_cache_tier=self._build_sample_cache_tier(),
+                watch=self._watch,
+            )
+        if on_error == "skip":
+            collate_fn = _SkipAwareCollate(collate_fn or default_collate)
+        sampler, batch_sampler, shuffle = self._build_sampler(sampler, batch_sampler, shuffle)
+        self._torch = torch.utils.data.DataLoader(
+            inner,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+
+    # -- construction steps (each in one method, so that other features extend one place) ----------
+
+    @staticmethod
+    def _validate(cache_bytes: Any, on_error: str, batch_size: Any, batch_sampler: Any, timeout: Any) -> None:
+        if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be an int >= 0 (bytes), got {cache_bytes!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if on_error == "skip" and batch_size is None and batch_sampler is None:
+            raise ValueError(
+                "on_error='skip' needs batching: with batch_size=None a skipped item cannot be dropped"
+            )
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+
+    @staticmethod
+    def _require_optional(option: str, module: str, wanted: bool) -> None:
+        if not wanted:
+            return
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            raise NotImplementedError(f"{option} needs {module}, which this build of coordl lacks") from None
+
+    def _counter_names(self) -> list[str]:
+        names = list(BASE_COUNTERS)
+        if self.sample_cache is not None:
+            names += _SAMPLE_CACHE_COUNTERS
+        return names
+
+    def _build_fetch_tiers(self) -> list[FetchTier]:
+        """The chain of places raw bytes come from before storage, nearest first."""
+        tiers: list[FetchTier] = []
+        if self.cache_bytes > 0:
+            if getattr(self.source, "opaque", False):
+                warnings.warn(
+                    f"coordl: cache_bytes ignored: {type(self.dataset).__name__} has no fetch/prep split, "
+                    f"so its raw bytes cannot be cached (use coordl.ImageFolder or implement fetch/prep)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            else:
+                self._minio = MinioCache(
+                    self.cache_bytes,
+                    len(self.source),
+                    directory=self.cache_dir,
+                    name=type(self.dataset).__name__,
+                )
+                tiers.append(MinioTier(self._minio, self._counters))
+        return tiers
+
+    def _build_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> tuple[Any, Any, Any]:
+        """The (sampler, batch_sampler, shuffle) handed to torch: the user's, unchanged, for now."""
+        return sampler, batch_sampler, shuffle
+
+    def _build_sample_cache_tier(self) -> Any:
+        if self.sample_cache is None:
+            return None
+        sample_cache = importlib.import_module("coordl.sample_cache")
+        return sample_cache.SampleCacheTier(self.sample_cache, self.source, self._counters)
+
+    # -- iteration ---------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._closed:
+            raise RuntimeError("this coordl.DataLoader was closed")
+        self._end_epoch(complete=False)
+        self._epoch_start = self._counters.snapshot()
+        return _EpochIterator(self, iter(self._torch))
+
+    def __len__(self) -> int:
+        return len(self._torch)
+
+    def _end_epoch(self, *, complete: bool) -> None:
+        if self._epoch_start is None:
+            return
+        now = self._counters.snapshot()
+        delta = {k: now[k] - self._epoch_start[k] for k in _EPOCH_KEYS}
+        looked_up = delta["cache_hits"] + delta["cache_misses"]
+        delta["hit_ratio"] = delta["cache_hits"] / looked_up if looked_up else 0.0
+        delta["epoch"] = len(self._epochs)
+        delta["complete"] = complete
+        self._epochs.append(delta)
+        self._epoch_start = None
+
+    def _translate(self, error: RuntimeError, torch_iter: Any) -> BaseException | None:
+        """A coordl error for torch's worker-death and timeout RuntimeErrors, else None."""
+        if is_worker_death(error):
+            workers = getattr(torch_iter, "_workers", [])
+            exitcodes = {w.pid: w.exitcode for w in workers}
+            # The iterator is broken after a death; make the next epoch start fresh workers.
+            if getattr(self._torch, "_iterator", None) is torch_iter:
+                self._torch._iterator = None
+            return worker_died_error(error, self._watch, self.source, exitcodes)
+        if "DataLoader timed out after" in str(error):
+            return CoordlTimeoutError(f"{error} (the timeout= option of coordl.DataLoader)")
+        return None
+
+    # -- stats -------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Totals since construction (or :meth:`reset_stats`), counted across all workers.
+
+        Keys: ``cache_hits``, ``cache_misses``, ``storage_bytes_read``, ``storage_items_read``,
+        ``items_loaded``, ``skipped_items``, ``cached_items``, ``cached_bytes``, ``capacity_bytes``,
+        ``cache_backend``, plus the dataset's own ``stats()`` and each fetch tier's.
+        """
+        if self._closed:
+            return dict(self._final_stats or {})
+        out: dict[str, Any] = {}
+        for obj in (self.dataset, self.source):
+            dataset_stats = getattr(obj, "stats", None)
+            if callable(dataset_stats):
+                out.update(dataset_stats())
+        out.update(self._counters.snapshot())
+        out.update({"cached_items": 0, "cached_bytes": 0, "capacity_bytes": 0, "cache_backend": "none"})
+        for tier in self._tiers:
+            out.update(tier.stats())
+        sc = self._torch.dataset.sample_cache_tier if isinstance(self._torch.dataset, LoaderSource) else None
+        if sc is not None and callable(getattr(sc, "stats", None)):
+            out.update(sc.stats())
+        return out
+
+    def epoch_stats(self) -> list[dict[str, Any]]:
+        """Per epoch (one entry per iteration over the loader): the counter deltas and ``hit_ratio``."""
+        return [dict(e) for e in self._epochs]
+
+    def reset_stats(self) -> None:
+        """Zero the counters and forget per-epoch numbers (call between epochs)."""
+        self._counters.reset()
+        self._epochs.clear()
+        self._epoch_start = None
+
+    # -- lifetime ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop persistent workers and free the shared memory now (also done at interpreter exit)."""
+        if self._closed:
+            return
+        self._final_stats = self.stats()
+        self._closed = True
+        iterator = getattr(self._torch, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self._torch._iterator = None
+        for obj in (self._minio, self._counters, self._watch):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # batch_size, sampler, batch_sampler, drop_last, generator, ...: torch's attributes.
+        torch_loader = self.__dict__.get("_torch")
+        if torch_loader is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(torch_loader, name)
+
+    def __repr__(self) -> str:
+        cache = f", cache={self._minio!r}" if self._minio is not None else ""
+        return f"coordl.DataLoader({type(self.dataset).__name__}, batch_size={self._torch.batch_size}{cache})"
+
+
+class _EpochIterator:
+    """One pass over the loader: drops all-skipped batches, translates torch errors, closes the epoch."""
+
+    def __init__(self, loader: DataLoader, torch_iter: Any) -> None:
+        self._loader = loader
+        self._it = torch_iter
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._loader._end_epoch(complete=True)
+                raise
+            except RuntimeError as e:
+                translated = self._loader._translate(e, self._it)
+                if translated is None:
+                    raise
+                raise translated from e
+            if not isinstance(batch, EmptyBatch):
+                return batch
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+
+class _SkipAwareCollate:
+    """Collates what survived skipping; a batch with nothing left becomes :class:`EmptyBatch`."""
+
+    def __init__(self, collate_fn: Callable) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, batch: list[Any]) -> Any:
+        return self.collate_fn(batch) if batch else EmptyBatch()
+
+
+class _OpaqueSource:
+    """A map-style dataset without a fetch/prep split, run as one stage (no raw-byte caching)."""
+
+    opaque = True
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def fetch(self, index: int) -> bytes:
+        return b""
+
+    def prep(self, raw: bytes, index: int) -> Any:
+        return self.dataset[index]
+
+
+def _adapt(dataset: Any) -> Any:
+    """The item source for ``dataset``: itself, ``coordl.datasets.as_item_source``'s, or opaque."""
+    if is_item_source(dataset):
+        return dataset
+    try:
+        datasets = importlib.import_module("coordl.datasets")
+    except ModuleNotFoundError as e:
+        if e.name != "coordl.datasets":
+            raise
+        return _OpaqueSource(dataset)
+    return datasets.as_item_source(dataset)

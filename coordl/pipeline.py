@@ -1,0 +1,206 @@
+"""The per-item path inside a loader worker: fetch through a chain of tiers, then prep.
+
+``LoaderSource`` is the map-style torch ``Dataset`` that ``coordl.DataLoader`` hands to
+``torch.utils.data.DataLoader``; torch's fetcher calls its batched ``__getitems__``. For each index it
+asks the fetch tiers in order (MinIO cache, later a peer's cache), falls back to ``source.fetch``
+(storage), offers the bytes to the tiers that missed, and preps them. Optionally the deterministic part
+of prep is looked up in / stored to a sample cache (memcache) first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch.utils.data
+
+from coordl.counters import SharedCounters
+from coordl.errors import CorruptItemError
+from coordl.minio import MinioCache
+from coordl.source import describe_item
+from coordl.worker_watch import WorkerWatch
+
+__all__ = ["FetchTier", "MinioTier", "LoaderSource", "BASE_COUNTERS", "EmptyBatch"]
+
+log = logging.getLogger("coordl")
+
+BASE_COUNTERS = (
+    "cache_hits",
+    "cache_misses",
+    "storage_bytes_read",
+    "storage_items_read",
+    "items_loaded",
+    "skipped_items",
+)
+
+
+@runtime_checkable
+class FetchTier(Protocol):
+    """One place raw item bytes can come from before storage is asked."""
+
+    name: str
+
+    def get(self, index: int) -> bytes | memoryview | None:
+        """The raw bytes of item ``index``, or None on a miss."""
+        ...
+
+    def offer(self, index: int, raw: bytes | memoryview) -> None:
+        """Called with bytes a lower tier or storage produced after this tier missed."""
+        ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class MinioTier:
+    """The MinIO cache as a fetch tier; counts ``cache_hits`` / ``cache_misses``."""
+
+    name = "minio"
+
+    def __init__(self, cache: MinioCache, counters: SharedCounters) -> None:
+        self.cache = cache
+        self.counters = counters
+
+    def get(self, index: int) -> memoryview | None:
+        raw = self.cache.get(index)
+        self.counters.add("cache_hits" if raw is not None else "cache_misses")
+        return raw
+
+    def offer(self, index: int, raw: bytes | memoryview) -> None:
+        self.cache.put(index, raw)
+
+    def stats(self) -> dict[str, int]:
+        return self.cache.stats()
+
+
+class EmptyBatch:
+    """Stands for a batch whose every item was skipped (``on_error="skip"``); the loader drops it."""
+
+
+class LoaderSource(torch.utils.data.Dataset):
+    """A torch Dataset running fetch tiers -> storage -> prep for an item source.
+
+    Args:
+        source: the item source (``len``, ``fetch``, ``prep``).
+        tiers: fetch tiers, asked in order before storage.
+        counters: shared counters holding at least :data:`BASE_COUNTERS`.
+        on_error: "raise" or "skip" (drop items whose prep raises :class:`CorruptItemError`).
+        sample_cache_tier: optional memcache tier (``get_many`` / ``put_many``) for split-prep sources.
+        watch: optional worker table, updated with the item each worker is on.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        tiers: Sequence[FetchTier],
+        counters: SharedCounters,
+        *,
+        on_error: str = "raise",
+        sample_cache_tier: Any = None,
+        watch: WorkerWatch | None = None,
+    ) -> None:
+        self.source = source
+        self.tiers = list(tiers)
+        self.counters = counters
+        self.on_error = on_error
+        self.sample_cache_tier = sample_cache_tier
+        self.watch = watch
+        self._logged_skips: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> Any:
+        out = self.__getitems__([index])
+        if not out:
+            # Only reachable without batching, which the loader refuses with on_error="skip".
+            raise CorruptItemError(f"{describe_item(self.source, index)} was skipped", index=index)
+        return out[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        worker = torch.utils.data.get_worker_info()
+        worker_id = worker.id if worker is not None and self.watch is not None else None
+        try:
+            if self.sample_cache_tier is not None:
+                samples = self._load_split(indices, worker_id)
+            else:
+                samples = [self._load_one(int(i), worker_id) for i in indices]
+        finally:
+            if worker_id is not None:
+                self.watch.idle(worker_id)
+        kept = [s for s in samples if s is not _SKIPPED]
+        self.counters.add_many({"items_loaded": len(kept), "skipped_items": len(samples) - len(kept)})
+        return kept
+
+    # -- fetch -------------------------------------------------------------------------------------
+
+    def fetch(self, index: int) -> bytes:
+        """Raw bytes of ``index`` from the first tier that has them, else storage (then offered up)."""
+        missed: list[FetchTier] = []
+        raw: bytes | memoryview | None = None
+        for tier in self.tiers:
+            raw = tier.get(index)
+            if raw is not None:
+                break
+            missed.append(tier)
+        if raw is None:
+            raw = self.source.fetch(index)
+            self.counters.add_many({"storage_bytes_read": len(raw), "storage_items_read": 1})
+        for tier in missed:
+            tier.offer(index, raw)
+        # A cache view becomes bytes here: one memcpy, and prep gets the type the protocol promises.
+        return raw if isinstance(raw, bytes) else bytes(raw)
+
+    # -- prep --------------------------------------------------------------------------------------
+
+    def _load_one(self, index: int, worker_id: int | None) -> Any:
+        if worker_id is not None:
+            self.watch.on_item(worker_id, index)
+        try:
+            return self.source.prep(self.fetch(index), index)
+        except CorruptItemError as e:
+            return self._skip_or_raise(e, index)
+
+    def _load_split(self, indices: Sequence[int], worker_id: int | None) -> list[Any]:
+        indices = [int(i) for i in indices]
+        arrays = self.sample_cache_tier.get_many(indices)
+        fresh = {}
+        out: list[Any] = []
+        for index in indices:
+            if worker_id is not None:
+                self.watch.on_item(worker_id, index)
+            try:
+                arr = arrays.get(index)
+                if arr is None:
+                    arr = self.source.prep_deterministic(self.fetch(index), index)
+                    fresh[index] = arr
+                out.append(self.source.prep_random(arr, index))
+            except CorruptItemError as e:
+                out.append(self._skip_or_raise(e, index))
+        if fresh:
+            self.sample_cache_tier.put_many(fresh)
+        return out
+
+    def _skip_or_raise(self, error: CorruptItemError, index: int) -> Any:
+        if error.index is None:
+            error.index = index
+        if error.path is None:
+            what = describe_item(self.source, index)
+            if what != f"item {index}":
+                error.path = what
+        if self.on_error != "skip":
+            raise error
+        if index not in self._logged_skips:  # once per item per process: a bad file is not news twice
+            self._logged_skips.add(index)
+            log.warning("coordl: skipping %s: %s", error.path or f"item {index}", error)
+        return _SKIPPED
+
+    def stats(self) -> dict[str, Any]:
+        """Counters summed over all processes, plus each tier's own stats."""
+        out: dict[str, Any] = dict(self.counters.snapshot())
+        for tier in self.tiers:
+            out.update(tier.stats())
+        return out
+
+
+_SKIPPED = object()
