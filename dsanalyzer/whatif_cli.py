@@ -1,0 +1,159 @@
+"""``dsanalyzer whatif REPORT``: predicted samples/s over a grid, and for one asked point.
+
+The last line printed is always ``predicted_samples_per_s=<float>`` for the point asked (the measured
+configuration, changed by whichever options are given), so that scripts can read it with ``tail -1``.
+Sizes are decimal: ``--cache-gb 32`` is 32e9 bytes, ``--storage-mbps 500`` is 500e6 bytes/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dsanalyzer.cachemodel import POLICIES
+from dsanalyzer.whatif import Model, advice_sentence, format_bytes
+
+__all__ = ["add_whatif_parser", "run_whatif", "load_report_file"]
+
+_BOUND_MARK = {"compute": "C", "prep": "P", "fetch": "F"}
+
+
+def load_report_file(path: str | Path) -> dict:
+    """Load report.json through dsanalyzer.report (schema check) when present, else plain JSON."""
+    try:
+        from dsanalyzer.report import load_report
+    except ImportError:  # the report module is optional for this command; check the basics here
+        load_report = None
+    if load_report is not None:
+        return load_report(path)
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read a report: {e}") from e
+    if not isinstance(report, dict) or report.get("schema_version") != 1:
+        got = report.get("schema_version") if isinstance(report, dict) else None
+        raise ValueError(f"{path}: schema_version {got!r} is not supported (this dsanalyzer reads version 1)")
+    return report
+
+
+def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``whatif`` on the ``dsanalyzer`` command."""
+    p = subparsers.add_parser(
+        "whatif",
+        help="predict samples/s for another cache size, core count, storage speed or GPU",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("report", help="report.json written by `dsanalyzer profile`")
+    p.add_argument("--cache-gb", type=float, help="cache size in GB (1e9 bytes); default: the measured one")
+    p.add_argument("--cpus", type=int, help="CPU cores for data prep; default: the measured machine's")
+    p.add_argument("--workers", type=int, help="loader workers; default: one per core")
+    p.add_argument(
+        "--storage-mbps", type=float, help="storage bandwidth in MB/s (1e6 bytes/s); default: measured"
+    )
+    p.add_argument("--gpu-speedup", type=float, default=1.0, help="compute rate multiplier (a faster GPU)")
+    p.add_argument(
+        "--cache-policy", choices=POLICIES, help="pagecache (LRU) or minio; default: the measured one"
+    )
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON before the last line")
+    p.set_defaults(func=run_whatif)
+    return p
+
+
+def _rate_cell(rate: float, bound: str) -> str:
+    return f"{rate:>9.1f} {_BOUND_MARK.get(bound, '?')}"
+
+
+def _table(
+    model: Model, policy: str, storage: float, gpu: float, cpus_list: list[int], caches: list[float]
+) -> str:
+    head = f"{'cache':>10} {'hit':>5} | " + " ".join(f"{f'{c} cpus':>11}" for c in cpus_list)
+    lines = [head, "-" * len(head)]
+    for cache in caches:
+        cells = []
+        hit = 0.0
+        for c in cpus_list:
+            p = model.predict(cache, c, storage, gpu_speedup=gpu, policy=policy)
+            hit = p.hit_ratio
+            cells.append(_rate_cell(p.samples_per_s, p.bound))
+        lines.append(f"{format_bytes(cache):>10} {hit:>5.2f} | " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def run_whatif(args: argparse.Namespace) -> int:
+    """Print the grid tables, the way to compute-bound, and the asked point (last line)."""
+    try:
+        report = load_report_file(args.report)
+        model = Model.from_report(report)
+    except (ValueError, KeyError, TypeError) as e:
+        print(f"dsanalyzer whatif: {e}", file=sys.stderr)
+        return 2
+    cache = args.cache_gb * 1e9 if args.cache_gb is not None else model.cache_bytes
+    cpus = args.cpus or model.cpus
+    storage = args.storage_mbps * 1e6 if args.storage_mbps else model.storage_bytes_per_s
+    policy = args.cache_policy or model.cache_policy
+    workers = args.workers or (model.workers if args.cpus is None else None)
+    if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0:
+        print(
+            "dsanalyzer whatif: --cache-gb must be >= 0, --cpus >= 1, --storage-mbps and --gpu-speedup > 0",
+            file=sys.stderr,
+        )
+        return 2
+    caches, cpus_list, _ = model.default_axes()
+    caches = sorted(set(caches) | {round(cache)})
+    cpus_list = sorted(set(cpus_list) | {cpus})
+    print(
+        f"dataset {model.dataset_items} items, {format_bytes(model.dataset_bytes)}; batch {model.batch_size}; "
+        f"compute {model.compute_per_s * args.gpu_speedup:.1f} samples/s; storage {format_bytes(storage)}/s"
+    )
+    for pol in POLICIES:
+        print(
+            f"\nsamples/s with the {pol} cache at {format_bytes(storage)}/s (bound: C compute, P prep, F fetch)"
+        )
+        print(_table(model, pol, storage, args.gpu_speedup, cpus_list, caches))
+    need = model.to_compute_bound(gpu_speedup=args.gpu_speedup)
+    print(
+        "\nto be compute-bound "
+        f"({need['compute_samples_per_s']:.1f} samples/s): cores {need['cpus_needed'] or 'never (prep saturates)'}; "
+        f"MinIO cache {format_bytes(need['cache_bytes_needed']['minio'])}; "
+        f"page cache {format_bytes(need['cache_bytes_needed']['pagecache'])}; "
+        f"storage {format_bytes(need['storage_bytes_per_s_needed'])}/s"
+    )
+    print(advice_sentence(report))
+    point = model.predict(cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers)
+    print(
+        f"\npoint: cache {format_bytes(cache)} ({policy}, hit ratio {point.hit_ratio:.3f}), {cpus} cpus, "
+        f"storage {format_bytes(storage)}/s, gpu x{args.gpu_speedup:g}: {point.samples_per_s:.1f} samples/s, "
+        f"epoch {point.epoch_s:.1f} s, {point.bound}-bound"
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "samples_per_s": point.samples_per_s,
+                    "epoch_s": point.epoch_s,
+                    "bound": point.bound,
+                    "hit_ratio": point.hit_ratio,
+                    "stage_rates": point.stage_rates,
+                    "per_iter_s": point.per_iter_s,
+                }
+            )
+        )
+    print(f"predicted_samples_per_s={point.samples_per_s:.6g}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``whatif`` alone (``python -m dsanalyzer.whatif_cli REPORT ...``)."""
+    parser = argparse.ArgumentParser(prog="dsanalyzer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_whatif_parser(sub)
+    args = parser.parse_args(["whatif", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
