@@ -1,0 +1,133 @@
+"""The record of what is staged: an append-only log shared by every process on the node.
+
+Why a log: a record is appended (``O_APPEND``, one ``write`` under an exclusive ``flock``) only *after* the staged
+file has been renamed into place, so whatever a ``kill -9`` interrupts, the manifest never names a partial file.
+Each line carries its own CRC, so a torn last line (crash in mid-write, disk full) is recognised and ignored.
+Readers keep an offset and parse only what other processes appended since, so staying current costs one
+``fstat`` per miss.
+
+Line format (text, one record per line, last record for a path wins)::
+
+    <crc32 of the rest, 8 hex> + <size> <mtime_ns> <crc32 of the file, 8 hex> <percent-encoded relpath>
+    <crc32 of the rest, 8 hex> - <percent-encoded relpath>          (removed: failed verification)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import urllib.parse
+import zlib
+from dataclasses import dataclass
+
+__all__ = ["Entry", "Manifest"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A staged file: its size, the source's mtime when it was copied, and the CRC32 of its bytes."""
+
+    size: int
+    mtime_ns: int
+    crc32: int
+
+
+def _encode(body: str) -> bytes:
+    return f"{zlib.crc32(body.encode()):08x} {body}\n".encode()
+
+
+def _decode(line: bytes) -> tuple[str, str, Entry | None] | None:
+    """(op, relpath, entry) of one complete line, or None when it is damaged."""
+    try:
+        text = line.decode()
+        crc_hex, body = text.split(" ", 1)
+        if int(crc_hex, 16) != zlib.crc32(body.encode()):
+            return None
+        fields = body.split(" ")
+        if fields[0] == "+" and len(fields) == 5:
+            entry = Entry(int(fields[1]), int(fields[2]), int(fields[3], 16))
+            return "+", urllib.parse.unquote(fields[4]), entry
+        if fields[0] == "-" and len(fields) == 2:
+            return "-", urllib.parse.unquote(fields[1]), None
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return None
+
+
+class Manifest:
+    """In-memory view of the manifest log at ``path``; ``refresh`` picks up other processes' appends."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.entries: dict[str, Entry] = {}
+        self.total_bytes = 0
+        self._offset = 0
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._fd = -1
+
+    def _file(self) -> int:
+        if self._fd < 0 or self._pid != os.getpid():
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._pid = os.getpid()
+        return self._fd
+
+    def refresh(self) -> None:
+        """Apply the lines appended since the last refresh (by any process)."""
+        with self._lock:
+            fd = self._file()
+            size = os.fstat(fd).st_size
+            if size <= self._offset:
+                return
+            data = os.pread(fd, size - self._offset, self._offset)
+            end = (
+                data.rfind(b"\n") + 1
+            )  # an incomplete last line is being written (or was torn): skip it for now
+            for line in data[:end].split(b"\n")[:-1]:
+                rec = _decode(line)
+                if rec is not None:
+                    self._apply(*rec)
+            # A torn last line (crash mid-write) stays unparsed here: the next append starts on a fresh line.
+            self._offset += end
+
+    def _apply(self, op: str, relpath: str, entry: Entry | None) -> None:
+        old = self.entries.pop(relpath, None)
+        if old is not None:
+            self.total_bytes -= old.size
+        if op == "+" and entry is not None:
+            self.entries[relpath] = entry
+            self.total_bytes += entry.size
+
+    def _append(self, body: str) -> None:
+        fd = self._file()
+        line = _encode(body)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            tail = os.fstat(fd).st_size
+            # After a torn line, start on a fresh line so this record stays parseable.
+            if tail and os.pread(fd, 1, tail - 1) != b"\n":
+                line = b"\n" + line
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(28, f"short write to manifest {self.path}")
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def add(self, relpath: str, entry: Entry) -> None:
+        """Record a staged file (call only after it was renamed into place)."""
+        self._append(f"+ {entry.size} {entry.mtime_ns} {entry.crc32:08x} {urllib.parse.quote(relpath)}")
+        self.refresh()
+
+    def remove(self, relpath: str) -> None:
+        """Forget a staged file (it failed verification or vanished)."""
+        self._append(f"- {urllib.parse.quote(relpath)}")
+        self.refresh()
+
+    def get(self, relpath: str) -> Entry | None:
+        return self.entries.get(relpath)
+
+    def close(self) -> None:
+        if self._fd >= 0 and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = -1

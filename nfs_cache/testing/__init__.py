@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks: a throw-away nfs-ganesha server."""
