@@ -84,6 +84,7 @@ class Model:
     workers: int = 1
     cache_bytes: float = 0.0
     cache_policy: str = "pagecache"
+    prep_points: tuple = ()  # the measured (workers, samples/s) pairs the prep curve was fitted to
 
     @classmethod
     def from_report(cls, report: dict) -> Model:
@@ -120,6 +121,7 @@ class Model:
             workers=max(1, int(_get(report, "workers", required=False, default=cpus))),
             cache_bytes=float(_get(report, "cache_bytes", required=False, default=0.0)),
             cache_policy=policy,
+            prep_points=tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
         )
 
     @property
