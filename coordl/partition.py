@@ -1,0 +1,445 @@
+"""Partitioned MinIO cache across the nodes of a data-parallel job, and its sampler.
+
+CoorDL's partitioned caching (Mohan et al., VLDB 2021): on N nodes each node's MinIO cache holds a
+disjoint share of the items, so the job's aggregate memory caches a dataset no single node can. Who
+owns item i follows from a shared seed and the nodes' cache budgets (:class:`OwnerMap`): no metadata
+service. A fetch asks the owner: the local cache when this node owns the item, else the owner's
+:class:`coordl.peer.PeerServer` over TCP; storage is read only for items nobody has yet. An item read
+from storage is pushed to its owner (in the background), so after one epoch the aggregate cache holds
+the whole dataset and storage is not read again. A peer that dies or is cut off is skipped for a
+backoff period and its items come from storage.
+
+:class:`PartitionedSampler` gives each rank a fresh random shard every epoch, with the same number of
+samples on every rank (unequal batch counts hang DDP).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing import util as mp_util
+from typing import Any
+
+import numpy as np
+
+from coordl.counters import SharedCounters
+from coordl.peer import PEER_COUNTERS, PeerClient
+
+__all__ = ["OwnerMap", "PartitionedSampler", "PartitionedTier", "NodeTopology", "PEER_COUNTERS"]
+
+log = logging.getLogger("coordl")
+
+_PUSH_QUEUE_ITEMS = 256  # pending pushes per process; beyond this a push is dropped (storage still has it)
+_PUSH_FLUSH_S = 10.0  # how long an exiting worker waits for its pending pushes
+
+
+class OwnerMap:
+    """Which node's cache owns each item: a seeded permutation cut into ranges weighted by cache budget.
+
+    Args:
+        num_items: items of the dataset.
+        weights: one non-negative weight per node (its cache budget in bytes); equal when None.
+        num_nodes: the number of nodes when ``weights`` is None.
+        seed: shared by all nodes, so every node computes the same map without talking.
+    """
+
+    def __init__(
+        self,
+        num_items: int,
+        weights: Sequence[float] | None = None,
+        *,
+        num_nodes: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if weights is None:
+            if not num_nodes or num_nodes < 1:
+                raise ValueError("OwnerMap needs weights or num_nodes >= 1")
+            weights = [1.0] * num_nodes
+        w = np.asarray(weights, dtype=np.float64)
+        if w.ndim != 1 or len(w) == 0 or (w < 0).any() or w.sum() <= 0:
+            raise ValueError(f"weights must be non-negative with a positive sum, got {list(weights)}")
+        self.num_items = int(num_items)
+        self.num_nodes = len(w)
+        self.seed = seed
+        cuts = np.rint(np.cumsum(w) / w.sum() * self.num_items).astype(np.int64)
+        order = np.random.default_rng([seed, 0x0C0DE]).permutation(self.num_items)
+        self._owner = np.empty(self.num_items, dtype=np.int32)
+        start = 0
+        for node, stop in enumerate(cuts):
+            self._owner[order[start:stop]] = node
+            start = stop
+
+    def owner(self, index: int) -> int:
+        return int(self._owner[index])
+
+    def owned(self, node: int) -> np.ndarray:
+        """Sorted indices node ``node`` owns."""
+        return np.flatnonzero(self._owner == node)
+
+    def counts(self) -> list[int]:
+        return np.bincount(self._owner, minlength=self.num_nodes).tolist()
+
+
+class PartitionedSampler:
+    """Like ``torch.utils.data.DistributedSampler``: a fresh random shard per epoch, equal sizes.
+
+    Every rank draws the same permutation from ``(seed, epoch)``, pads it by repeating items (or drops
+    the tail with ``drop_last``) to a multiple of ``num_replicas``, and takes every
+    ``num_replicas``-th item from ``rank``. Call :meth:`set_epoch` before each epoch.
+    """
+
+    def __init__(
+        self,
+        num_items: int,
+        num_replicas: int,
+        rank: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
+        self.num_items = int(num_items)
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        if drop_last:
+            self.num_samples = self.num_items // num_replicas
+        else:
+            self.num_samples = math.ceil(self.num_items / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def indices(self) -> np.ndarray:
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
+        else:
+            order = np.arange(self.num_items)
+        if self.total_size > len(order) and len(order):
+            order = np.resize(order, self.total_size)  # repeats from the start, as torch pads
+        order = order[: self.total_size]
+        return order[self.rank : self.total_size : self.num_replicas]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices().tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    """Where this process sits in a torchrun job: rank, local rank, node index and counts."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node: int
+    num_nodes: int
+
+    @property
+    def is_node_leader(self) -> bool:
+        """Local rank 0 holds the node's cache and runs its server; the node's other ranks use them."""
+        return self.local_rank == 0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> NodeTopology:
+        """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/``GROUP_RANK`` (torchrun)."""
+        env = os.environ if env is None else env
+        rank = int(env.get("RANK", 0))
+        world = int(env.get("WORLD_SIZE", 1))
+        local_rank = int(env.get("LOCAL_RANK", 0))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world if "LOCAL_RANK" not in env else 1))
+        if world % local_world:
+            raise ValueError(
+                f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}: the partitioned "
+                "cache needs the same number of ranks on every node"
+            )
+        node = int(env.get("GROUP_RANK", rank // local_world))
+        return cls(rank, world, local_rank, local_world, node, world // local_world)
+
+
+class PartitionedTier:
+    """A fetch tier (``get``/``offer``/``stats``) over the node's MinIO cache and its peers' servers.
+
+    Args:
+        owners: the job's :class:`OwnerMap`.
+        node: this process's node index.
+        client: a :class:`PeerClient` with every node's server address (own node included).
+        counters: the loader's base counters (``cache_hits``/``cache_misses``).
+        local_cache: the node's MinioCache on the node leader; None on the node's other ranks, which
+            reach their node's cache through its server.
+        push: send items read from storage to their owner, so the aggregate cache fills in one epoch.
+        peer_counters: SharedCounters holding :data:`PEER_COUNTERS` (made when None).
+    """
+
+    name = "partitioned"
+
+    def __init__(
+        self,
+        owners: OwnerMap,
+        node: int,
+        client: PeerClient,
+        counters: SharedCounters,
+        *,
+        local_cache: Any = None,
+        push: bool = True,
+        peer_counters: SharedCounters | None = None,
+    ) -> None:
+        self.owners = owners
+        self.node = node
+        self.client = client
+        self.counters = counters
+        self.local_cache = local_cache
+        self.push = push
+        self.peer_counters = peer_counters if peer_counters is not None else SharedCounters(PEER_COUNTERS)
+        if client.counters is None:
+            client.counters = self.peer_counters
+        self.server: Any = None  # set by build_partitioned_tier on the node leader; stopped by close()
+        self.owns_cache = False  # True when build_partitioned_tier made local_cache: close() frees it
+        self._owner_pid = os.getpid()
+        self._pusher: _Pusher | None = None
+        self._pusher_pid = -1
+
+    def get(self, index: int) -> bytes | memoryview | None:
+        owner = self.owners.owner(index)
+        if owner == self.node and self.local_cache is not None:
+            raw = self.local_cache.get(index)
+        else:
+            raw = self.client.get(owner, index)
+            if raw is not None:
+                return raw  # counted as remote_hits by the client
+        self.counters.add("cache_hits" if raw is not None else "cache_misses")
+        return raw
+
+    def offer(self, index: int, raw: bytes | memoryview) -> None:
+        owner = self.owners.owner(index)
+        if owner == self.node and self.local_cache is not None:
+            self.local_cache.put(index, raw)
+        elif self.push and not self.client.is_down(owner):
+            self._get_pusher().submit(owner, index, bytes(raw))
+
+    def _get_pusher(self) -> _Pusher:
+        if self._pusher is None or self._pusher_pid != os.getpid():
+            self._pusher = _Pusher(self.client)
+            self._pusher_pid = os.getpid()
+        return self._pusher
+
+    def flush(self, timeout_s: float = _PUSH_FLUSH_S) -> None:
+        """Wait (bounded) until this process's pending pushes are sent."""
+        if self._pusher is not None and self._pusher_pid == os.getpid():
+            self._pusher.flush(timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.peer_counters.snapshot())
+        if self.local_cache is not None:
+            out.update(self.local_cache.stats())
+        out["partition_node"] = self.node
+        out["partition_nodes"] = self.owners.num_nodes
+        out["partition_owned_items"] = self.owners.counts()[self.node]
+        return out
+
+    def close(self) -> None:
+        """Flush pushes, stop the node's server (leader only) and close connections."""
+        self.flush()
+        self.client.close()
+        if os.getpid() != self._owner_pid:
+            return  # a forked copy: the server and the cache belong to the process that made them
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self.owns_cache and self.local_cache is not None:
+            self.local_cache.close()
+            self.local_cache = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["server"] = None  # the server stays in the process that runs it
+        state["_pusher"] = None
+        state["_pusher_pid"] = -1
+        state["owns_cache"] = False
+        return state
+
+
+class _Pusher:
+    """One background thread per process that sends items to their owners without stalling the worker."""
+
+    def __init__(self, client: PeerClient) -> None:
+        self.client = client
+        self.q: queue.Queue = queue.Queue(maxsize=_PUSH_QUEUE_ITEMS)
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="coordl-push", daemon=True)
+        self._thread.start()
+        # DataLoader workers leave through multiprocessing's exit path, which runs Finalize hooks
+        # (not atexit): flush there so the last pushes of an epoch are not lost.
+        mp_util.Finalize(self, _Pusher.flush, args=(self, _PUSH_FLUSH_S), exitpriority=10)
+
+    def submit(self, node: int, index: int, raw: bytes) -> None:
+        try:
+            self.q.put_nowait((node, index, raw))
+        except queue.Full:
+            self.dropped += 1  # the owner gets it from storage next time; never block a worker on this
+
+    def _run(self) -> None:
+        while True:
+            node, index, raw = self.q.get()
+            try:
+                if not self.client.is_down(node):
+                    self.client.put(node, index, raw)
+            finally:
+                self.q.task_done()
+
+    def flush(self, timeout_s: float) -> None:
+        done = threading.Event()
+
+        def waiter() -> None:
+            self.q.join()
+            done.set()
+
+        threading.Thread(target=waiter, daemon=True).start()
+        done.wait(timeout_s)
+
+
+# -- setting up a job's partitioned cache ------------------------------------------------------------
+
+_RECORD_BYTES = 256  # one node leader's record in the address exchange: fixed size, plain text
+
+
+def advertise_address(env: dict[str, str] | None = None) -> str:
+    """The address peers should use to reach this process's server.
+
+    ``COORDL_PEER_ADDR`` when set; else the address of the interface gloo was told to use
+    (``GLOO_SOCKET_IFNAME``); else the source address the routing table picks towards ``MASTER_ADDR``
+    (a UDP socket's ``connect`` sends nothing); else 127.0.0.1.
+    """
+    import fcntl
+    import socket
+    import struct
+
+    env = os.environ if env is None else env
+    if env.get("COORDL_PEER_ADDR"):
+        return env["COORDL_PEER_ADDR"]
+    ifname = (env.get("GLOO_SOCKET_IFNAME") or "").split(",")[0].strip()
+    if ifname:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                req = struct.pack("256s", ifname.encode()[:15])
+                return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
+            except OSError as exc:
+                raise OSError(f"GLOO_SOCKET_IFNAME={ifname!r} has no IPv4 address here: {exc}") from exc
+    master = env.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, 9))
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return "127.0.0.1"
+
+
+def _exchange_records(topo: NodeTopology, record: str) -> list[str]:
+    """All ranks' records (node leaders send theirs, others ""), via a tensor all_gather: no pickle."""
+    import torch
+    import torch.distributed as dist
+
+    from coordl.errors import CoordlError
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise CoordlError(
+            f"partitioned=True with WORLD_SIZE={topo.world_size} needs torch.distributed.init_process_group() "
+            "to be called before the DataLoader is built (the nodes exchange cache-server addresses through it)"
+        )
+    raw = record.encode()
+    if len(raw) > _RECORD_BYTES:
+        raise CoordlError(f"peer record too long ({len(raw)} bytes): {record!r}")
+    mine = torch.zeros(_RECORD_BYTES, dtype=torch.uint8)
+    mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    out = [torch.zeros_like(mine) for _ in range(topo.world_size)]
+    dist.all_gather(out, mine)
+    return [bytes(t.numpy()).rstrip(b"\0").decode() for t in out]
+
+
+def build_partitioned_tier(
+    num_items: int,
+    cache_bytes: int,
+    counters: SharedCounters,
+    *,
+    seed: int = 0,
+    cache_dir: str | None = None,
+    name: str | None = None,
+    topology: NodeTopology | None = None,
+    push: bool = True,
+    timeout_s: float = 10.0,
+    backoff_s: float = 30.0,
+) -> PartitionedTier:
+    """Make this process's :class:`PartitionedTier`: cache and server on node leaders, addresses exchanged.
+
+    Every rank of the job must call this at the same point (it runs one collective when
+    ``WORLD_SIZE > 1``). ``cache_bytes`` is this node's budget; the owner map weights nodes by it.
+    """
+    from coordl.errors import CoordlError
+    from coordl.minio import MinioCache
+    from coordl.peer import PeerServer
+
+    topo = topology or NodeTopology.from_env()
+    local_cache = None
+    server = None
+    if topo.is_node_leader:
+        local_cache = MinioCache(cache_bytes, num_items, directory=cache_dir, name=name)
+    owners_ref: list[OwnerMap] = []
+    if topo.world_size > 1:
+        if topo.is_node_leader:
+            # Admit a PUT only for items this node owns (the map is known once the exchange is done).
+            server = PeerServer(
+                local_cache, accepts=lambda i: bool(owners_ref) and owners_ref[0].owner(i) == topo.node
+            )
+            record = (
+                f"{topo.node} {advertise_address()} {server.address[1]} {int(cache_bytes)} {num_items} {seed}"
+            )
+        else:
+            record = ""
+        try:
+            records = [r.split() for r in _exchange_records(topo, record) if r]
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+        nodes: dict[int, list[str]] = {int(r[0]): r for r in records}
+        for r in records:
+            if (int(r[4]), int(r[5])) != (num_items, seed):
+                raise CoordlError(
+                    f"node {r[0]} built its partitioned cache for {r[4]} items with seed {r[5]}, this node for "
+                    f"{num_items} items with seed {seed}: every rank must use the same dataset and seed"
+                )
+        if sorted(nodes) != list(range(topo.num_nodes)):
+            raise CoordlError(
+                f"expected one cache server per node 0..{topo.num_nodes - 1}, got nodes {sorted(nodes)}"
+            )
+        addresses = [(nodes[k][1], int(nodes[k][2])) for k in range(topo.num_nodes)]
+        weights = [int(nodes[k][3]) for k in range(topo.num_nodes)]
+    else:
+        addresses, weights = [None], [int(cache_bytes)]
+    owners = OwnerMap(num_items, weights, seed=seed)
+    owners_ref.append(owners)
+    client = PeerClient(addresses, timeout_s=timeout_s, backoff_s=backoff_s)
+    tier = PartitionedTier(owners, topo.node, client, counters, local_cache=local_cache, push=push)
+    tier.server = server
+    tier.owns_cache = local_cache is not None
+    log.info(
+        "coordl: partitioned cache: node %d of %d owns %d of %d items; servers %s",
+        topo.node, topo.num_nodes, owners.counts()[topo.node], num_items, addresses,
+    )  # fmt: skip
+    return tier
