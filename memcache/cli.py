@@ -1,0 +1,111 @@
+"""``memcache serve`` / ``memcache stop``: run a node's Redis with the settings the sample cache needs.
+
+    memcache serve --bind 10.0.0.5 --maxmemory 16G --port 6390       # prints the address and pid
+    MEMCACHE_PASSWORD=s3cret memcache serve --maxmemory 16G          # requirepass from the environment
+    memcache stop --port 6390
+
+The server runs detached (it outlives the command) with its config, log and pid file in
+``--dir`` (default ``$TMPDIR/memcache-<uid>/<host>-<port>``); ``stop`` finds it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from memcache.server import free_port, start_redis, stop_pid
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"16G"`` -> 17179869184 (binary units K, M, G, T; a plain number is bytes)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 512M, 16G)")
+    return int(float(m[1]) * _UNITS[m[2].upper()])
+
+
+def _state_dir(args: argparse.Namespace, port: int) -> Path:
+    if args.dir:
+        return Path(args.dir)
+    return Path(tempfile.gettempdir()) / f"memcache-{os.getuid()}" / f"{args.bind}-{port}"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    password = os.environ.get(args.password_env) or None
+    port = args.port or free_port(args.bind)
+    workdir = _state_dir(args, port)
+    server = start_redis(
+        args.maxmemory, host=args.bind, port=port, password=password, workdir=workdir, detach=True
+    )
+    print(
+        f"memcache: redis-server pid {server.pid} serving {server.address} "
+        f"(maxmemory {args.maxmemory} bytes, noeviction, password {'set' if password else 'none'}, "
+        f"dir {workdir})\n"
+        f"use: memcache.RedisStore(nodes=['{server.address}', ...]{', password=...' if password else ''})\n"
+        f"stop: memcache stop --bind {args.bind} --port {port}"
+    )
+    if args.foreground:
+        try:
+            while server._proc.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            server.stop()
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    if not args.dir and not args.port:
+        print("memcache stop: give --port (and --bind if not 127.0.0.1) or --dir", file=sys.stderr)
+        return 2
+    pidfile = _state_dir(args, args.port) / "redis.pid"
+    try:
+        pid = int(pidfile.read_text().strip())
+    except FileNotFoundError:
+        print(f"memcache stop: no server recorded in {pidfile}", file=sys.stderr)
+        return 1
+    stopped = stop_pid(pid)
+    print(f"memcache: {'stopped' if stopped else 'no running'} redis-server pid {pid} ({pidfile.parent})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memcache", description="Run a node's sample-cache Redis server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start redis-server (detached) with maxmemory + noeviction")
+    serve.add_argument("--bind", default="127.0.0.1", help="interface address to listen on")
+    serve.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
+    serve.add_argument("--maxmemory", type=parse_bytes, required=True, help="cache budget, e.g. 16G")
+    serve.add_argument(
+        "--password-env",
+        default="MEMCACHE_PASSWORD",
+        help="environment variable holding the requirepass password (default MEMCACHE_PASSWORD)",
+    )
+    serve.add_argument("--dir", help="config/log/pid directory")
+    serve.add_argument("--foreground", action="store_true", help="wait; Ctrl-C stops the server")
+    serve.set_defaults(func=_serve)
+    stop = sub.add_parser("stop", help="stop a server started by 'memcache serve'")
+    stop.add_argument("--bind", default="127.0.0.1")
+    stop.add_argument("--port", type=int, default=0)
+    stop.add_argument("--dir")
+    stop.set_defaults(func=_stop)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (FileNotFoundError, RuntimeError, ValueError) as e:
+        print(f"memcache {args.command}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Start and stop a node's ``redis-server`` with the settings a sample cache needs.
+
+Shared by ``memcache serve``/``memcache stop`` and the tests. Settings: no persistence (``save ""``,
+``appendonly no``: the cache is rebuilt from the dataset, writing it to disk would only cost I/O),
+``maxmemory`` + ``maxmemory-policy noeviction`` (MinIO semantics: fill, then refuse writes, never evict),
+bound to one chosen interface, optional ``requirepass``. The configuration (with the password) is
+written to a 0600 file in the server's working directory, never on the command line where ``ps``
+would show it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+__all__ = ["RedisServer", "start_redis", "free_port", "stop_pid"]
+
+_START_TIMEOUT_S = 15.0
+_STOP_TIMEOUT_S = 10.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS reports free on ``host`` right now (the caller retries if it is taken)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    """A running redis-server process started by :func:`start_redis`."""
+
+    host: str
+    port: int
+    pid: int
+    workdir: str
+    password: str | None = None
+    _proc: subprocess.Popen | None = None
+    _own_workdir: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self, timeout_s: float = _STOP_TIMEOUT_S) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout_s``) and remove a temporary workdir."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait(timeout_s)
+        else:
+            stop_pid(self.pid, timeout_s)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server (to test a node that dies)."""
+        os.kill(self.pid, signal.SIGKILL)
+        if self._proc is not None:
+            self._proc.wait(_STOP_TIMEOUT_S)
+
+
+def _config(host: str, port: int, maxmemory_bytes: int, workdir: str, password: str | None) -> str:
+    lines = [
+        f"bind {host}",
+        f"port {port}",
+        'save ""',
+        "appendonly no",
+        f"maxmemory {int(maxmemory_bytes)}",
+        "maxmemory-policy noeviction",
+        f'dir "{workdir}"',
+        f'logfile "{os.path.join(workdir, "redis.log")}"',
+        f'pidfile "{os.path.join(workdir, "redis.pid")}"',
+        "daemonize no",
+    ]
+    if password:
+        if any(c in password for c in '"\\\n\r '):
+            raise ValueError("the Redis password must not contain spaces, quotes, backslashes or newlines")
+        lines.append(f'requirepass "{password}"')
+    return "\n".join(lines) + "\n"
+
+
+def _ping(host: str, port: int, password: str | None) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis(host=host, port=port, password=password, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def start_redis(
+    maxmemory_bytes: int,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    password: str | None = None,
+    workdir: str | os.PathLike | None = None,
+    detach: bool = False,
+    executable: str = "redis-server",
+) -> RedisServer:
+    """Start ``redis-server`` on ``host:port`` (a free port when ``port`` is None) and wait until it answers.
+
+    Args:
+        maxmemory_bytes: the node's cache budget; writes are refused beyond it (noeviction).
+        host: the interface to listen on (``127.0.0.1``, or the node's cluster-network address).
+        password: sets ``requirepass``; clients pass the same to :class:`memcache.RedisStore`.
+        workdir: holds redis.conf (mode 0600), redis.log and redis.pid; a temporary one when None.
+        detach: start in a new session so the server outlives this process (``memcache serve``).
+
+    Raises:
+        FileNotFoundError: ``redis-server`` is not installed (run scripts/setup.sh).
+        RuntimeError: the server exited or did not answer PING in time (the log tail is included).
+    """
+    exe = shutil.which(executable)
+    if exe is None:
+        raise FileNotFoundError(f"{executable} not found: install Debian's redis-server (scripts/setup.sh)")
+    own = workdir is None
+    wd = tempfile.mkdtemp(prefix="memcache-redis-") if own else os.fspath(workdir)
+    Path(wd).mkdir(parents=True, exist_ok=True)
+    tries = 5 if port is None else 1
+    last_error = ""
+    for _ in range(tries):
+        p = free_port(host) if port is None else port
+        conf = os.path.join(wd, "redis.conf")
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(_config(host, p, maxmemory_bytes, wd, password))
+        log = os.path.join(wd, "redis.log")
+        if os.path.exists(log):
+            os.unlink(log)
+        proc = subprocess.Popen(
+            [exe, conf],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=detach,
+        )
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _ping(host, p, password):
+                return RedisServer(host, p, proc.pid, wd, password, proc, own)
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(_STOP_TIMEOUT_S)
+        try:
+            last_error = "".join(Path(log).read_text(errors="replace").splitlines(True)[-5:])
+        except FileNotFoundError:
+            last_error = "(no log)"
+        if "Address already in use" not in last_error:
+            break  # another port would not help
+    if own:
+        shutil.rmtree(wd, ignore_errors=True)
+    raise RuntimeError(f"redis-server on {host}:{port or 'auto'} did not start; log tail:\n{last_error}")
+
+
+def stop_pid(pid: int, timeout_s: float = _STOP_TIMEOUT_S) -> bool:
+    """Stop the redis-server with ``pid`` (checked to be one). False when no such server runs."""
+    try:
+        proc = psutil.Process(pid)
+        if "redis-server" not in proc.name():
+            raise ValueError(f"pid {pid} is {proc.name()!r}, not redis-server: not stopping it")
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)
+        return True
+    except psutil.NoSuchProcess:
+        return False
