@@ -14,6 +14,7 @@ import os
 import stat
 import threading
 import urllib.parse
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +106,9 @@ class _NfsConnection:
     """One mounted libnfs context, used by one thread of one process at a time."""
 
     def __init__(self, url: str, timeout_s: float) -> None:
-        from libnfs import libnfs as lib  # optional dependency, imported only when an nfs:// URL is used
+        with warnings.catch_warnings():  # the binding's SWIG wrapper imports the deprecated ``imp``
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from libnfs import libnfs as lib  # optional dependency, imported only when an nfs:// URL is used
 
         self.lib = lib
         self.ctx = lib.nfs_init_context()

@@ -65,7 +65,8 @@ class StagedSource:
         counters: optional object with ``.add(name, amount)`` (coordl's SharedCounters); ``remote_bytes_read`` is
             added there so that DataLoader workers' reads are counted globally.
         verify: check each local read against the CRC32 recorded when it was staged (about 1 GB/s of CPU).
-        min_free_bytes: leave this much free space on the stage disk for everything else.
+        min_free_bytes: leave this much free space on the stage disk for everything else (None: fill it up,
+            staging stops at the first ENOSPC).
         lock_timeout_s: longest wait for another process that is copying the same file.
     """
 
@@ -78,7 +79,7 @@ class StagedSource:
         prefetch: bool = False,
         counters: Any = None,
         verify: bool = True,
-        min_free_bytes: int = 64 << 20,
+        min_free_bytes: int | None = 64 << 20,
         lock_timeout_s: float = 600.0,
     ) -> None:
         self.source = open_source(src)
@@ -276,6 +277,8 @@ class StagedSource:
         if self.budget_bytes is not None and self.manifest.total_bytes + size > self.budget_bytes:
             self.staging_stopped = f"budget of {self.budget_bytes} bytes reached"
             return False
+        if self.min_free_bytes is None:
+            return True
         if shutil.disk_usage(self.stage_dir).free - size < self.min_free_bytes:
             self.staging_stopped = f"less than {self.min_free_bytes} bytes free in {self.stage_dir}"
             return False

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import warnings
 
 __all__ = ["GaneshaServer", "GaneshaUnavailable", "ganesha_missing_reason"]
 
@@ -46,7 +47,9 @@ def ganesha_missing_reason(netns: bool = False) -> str:
     if os.geteuid() != 0:
         return "nfs-ganesha needs root (it exports with root-owned credentials)"
     try:
-        import libnfs  # noqa: F401
+        with warnings.catch_warnings():  # the binding's SWIG wrapper imports the deprecated ``imp``
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import libnfs  # noqa: F401
     except ImportError:
         return "the libnfs Python binding is missing: pip install 'coordl[nfs]' (needs apt libnfs-dev)"
     if netns and shutil.which("ip") is None:
