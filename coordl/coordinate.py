@@ -1,0 +1,467 @@
+"""Coordinated prep: K jobs on one server that train on the same data fetch and prep each batch once.
+
+Hyper-parameter search runs K jobs over the same dataset; independently each fetches and preps every
+item, K times the CPU. With ``coordl.DataLoader(..., coordinate="name")`` the jobs of group ``name``
+share one batch sequence:
+
+* The sequence is global: batch ``g`` is batch ``g % B`` of group epoch ``g // B`` (B batches per
+  epoch), its indices drawn from a permutation seeded by (seed, epoch), so every job agrees on it.
+* Producer processes (each job's workers) *claim* the next unclaimed batch, prep it, and write it into
+  staging slot ``g % S`` of a shared-memory ring of S slots. Claiming is dynamic, so a fast job preps
+  more and a dead job's claimed batches are redone by the others.
+* Every job consumes every batch in order. A job's *cursor* is the next batch it will read; slot
+  ``g % S`` can be reused once every live member that needs batch ``g`` has moved past it. The ring
+  bounds memory: a fast job waits instead of memory growing.
+* Nobody busy-waits: each process binds an abstract Unix datagram socket (a doorbell); whoever
+  publishes a batch or advances a cursor rings the others. Waits wake at least every
+  ``_SWEEP_S`` to sweep dead members and producers (pid + start time), and give up after the group
+  timeout with :class:`~coordl.errors.CoordlTimeoutError`.
+* A late job joins at the next epoch boundary that no producer has started.
+
+The control block and the ring live in ``<dir>/coordl-grp-<digest>.{ctl,data}``; a lock file
+serialises changes to the control block. The last member to leave removes them; if every member died,
+the next job to join re-initialises the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import hashlib
+import mmap
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from coordl import batchcodec
+from coordl.errors import CoordlError, CoordlTimeoutError
+from coordl.shm import DEFAULT_DIR, _owner_alive, _start_ticks
+
+__all__ = ["Group", "GroupMember"]
+
+_MAGIC, _VERSION = 0xC00D1C0, 1
+_HDR = 16
+_MEMBERS, _MW = 64, 4  # pid, start ticks, first batch it needs, cursor
+_PRODUCERS, _PW = 256, 3  # pid, start ticks, member pid
+_SW = 5  # batch g, state, producer pid, producer start ticks, nbytes
+_EMPTY, _CLAIMED, _READY, _REDO = 0, 1, 2, 3
+_SWEEP_S = 0.5
+# header fields
+(
+    _H_MAGIC,
+    _H_VER,
+    _H_SLOTS,
+    _H_SLOTBYTES,
+    _H_BATCHES,
+    _H_ITEMS,
+    _H_BS,
+    _H_SEED,
+    _H_SHUFFLE,
+    _H_DROP,
+    _H_NEXT,
+) = range(11)
+_PARAMS = {
+    "num_items": _H_ITEMS,
+    "batch_size": _H_BS,
+    "seed": _H_SEED,
+    "shuffle": _H_SHUFFLE,
+    "drop_last": _H_DROP,
+}
+
+
+@dataclass(frozen=True)
+class Group:
+    """Options of a coordination group (``coordinate="name"`` is ``Group("name")``).
+
+    Args:
+        name: jobs that pass the same name (and the same dataset, batch size, shuffle, drop_last and
+            seed) share batches.
+        slots: staging slots in the ring; memory used is ``slots * slot_bytes``.
+        slot_bytes: bytes per slot; default: the encoded size of a batch made of item 0, plus 5%.
+        timeout_s: the longest any wait (for a batch, for a free slot) may last before an error.
+        seed: the group's shuffle seed (all jobs must agree).
+        directory: where the shared files live.
+    """
+
+    name: str
+    slots: int = 8
+    slot_bytes: int | None = None
+    timeout_s: float = 300.0
+    seed: int = 0
+    directory: str = DEFAULT_DIR
+
+
+def _ctl_size(slots: int) -> int:
+    return 8 * (_HDR + _MEMBERS * _MW + _PRODUCERS * _PW + slots * _SW)
+
+
+class _Control:
+    """Typed views of the control block, plus the lock and the doorbells."""
+
+    def __init__(self, base: str, slots: int) -> None:
+        self.base = base
+        self._lock_fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = os.open(base + ".ctl", os.O_RDWR)
+        self._map = mmap.mmap(self._fd, _ctl_size(slots))
+        self._mm = np.frombuffer(self._map, dtype=np.int64)
+        o = _HDR
+        self.hdr = self._mm[:_HDR]
+        self.members = self._mm[o : o + _MEMBERS * _MW].reshape(_MEMBERS, _MW)
+        o += _MEMBERS * _MW
+        self.producers = self._mm[o : o + _PRODUCERS * _PW].reshape(_PRODUCERS, _PW)
+        o += _PRODUCERS * _PW
+        self.slots = self._mm[o : o + slots * _SW].reshape(slots, _SW)
+        self._sock: socket.socket | None = None
+        self._sock_pid = -1
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _bell_name(self, pid: int) -> bytes:
+        return b"\0" + os.path.basename(self.base).encode() + b"-" + str(pid).encode()
+
+    def doorbell(self) -> socket.socket:
+        if self._sock is None or self._sock_pid != os.getpid():
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.bind(self._bell_name(os.getpid()))
+            self._sock_pid = os.getpid()
+        return self._sock
+
+    def ring_all(self) -> None:
+        sender = self.doorbell()
+        pids = {int(p) for p in self.members[:, 0]} | {int(p) for p in self.producers[:, 0]}
+        for pid in pids - {0, os.getpid()}:
+            with contextlib.suppress(OSError):
+                sender.sendto(b"!", socket.MSG_DONTWAIT, self._bell_name(pid))
+
+    def wait_bell(self, timeout_s: float) -> None:
+        sock = self.doorbell()
+        sock.settimeout(max(timeout_s, 0.001))
+        with contextlib.suppress(TimeoutError, BlockingIOError):
+            sock.recv(16)
+            sock.setblocking(False)
+            while True:  # drain: one wake-up per wait is enough
+                sock.recv(16)
+
+    def sweep(self) -> None:
+        """Forget dead members and producers; batches claimed by dead producers are redone."""
+        for table in (self.members, self.producers):
+            for row in table:
+                if row[0] and not _owner_alive(int(row[0]), int(row[1])):
+                    row[:] = 0
+        live = {int(p) for p in self.producers[:, 0]}
+        for slot in self.slots:
+            if slot[1] == _CLAIMED and int(slot[2]) not in live:
+                slot[1] = _REDO
+
+    def consumed_by_all(self, g: int) -> bool:
+        m = self.members
+        waiting = (m[:, 0] != 0) & (m[:, 2] <= g) & (m[:, 3] <= g)
+        return not waiting.any()
+
+    def close(self) -> None:
+        if self._sock is not None and self._sock_pid == os.getpid():
+            self._sock.close()
+        self._sock = None
+        del self.hdr, self.members, self.producers, self.slots, self._mm
+        with contextlib.suppress(BufferError):
+            self._map.close()
+        os.close(self._fd)
+        os.close(self._lock_fd)
+
+
+def _epoch_batches(g: int, hdr: np.ndarray, cache: dict[int, torch.Tensor]) -> list[int]:
+    nbatches, n, bs = int(hdr[_H_BATCHES]), int(hdr[_H_ITEMS]), int(hdr[_H_BS])
+    epoch, b = divmod(g, nbatches)
+    if epoch not in cache:
+        cache.clear()
+        if hdr[_H_SHUFFLE]:
+            gen = torch.Generator().manual_seed(int(hdr[_H_SEED]) * 1_000_003 + epoch)
+            cache[epoch] = torch.randperm(n, generator=gen)
+        else:
+            cache[epoch] = torch.arange(n)
+    return cache[epoch][b * bs : (b + 1) * bs].tolist()
+
+
+def _set_parent_death_signal() -> None:
+    # A producer must not outlive its job, even when the job is killed with SIGKILL.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _producer_main(
+    base: str, slots: int, make_batch: Callable[[list[int]], Any], member_pid: int, stop
+) -> None:
+    _set_parent_death_signal()
+    ctl = _Control(base, slots)
+    data_fd = os.open(base + ".data", os.O_RDWR)
+    slot_bytes = int(ctl.hdr[_H_SLOTBYTES])
+    data = mmap.mmap(data_fd, slots * slot_bytes)
+    me, start = os.getpid(), _start_ticks(os.getpid())
+    with ctl.locked():
+        row = next(r for r in range(_PRODUCERS) if ctl.producers[r, 0] == 0)
+        ctl.producers[row] = (me, start, member_pid)
+    perm_cache: dict[int, torch.Tensor] = {}
+    try:
+        while not stop.is_set() and os.getppid() == member_pid:
+            g = None
+            with ctl.locked():
+                if not ctl.members[:, 0].any():
+                    return
+                redo = np.nonzero(ctl.slots[:, 1] == _REDO)[0]
+                if len(redo):
+                    s = int(redo[0])
+                    g = int(ctl.slots[s, 0])
+                else:
+                    g_next = int(ctl.hdr[_H_NEXT])
+                    s = g_next % slots
+                    state, held = int(ctl.slots[s, 1]), int(ctl.slots[s, 0])
+                    if state == _EMPTY or (state == _READY and ctl.consumed_by_all(held)):
+                        g = g_next
+                        ctl.hdr[_H_NEXT] = g_next + 1
+                if g is not None:
+                    ctl.slots[s, :4] = (g, _CLAIMED, me, start)
+            if g is None:
+                ctl.wait_bell(_SWEEP_S)
+                with ctl.locked():
+                    ctl.sweep()
+                continue
+            batch = make_batch(_epoch_batches(g, ctl.hdr, perm_cache))
+            view = memoryview(data)[s * slot_bytes : (s + 1) * slot_bytes]
+            nbytes = batchcodec.encode_into(batch, view)
+            view.release()
+            with ctl.locked():
+                ctl.slots[s, 4] = nbytes
+                ctl.slots[s, 1] = _READY
+            ctl.ring_all()
+    finally:
+        with ctl.locked():
+            ctl.producers[row] = 0
+        data.close()
+        os.close(data_fd)
+        ctl.close()
+
+
+class GroupMember:
+    """One job's membership in a coordination group: its producers and its view of the batches.
+
+    Args:
+        group: the group's options.
+        num_items: length of the dataset.
+        batch_size, drop_last: as in DataLoader; every job of the group must agree.
+        shuffle: whether each group epoch uses a fresh permutation.
+        make_batch: ``indices -> collated batch`` (fetch + prep + collate), run in producer processes.
+        num_producers: producer processes this job contributes (its ``num_workers``, at least 1).
+        mp_context: multiprocessing context for the producers.
+    """
+
+    def __init__(
+        self,
+        group: Group,
+        *,
+        num_items: int,
+        batch_size: int,
+        drop_last: bool,
+        shuffle: bool,
+        make_batch: Callable[[list[int]], Any],
+        num_producers: int = 1,
+        mp_context: Any = None,
+    ) -> None:
+        if num_items <= 0:
+            raise ValueError("coordinate: the dataset is empty")
+        self.group = group
+        digest = hashlib.sha1(group.name.encode()).hexdigest()[:16]
+        self.base = os.path.join(group.directory, f"coordl-grp-{digest}")
+        self.batches_per_epoch = num_items // batch_size if drop_last else -(-num_items // batch_size)
+        if self.batches_per_epoch == 0:
+            raise ValueError(f"coordinate: batch_size={batch_size} with drop_last leaves no batch")
+        params = {"num_items": num_items, "batch_size": batch_size, "seed": group.seed,
+                  "shuffle": int(shuffle), "drop_last": int(drop_last)}  # fmt: skip
+        self._ctl = self._join(params, make_batch)
+        slot_bytes = int(self._ctl.hdr[_H_SLOTBYTES])
+        self._data_fd = os.open(self.base + ".data", os.O_RDONLY)
+        self._data = mmap.mmap(self._data_fd, group.slots * slot_bytes, prot=mmap.PROT_READ)
+        self._slot_bytes = slot_bytes
+        ctx = mp_context or mp.get_context()
+        self._stop = ctx.Event()
+        self._producers = [
+            ctx.Process(target=_producer_main, daemon=True, name=f"coordl-producer-{i}",
+                        args=(self.base, group.slots, make_batch, os.getpid(), self._stop))
+            for i in range(max(1, num_producers))
+        ]  # fmt: skip
+        for p in self._producers:
+            p.start()
+
+    def _join(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> _Control:
+        g = self.group
+        os.makedirs(g.directory, exist_ok=True)
+        lock_fd = os.open(self.base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            ctl = self._open_existing(g.slots)
+            if ctl is not None:
+                ctl.sweep()
+                if not ctl.members[:, 0].any() and not ctl.producers[:, 0].any():
+                    ctl.close()
+                    ctl = None  # every member died: start the group afresh
+            if ctl is None:
+                ctl = self._create(params, make_batch)
+            for name, field in _PARAMS.items():
+                theirs = int(ctl.hdr[field])
+                if theirs != params[name]:
+                    ctl.close()
+                    raise ValueError(
+                        f"coordinate group {g.name!r}: this job has {name}={params[name]} but the group "
+                        f"has {name}={theirs}; all jobs of a group must agree"
+                    )
+            free = np.nonzero(ctl.members[:, 0] == 0)[0]
+            if not len(free):
+                ctl.close()
+                raise CoordlError(f"coordinate group {g.name!r} is full ({_MEMBERS} jobs)")
+            first = self._first_batch(ctl)
+            self._row = int(free[0])
+            ctl.members[self._row] = (os.getpid(), _start_ticks(os.getpid()), first, first)
+            return ctl
+        finally:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            os.close(lock_fd)
+
+    def _first_batch(self, ctl: _Control) -> int:
+        """The first batch a joining job can see whole epochs from (called under the lock)."""
+        nb, slots, claimed = self.batches_per_epoch, self.group.slots, int(ctl.hdr[_H_NEXT])
+        start = claimed // nb * nb
+        # Join the current epoch if none of its batches has left the ring yet (jobs launched
+        # together share from the start), else wait for the next one.
+        if claimed - start <= slots and all(int(ctl.slots[g % slots, 0]) == g for g in range(start, claimed)):
+            return start
+        return start + nb
+
+    def _open_existing(self, slots: int) -> _Control | None:
+        try:
+            if os.path.getsize(self.base + ".ctl") != _ctl_size(slots):
+                raise ValueError(f"coordinate group {self.group.name!r} uses a different number of slots")
+            ctl = _Control(self.base, slots)
+        except FileNotFoundError:
+            return None
+        if int(ctl.hdr[_H_MAGIC]) != _MAGIC or int(ctl.hdr[_H_VER]) != _VERSION:
+            ctl.close()
+            return None
+        return ctl
+
+    def _create(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> _Control:
+        g = self.group
+        slot_bytes = g.slot_bytes
+        if slot_bytes is None:
+            probe = make_batch([0] * params["batch_size"])
+            slot_bytes = int(batchcodec.encoded_size(probe) * 1.05) + 4096
+        with open(self.base + ".ctl", "wb") as f:
+            f.truncate(_ctl_size(g.slots))
+        with open(self.base + ".data", "wb") as f:
+            f.truncate(g.slots * slot_bytes)
+            # Reserve the ring now: a full /dev/shm must fail here, not with SIGBUS mid-epoch.
+            try:
+                os.posix_fallocate(f.fileno(), 0, g.slots * slot_bytes)
+            except OSError as e:
+                raise CoordlError(
+                    f"coordinate group {g.name!r}: cannot reserve {g.slots} x {slot_bytes} bytes in "
+                    f"{g.directory} ({e.strerror}); use fewer slots or Group(directory=...) with room"
+                ) from None
+        ctl = _Control(self.base, g.slots)
+        hdr = ctl.hdr
+        hdr[:] = 0
+        hdr[_H_SLOTS], hdr[_H_SLOTBYTES], hdr[_H_BATCHES] = g.slots, slot_bytes, self.batches_per_epoch
+        for name, field in _PARAMS.items():
+            hdr[field] = params[name]
+        hdr[_H_VER] = _VERSION
+        hdr[_H_MAGIC] = _MAGIC  # last: a half-initialised block is never taken as valid
+        return ctl
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def epoch(self) -> Iterator[Any]:
+        """Yield the batches of this job's next group epoch, in order."""
+        ctl, nb = self._ctl, self.batches_per_epoch
+        cursor = int(ctl.members[self._row, 3])
+        end = cursor + nb
+        try:
+            for g in range(cursor, end):
+                yield self._read(g)
+                self._advance(g + 1)
+        finally:
+            # A job that stops early (break, exception) must not hold the others back.
+            if self._ctl is not None and int(self._ctl.members[self._row, 3]) < end:
+                self._advance(end)
+
+    def _advance(self, cursor: int) -> None:
+        self._ctl.members[self._row, 3] = cursor
+        self._ctl.ring_all()
+
+    def _read(self, g: int) -> Any:
+        ctl, s = self._ctl, g % self.group.slots
+        deadline = time.monotonic() + self.group.timeout_s
+        while True:
+            if ctl.slots[s, 1] == _READY and ctl.slots[s, 0] == g:
+                n = int(ctl.slots[s, 4])
+                return batchcodec.decode(
+                    memoryview(self._data)[s * self._slot_bytes : s * self._slot_bytes + n]
+                )
+            if not any(p.is_alive() for p in self._producers):
+                codes = [p.exitcode for p in self._producers]
+                raise CoordlError(
+                    f"coordinate group {self.group.name!r}: this job's producers died (exit codes {codes})"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                nb = self.batches_per_epoch
+                raise CoordlTimeoutError(
+                    f"coordinate group {self.group.name!r}: waited {self.group.timeout_s:.0f}s for batch "
+                    f"{g % nb} of group epoch {g // nb} (slot {s} state {int(ctl.slots[s, 1])})"
+                )
+            ctl.wait_bell(min(left, _SWEEP_S))
+            with ctl.locked():
+                ctl.sweep()
+
+    def close(self) -> None:
+        """Leave the group; the last member removes the shared files."""
+        if self._ctl is None:
+            return
+        self._stop.set()
+        ctl = self._ctl
+        with ctl.locked():
+            ctl.members[self._row] = 0
+            last = not ctl.members[:, 0].any()
+        ctl.ring_all()
+        for p in self._producers:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        with ctl.locked():
+            ctl.sweep()
+            if last and not ctl.members[:, 0].any():
+                for ext in (".ctl", ".data"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.base + ext)
+        self._data.close()
+        os.close(self._data_fd)
+        ctl.close()
+        self._ctl = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
