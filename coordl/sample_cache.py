@@ -111,3 +111,15 @@ class SampleCacheTier:
         delta = self._store_errors() - errors_before
         if delta > 0:
             self.counters.add("sample_cache_errors", delta)
+
+    def stats(self) -> dict[str, Any]:
+        """Store-wide numbers the store knows in this process (items held, bytes used, engine)."""
+        out: dict[str, Any] = {"sample_cache_backend": type(self.store).__name__}
+        try:
+            st = self.store.stats()
+        except Exception:
+            return out
+        for name in ("items", "used_bytes", "capacity_bytes", "nodes", "nodes_down", "nodes_full"):
+            if name in st:
+                out[f"sample_cache_{name}"] = st[name]
+        return out

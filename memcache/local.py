@@ -111,7 +111,8 @@ class LocalStore:
         max_items: size of the index (default: one slot pair per 4 KiB of capacity); puts stop when
             either the bytes or the index run out.
 
-    Picklable: only the arguments travel; each process maps the file itself on first use.
+    The constructing process attaches at once; it keeps the store alive until it calls :meth:`close`
+    or exits. Picklable: only the arguments travel; each process maps the file itself.
     """
 
     def __init__(
@@ -133,6 +134,9 @@ class LocalStore:
         self._pid = -1
         self._mutex = threading.Lock()
         self._reset_local_stats()
+        # Attach now: the constructing process (the training job) keeps the store alive between
+        # epochs, when non-persistent DataLoader workers have exited and no other process holds it.
+        self._ensure()
 
     # ---- per-process attachment -------------------------------------------------------------
     def _reset_local_stats(self) -> None:
