@@ -1,0 +1,319 @@
+"""Profiling an unmodified training script from inside its own process.
+
+``dsanalyzer profile -- python train.py ...`` puts ``dsanalyzer/_hook`` on ``PYTHONPATH``; its
+``sitecustomize`` calls :func:`install_from_env`, which registers an import hook. When the script
+imports ``torch.utils.data.dataloader`` (or ``coordl.dataloader``), the hook replaces the loader
+class's ``__iter__`` so that the first loader the script iterates is timed (:class:`TimedIterator`)
+and prepared for the run named by ``DSANALYZER_MODE`` (see :mod:`dsanalyzer.runs`). After
+warm-up + N iterations it writes ``result-<pid>.json`` (plain JSON) into ``DSANALYZER_RESULT_DIR``
+and ends the script with ``SystemExit(0)``; if the script ends first, an ``atexit`` handler writes
+what was recorded.
+
+A ``coordl.DataLoader`` is covered whether it subclasses torch's loader or wraps one: a re-entrancy
+guard makes only the outermost ``__iter__`` timed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dsanalyzer.timeline import Timeline, cuda_sync_or_none
+
+__all__ = ["HookConfig", "ProbeState", "TimedIterator", "install_from_env", "patch_loader_class"]
+
+ENV_MODE = "DSANALYZER_MODE"
+ENV_RESULT_DIR = "DSANALYZER_RESULT_DIR"
+ENV_ITERS = "DSANALYZER_ITERS"
+ENV_WARMUP = "DSANALYZER_WARMUP"
+ENV_WORKERS_LIST = "DSANALYZER_WORKERS_LIST"
+ENV_DATA = "DSANALYZER_DATA"
+ENV_BUDGET = "DSANALYZER_MEMORY_BUDGET_BYTES"
+
+_TARGET_MODULES = ("torch.utils.data.dataloader", "coordl.dataloader")
+
+
+@dataclass
+class HookConfig:
+    """What the CLI asked the hook to do, read from environment variables."""
+
+    mode: str
+    result_dir: str
+    iters: int = 100
+    warmup: int = 5
+    workers_list: tuple[int, ...] = (1,)
+    data_path: str | None = None
+    memory_budget_bytes: int = 1 << 30
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> HookConfig:
+        env = dict(os.environ if env is None else env)
+        workers = tuple(int(x) for x in env.get(ENV_WORKERS_LIST, "1").split(",") if x.strip())
+        return cls(
+            mode=env[ENV_MODE],
+            result_dir=env[ENV_RESULT_DIR],
+            iters=int(env.get(ENV_ITERS, "100")),
+            warmup=int(env.get(ENV_WARMUP, "5")),
+            workers_list=workers or (1,),
+            data_path=env.get(ENV_DATA) or None,
+            memory_budget_bytes=int(env.get(ENV_BUDGET, str(1 << 30))),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        env = {
+            ENV_MODE: self.mode,
+            ENV_RESULT_DIR: self.result_dir,
+            ENV_ITERS: str(self.iters),
+            ENV_WARMUP: str(self.warmup),
+            ENV_WORKERS_LIST: ",".join(str(k) for k in self.workers_list),
+            ENV_BUDGET: str(self.memory_budget_bytes),
+        }
+        if self.data_path:
+            env[ENV_DATA] = self.data_path
+        return env
+
+
+class ProbeState:
+    """The per-process profiler: which loader is timed, its timeline, and the result file."""
+
+    def __init__(self, cfg: HookConfig) -> None:
+        self.cfg = cfg
+        self.pid = os.getpid()
+        self.loader: Any = None
+        self.timeline = Timeline()
+        self.remaining = cfg.warmup + cfg.iters
+        self.info: dict = {}
+        self.done = False
+        self.depth = 0
+        self._replay: Any = None
+        self._last_progress = 0.0
+
+    # -- iterator creation -------------------------------------------------------------------
+    def iter_for(self, loader: Any, orig_iter: Callable[[Any], Any]) -> Any:
+        """Called by a patched ``__iter__``: the timed iterator for the profiled loader."""
+        if self.depth > 0 or self.done or (self.loader is not None and loader is not self.loader):
+            return orig_iter(loader)
+        self.depth += 1
+        try:
+            if self.loader is None:
+                self._first_iter(loader, orig_iter)
+            if self.cfg.mode == "compute":
+                inner = self._replay
+            else:
+                inner = orig_iter(loader)
+        finally:
+            self.depth -= 1
+        return TimedIterator(inner, self)
+
+    def _first_iter(self, loader: Any, orig_iter: Callable[[Any], Any]) -> None:
+        from dsanalyzer import runs  # lazy: keeps the hook cheap for processes that never iterate
+
+        self.loader = loader
+        if "torch" in sys.modules:
+            self.timeline.sync = cuda_sync_or_none()
+        batch_size = getattr(loader, "batch_size", None) or 1
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        self.info["loader"] = {
+            "class": f"{type(loader).__module__}.{type(loader).__qualname__}",
+            "batch_size": batch_size,
+            "num_workers": workers,
+            "prefetch_factor": getattr(loader, "prefetch_factor", None),
+            "cache_bytes": int(getattr(loader, "cache_bytes", 0) or 0),
+        }
+        prefetch = getattr(loader, "prefetch_factor", None) or 2
+        needed = (self.cfg.warmup + self.cfg.iters + 2 + workers * prefetch) * batch_size
+        mode = self.cfg.mode
+        if mode == "prep_scaling":
+            self._prep_scaling(loader, orig_iter, needed)
+        elif mode == "compute":
+            self._replay = runs.ReplayIterator(runs.take_one_batch(loader, lambda: orig_iter(loader)))
+        elif mode == "prep":
+            self.info["memory"] = runs.serve_from_memory(
+                loader, needed, self.cfg.memory_budget_bytes, self.cfg.data_path
+            )
+        elif mode == "real":
+            self.info["cold"] = runs.start_cold(loader, self.cfg.data_path)
+        else:
+            raise ValueError(f"{ENV_MODE}={mode!r} is not one of {runs.MODES}")
+
+    def _prep_scaling(self, loader: Any, orig_iter: Callable[[Any], Any], needed: int) -> None:
+        """Dataset size, cold fetch rate, then the loader alone at each worker count; then stop."""
+        from dsanalyzer import fetchrate, runs
+
+        files = runs.loader_files(loader, self.cfg.data_path)
+        self.info["dataset"] = runs.dataset_info(loader, files)
+        source = runs.find_item_source(loader)
+        threads = max(1, int(getattr(loader, "num_workers", 0) or 0))
+        try:
+            self.info["fetch"] = fetchrate.measure_fetch_rate(
+                files=files or None, source=source if not files else None, threads=threads
+            )
+        except ValueError as e:
+            self.info["fetch"] = {"error": str(e)}
+        self.info["memory"] = runs.serve_from_memory(
+            loader, needed, self.cfg.memory_budget_bytes, self.cfg.data_path
+        )
+        # 1..cores, plus the script's own worker count when it asks for more workers than cores.
+        ks = sorted(set(self.cfg.workers_list) | ({threads} if getattr(loader, "num_workers", 0) else set()))
+        total = len(ks) * (self.cfg.warmup + self.cfg.iters)
+        # A fresh iterator per worker count: torch's own __iter__ would reuse persistent workers.
+        fresh = getattr(loader, "_get_iterator", None)
+        self.info["scaling"] = runs.measure_prep_scaling(
+            loader,
+            fresh if callable(fresh) else (lambda: orig_iter(loader)),
+            ks,
+            self.cfg.iters,
+            self.cfg.warmup,
+            progress=lambda n: self._progress(n, total),
+        )
+        self.finish("stopped")
+        raise SystemExit(0)
+
+    # -- results --------------------------------------------------------------------------------
+    def _progress(self, done: int, total: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_progress < 0.5:
+            return
+        self._last_progress = now
+        path = os.path.join(self.cfg.result_dir, f"progress-{self.pid}.txt")
+        try:
+            with open(path, "w") as f:
+                f.write(f"{done} {total}\n")
+        except OSError:
+            pass
+
+    def on_batch(self) -> None:
+        total = self.cfg.warmup + self.cfg.iters
+        self._progress(total - self.remaining, total)
+
+    def finish(self, status: str) -> None:
+        """Write ``result-<pid>.json`` once (atomically: the CLI may be polling for it)."""
+        if self.done or self.loader is None or os.getpid() != self.pid:
+            return
+        self.done = True
+        total = self.cfg.warmup + self.cfg.iters
+        self._progress(total - max(0, self.remaining), total, force=True)
+        tl = self.timeline
+        result = {
+            "format": "dsanalyzer-run/1",
+            "pid": self.pid,
+            "mode": self.cfg.mode,
+            "status": status,
+            "iters_target": self.cfg.iters,
+            "warmup": self.cfg.warmup,
+            "wait_s": tl.wait_s,
+            "step_s": tl.step_s,
+            "batch_items": tl.batch_items,
+            **self.info,
+        }
+        path = os.path.join(self.cfg.result_dir, f"result-{self.pid}.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, path)
+
+
+class TimedIterator:
+    """Wraps a loader's iterator: records wait/step at each ``__next__`` and stops after N batches."""
+
+    def __init__(self, inner: Any, state: ProbeState) -> None:
+        self._inner = inner
+        self._state = state
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        state = self._state
+        state.timeline.next_started()
+        if state.remaining <= 0:
+            state.finish("stopped")
+            sys.stderr.write(f"dsanalyzer: {state.cfg.mode} run done, stopping the script\n")
+            raise SystemExit(0)
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            state.timeline.abandon_pending()
+            raise
+        from dsanalyzer.runs import batch_items
+
+        state.timeline.next_ended(batch_items(batch, getattr(state.loader, "batch_size", None) or 1))
+        state.remaining -= 1
+        state.on_batch()
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+_STATE: ProbeState | None = None
+
+
+def patch_loader_class(cls: type) -> None:
+    """Replace ``cls.__iter__`` (only if ``cls`` defines its own) with the timed version."""
+    orig = cls.__dict__.get("__iter__")
+    if orig is None or getattr(orig, "_dsanalyzer_patched", False):
+        return
+
+    def __iter__(self: Any) -> Any:
+        if _STATE is None:
+            return orig(self)
+        return _STATE.iter_for(self, orig)
+
+    __iter__._dsanalyzer_patched = True  # type: ignore[attr-defined]
+    cls.__iter__ = __iter__  # type: ignore[method-assign]
+
+
+def _patch_module(module: Any) -> None:
+    cls = getattr(module, "DataLoader", None)
+    if isinstance(cls, type):
+        patch_loader_class(cls)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds the loader modules through the other finders, then patches them right after import."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _TARGET_MODULES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                break
+        else:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module: Any) -> None:
+            exec_module(module)
+            _patch_module(module)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def install_from_env() -> bool:
+    """Install the hook when ``DSANALYZER_MODE`` is set; True when installed."""
+    global _STATE
+    if not os.environ.get(ENV_MODE) or _STATE is not None:
+        return False
+    cfg = HookConfig.from_env()
+    _STATE = ProbeState(cfg)
+    for name in _TARGET_MODULES:
+        if name in sys.modules:
+            _patch_module(sys.modules[name])
+    sys.meta_path.insert(0, _PatchOnImport())
+    atexit.register(lambda: _STATE.finish("exit") if _STATE is not None else None)
+    return True

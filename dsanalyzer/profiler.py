@@ -1,0 +1,423 @@
+"""Orchestration of the differential runs, for a command line and for the Python API (``dsanalyzer.profile``).
+
+Named ``profiler`` so that the module never shadows the ``dsanalyzer.profile`` function.
+
+``profile_command(["python", "train.py", ...])`` runs the unmodified script four times under the
+import hook (:mod:`dsanalyzer.intercept`), once per run of :data:`dsanalyzer.runs.MODES`, each
+stopped after warm-up + N iterations; ``profile(make_loader, train_step)`` does the same in this
+process. Both end in :func:`assemble_report`, which turns the raw per-run results into report.json.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from dsanalyzer import runs
+from dsanalyzer.intercept import HookConfig
+from dsanalyzer.membw import measure_memory_bandwidth
+from dsanalyzer.report import SCHEMA_VERSION, attach_model, write_report
+from dsanalyzer.stalls import bound_of, differential, per_epoch
+from dsanalyzer.sysmon import SysMonitor, concat_series
+from dsanalyzer.timeline import Timeline, cuda_sync_or_none, summarize
+
+__all__ = ["ProfileError", "profile", "profile_command", "assemble_report", "default_out_dir"]
+
+_HOOK_DIR = str(Path(__file__).resolve().parent / "_hook")
+_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+class ProfileError(RuntimeError):
+    """The profiled job could not be measured (it failed, never iterated a loader, or timed out)."""
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def default_out_dir(name: str = "run") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("reports") / "runs" / f"{stamp}-{Path(name).stem or 'run'}"
+
+
+def _storage_device(path: str | None) -> dict:
+    if not path:
+        return {"device": None, "fstype": None, "mountpoint": None}
+    best = None
+    real = os.path.realpath(path)
+    for part in psutil.disk_partitions(all=True):
+        mp = part.mountpoint
+        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and (
+            best is None or len(mp) > len(best.mountpoint)
+        ):
+            best = part
+    if best is None:
+        return {"device": None, "fstype": None, "mountpoint": None}
+    return {"device": best.device, "fstype": best.fstype, "mountpoint": best.mountpoint}
+
+
+def _memory_budget() -> int:
+    # A quarter of what is free: enough for the prep run's items without pushing the job into swap.
+    return int(psutil.virtual_memory().available // 4)
+
+
+# -- report assembly -------------------------------------------------------------------------------
+
+
+def assemble_report(
+    results: dict[str, dict], *, command: list[str] | str, warmup: int, sysmon: dict, mem_bw: float
+) -> dict:
+    """Combine the four runs' raw results into a report (model and what-if attached)."""
+    summaries = {}
+    for mode in ("compute", "prep", "real"):
+        r = results[mode]
+        try:
+            summaries[mode] = summarize(r["wait_s"], r["step_s"], r["batch_items"], warmup)
+        except ValueError as e:
+            raise ProfileError(f"{mode} run: {e}") from None
+    diff = differential(summaries["compute"], summaries["prep"], summaries["real"])
+    scal_res = results["prep_scaling"]
+    loader = results["real"].get("loader", {})
+    batch = summaries["real"].batch_size
+    workers = int(loader.get("num_workers", 0) or 0)
+    dataset = scal_res.get("dataset", {})
+    scaling = scal_res.get("scaling", {"workers": [], "samples_per_s": []})
+    prep_rate = summaries["prep"].samples_per_s
+    for k, rate in zip(scaling.get("workers", []), scaling.get("samples_per_s", []), strict=False):
+        if k == max(1, workers):
+            prep_rate = rate
+    fetch = scal_res.get("fetch", {})
+    cache_bytes = int(loader.get("cache_bytes") or 0)
+    policy = "minio" if cache_bytes > 0 else "pagecache"
+    if policy == "pagecache":
+        cache_bytes = int(results["real"].get("page_cache_budget_bytes") or psutil.virtual_memory().available)
+    per_iter = diff["per_iter_s"]
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command if isinstance(command, str) else " ".join(command),
+        "machine": {
+            "cpus": available_cpus(),
+            "memory_bytes": int(psutil.virtual_memory().total),
+            "storage_device": _storage_device(dataset.get("path")),
+            "mem_bandwidth_bytes_per_s": mem_bw,
+        },
+        "dataset": dataset,
+        "batch_size": int(round(batch)),
+        "workers": workers,
+        "cache_bytes": cache_bytes,
+        "cache_policy": policy,
+        "rates_per_s": {
+            "compute": summaries["compute"].samples_per_s,
+            "prep": prep_rate,
+            "fetch": fetch.get("items_per_s"),
+            "observed": summaries["real"].samples_per_s,
+        },
+        "prep_scaling": scaling,
+        "fetch": {k: fetch.get(k) for k in ("bytes_per_s", "items_per_s", "threads", "method", "error")},
+        **diff,
+        "per_epoch_s": per_epoch(per_iter, int(dataset.get("items") or 0), batch),
+        "bound": bound_of(per_iter),
+        "advice": "",
+        "runs": {},
+        "sysmon": sysmon,
+        "model": {},
+        "whatif": {"grid": [], "to_compute_bound": {}},
+        "warmup_iters": warmup,
+        "prep_memory": results["prep"].get("memory", {}),
+        "real_cold": results["real"].get("cold", {}),
+    }
+    for mode, r in results.items():
+        entry = {
+            "iters": len(r.get("wait_s", [])),
+            "wait_s": r.get("wait_s", []),
+            "step_s": r.get("step_s", []),
+        }
+        if mode in summaries:
+            entry.update(samples_per_s=summaries[mode].samples_per_s, summary=summaries[mode].as_dict())
+        report["runs"][mode] = entry
+    return attach_model(report)
+
+
+# -- the command-line path ---------------------------------------------------------------------------
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop the process group we started (the script and its loader workers)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_child(
+    command: list[str],
+    cfg: HookConfig,
+    log_path: Path,
+    timeout_s: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Run ``command`` once under the hook in mode ``cfg.mode``; return its result dict."""
+    env = dict(os.environ)
+    env.update(cfg.to_env())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_HOOK_DIR, _PKG_PARENT, env.get("PYTHONPATH")) if p)
+    Path(cfg.result_dir).mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        except OSError as e:
+            raise ProfileError(f"cannot start {command[0]!r}: {e.strerror or e}") from None
+        deadline = time.monotonic() + timeout_s
+        stopped_at = None
+        try:
+            while proc.poll() is None:
+                time.sleep(0.2)
+                if progress is not None:
+                    for p in glob.glob(os.path.join(cfg.result_dir, "progress-*.txt")):
+                        try:
+                            done, total = (int(x) for x in Path(p).read_text().split())
+                            progress(done, total)
+                        except (OSError, ValueError):
+                            pass
+                if stopped_at is None and glob.glob(os.path.join(cfg.result_dir, "result-*.json")):
+                    stopped_at = time.monotonic()
+                if stopped_at is not None and time.monotonic() - stopped_at > 30:
+                    _kill_group(proc)  # the script lingers after its result: shutting down is not measured
+                    break
+                if time.monotonic() > deadline:
+                    _kill_group(proc)
+                    raise ProfileError(
+                        f"the {cfg.mode} run timed out after {timeout_s:.0f} s (--timeout); "
+                        f"last lines of its output ({log_path}):\n{_tail(log_path)}"
+                    )
+        except BaseException:
+            if proc.poll() is None:
+                _kill_group(proc)
+            raise
+    results = []
+    for p in sorted(glob.glob(os.path.join(cfg.result_dir, "result-*.json"))):
+        with open(p) as f:
+            results.append(json.load(f))
+    stopped = [r for r in results if r.get("status") == "stopped"]
+    rc = proc.returncode
+    if rc not in (0, None) and not stopped:
+        raise ProfileError(
+            f"the profiled command failed with exit code {rc} in the {cfg.mode} run: {' '.join(command)}\n"
+            f"last lines of its output ({log_path}):\n{_tail(log_path)}"
+        )
+    if not results:
+        raise ProfileError(
+            f"the command never iterated a torch.utils.data.DataLoader or coordl.DataLoader "
+            f"(run {cfg.mode}, output in {log_path}); dsanalyzer profiles the first loader a script iterates"
+        )
+    result = max(results, key=lambda r: (r.get("status") == "stopped", len(r.get("wait_s", []))))
+    if cfg.mode != "prep_scaling" and not result.get("wait_s"):
+        raise ProfileError(f"the loader yielded no batches in the {cfg.mode} run: nothing to profile")
+    return result
+
+
+def profile_command(
+    command: list[str],
+    out_dir: str | os.PathLike | None = None,
+    iters: int = 100,
+    warmup: int = 5,
+    data_path: str | None = None,
+    timeout_s: float = 600.0,
+    show_progress: bool = True,
+) -> dict:
+    """Profile an unmodified training command; writes report.json/html into ``out_dir``; returns the report."""
+    if not command:
+        raise ProfileError(
+            "no command to profile: put it after `--`, e.g. dsanalyzer profile -- python train.py"
+        )
+    script = next((a for a in command[1:] if a.endswith(".py")), command[0])
+    out = Path(out_dir) if out_dir else default_out_dir(script)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    workers_list = tuple(range(1, available_cpus() + 1))
+    budget = _memory_budget()
+    results: dict[str, dict] = {}
+    series = []
+    for mode in runs.MODES:
+        cfg = HookConfig(mode, str(out / "logs" / mode), iters, warmup, workers_list, data_path, budget)
+        bar = _ProgressBar(f"{mode:>12}", show_progress)
+        with SysMonitor() as mon:
+            try:
+                results[mode] = run_child(command, cfg, out / "logs" / f"{mode}.log", timeout_s, bar.update)
+            finally:
+                bar.close()
+        series.append({**mon.series(), "run": mode})
+    mem_bw = measure_memory_bandwidth()
+    report = assemble_report(results, command=command, warmup=warmup, sysmon=_join(series), mem_bw=mem_bw)
+    write_report(report, out)
+    report["_out_dir"] = str(out)
+    return report
+
+
+def _join(series: list[dict]) -> dict:
+    joined = concat_series(series)
+    joined["runs"] = [{"run": s["run"], "samples": len(s["t_s"])} for s in series]
+    return joined
+
+
+class _ProgressBar:
+    """A tqdm bar on stderr fed from the hook's progress file (silent when disabled)."""
+
+    def __init__(self, desc: str, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=1, desc=desc, unit="it", file=sys.stderr, leave=True)
+
+    def update(self, done: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.n = done
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+# -- the Python API ----------------------------------------------------------------------------------
+
+
+def _fresh_iter(loader: Any) -> Callable[[], Any]:
+    """A new iterator per call (torch's ``__iter__`` would reuse persistent workers)."""
+    get = getattr(loader, "_get_iterator", None)
+    return get if callable(get) else (lambda: iter(loader))
+
+
+def _drive(open_iter: Callable[[], Any], train_step: Callable[[Any], Any], n: int) -> dict:
+    """Run ``n`` iterations of the loop, timed at the iterator boundary; epochs restart as needed."""
+    timeline = Timeline(sync=cuda_sync_or_none())
+    it = open_iter()
+    try:
+        for _ in range(n):
+            timeline.next_started()
+            try:
+                batch = next(it)
+            except StopIteration:
+                runs.shutdown_iterator(it)
+                it = open_iter()
+                batch = next(it, None)
+                if batch is None:
+                    break
+            timeline.next_ended(runs.batch_items(batch))
+            train_step(batch)
+        timeline.next_started()  # closes the last step
+    finally:
+        runs.shutdown_iterator(it)
+    return {"wait_s": timeline.wait_s, "step_s": timeline.step_s, "batch_items": timeline.batch_items}
+
+
+def profile(
+    make_loader: Callable[[], Any],
+    train_step: Callable[[Any], Any],
+    iters: int = 100,
+    warmup: int = 5,
+    out: str | os.PathLike | None = None,
+    data_path: str | None = None,
+    workers_list: list[int] | None = None,
+) -> dict:
+    """Profile a training loop in this process: the same four runs as ``dsanalyzer profile``.
+
+    Args:
+        make_loader: returns a fresh loader (torch or coordl DataLoader); called once per run.
+        train_step: does one training step on a batch.
+        iters: measured iterations per run (after ``warmup`` dropped ones).
+        out: directory for report.json and report.html (nothing written when None).
+        data_path: the dataset's files, when the loader's dataset does not list them.
+        workers_list: worker counts for the prep-scaling run (default 1..available cores).
+
+    Returns:
+        The report as a dict (the report.json layout).
+    """
+    n = warmup + iters
+    budget = _memory_budget()
+    ks = list(workers_list or range(1, available_cpus() + 1))
+    results: dict[str, dict] = {}
+    series = []
+    for mode in runs.MODES:
+        loader = make_loader()
+        batch_size = getattr(loader, "batch_size", None) or 1
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        info: dict[str, Any] = {
+            "loader": {
+                "class": type(loader).__qualname__,
+                "batch_size": batch_size,
+                "num_workers": workers,
+                "cache_bytes": getattr(loader, "cache_bytes", 0),
+            }
+        }
+        needed = (n + 2 + workers * 2) * batch_size
+        with SysMonitor() as mon:
+            if mode == "prep_scaling":
+                files = runs.loader_files(loader, data_path)
+                info["dataset"] = runs.dataset_info(loader, files)
+                from dsanalyzer.fetchrate import measure_fetch_rate
+
+                source = runs.find_item_source(loader)
+                try:
+                    info["fetch"] = measure_fetch_rate(
+                        files or None, None if files else source, threads=max(1, workers)
+                    )
+                except ValueError as e:
+                    info["fetch"] = {"error": str(e)}
+                info["memory"] = runs.serve_from_memory(loader, needed, budget, data_path)
+                k_all = sorted(set(ks) | ({workers} if workers else set()))
+                info["scaling"] = runs.measure_prep_scaling(loader, _fresh_iter(loader), k_all, iters, warmup)
+            elif mode == "compute":
+                batch = runs.take_one_batch(loader, _fresh_iter(loader))
+                info.update(_drive(lambda b=batch: runs.ReplayIterator(b), train_step, n))
+            elif mode == "prep":
+                info["memory"] = runs.serve_from_memory(loader, needed, budget, data_path)
+                info.update(_drive(lambda ld=loader: iter(ld), train_step, n))
+            else:
+                info["cold"] = runs.start_cold(loader, data_path)
+                info.update(_drive(lambda ld=loader: iter(ld), train_step, n))
+        series.append({**mon.series(), "run": mode})
+        results[mode] = info
+        close = getattr(loader, "close", None)
+        if callable(close):
+            close()
+    report = assemble_report(
+        results,
+        command="dsanalyzer.profile()",
+        warmup=warmup,
+        sysmon=_join(series),
+        mem_bw=measure_memory_bandwidth(),
+    )
+    if out is not None:
+        write_report(report, out)
+    return report

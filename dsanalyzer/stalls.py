@@ -1,0 +1,58 @@
+"""The stall arithmetic of the differential method.
+
+With T1, T2, T4 the per-iteration times (wait + step) of the compute, prep and real runs:
+
+    compute     = T1                 the step alone, data free
+    prep stall  = max(0, T2 - T1)    what prep adds when raw data are in memory
+    fetch stall = max(0, T4 - T2)    what reading storage adds on top
+
+Each run's T is its own measured total, so no GPU time leaks into the fetch stall (a public fork of
+DS-Analyzer computes ``T4 - (T2 - T1)``, which does). Differences are clipped at zero: a stage that
+is fully hidden can only look negative through noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dsanalyzer.timeline import RunSummary
+
+__all__ = ["differential", "bound_of", "per_epoch", "STALL_KEYS"]
+
+STALL_KEYS = ("compute", "prep_stall", "fetch_stall")
+
+
+def _stall_spread(run: RunSummary, baseline_s: float) -> dict:
+    it = run.spread_s.get("iter", {})
+    return {q: max(0.0, float(it.get(q, math.nan)) - baseline_s) for q in ("p10", "p90")}
+
+
+def differential(compute: RunSummary, prep: RunSummary, real: RunSummary) -> dict:
+    """Per-iteration compute, prep stall and fetch stall (seconds) with their p10/p90 spreads."""
+    t1, t2, t4 = compute.iter_s, prep.iter_s, real.iter_s
+    per_iter = {"compute": t1, "prep_stall": max(0.0, t2 - t1), "fetch_stall": max(0.0, t4 - t2)}
+    spread = {
+        "compute": dict(compute.spread_s.get("iter", {})),
+        "prep_stall": _stall_spread(prep, t1),
+        "fetch_stall": _stall_spread(real, t2),
+    }
+    return {"per_iter_s": per_iter, "per_iter_spread_s": spread}
+
+
+def bound_of(per_iter_s: dict, threshold: float = 0.05) -> str:
+    """The binding resource: compute when both stalls are under ``threshold`` of an iteration,
+    else the larger stall's stage."""
+    total = sum(per_iter_s[k] for k in STALL_KEYS)
+    prep, fetch = per_iter_s["prep_stall"], per_iter_s["fetch_stall"]
+    if total <= 0 or max(prep, fetch) < threshold * total:
+        return "compute"
+    return "fetch" if fetch >= prep else "prep"
+
+
+def per_epoch(per_iter_s: dict, items: int, batch_size: float) -> dict:
+    """Per-iteration figures scaled to one epoch of ``items`` (the last batch may be partial)."""
+    iters = math.ceil(items / batch_size) if batch_size > 0 else 0
+    out = {k: per_iter_s[k] * iters for k in STALL_KEYS}
+    out["total"] = sum(out.values())
+    out["iters"] = iters
+    return out
