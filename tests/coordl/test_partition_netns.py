@@ -1,0 +1,158 @@
+"""The partitioned cache across real processes, one rank per network namespace, gloo for the setup.
+
+Each rank builds its tier with :func:`coordl.partition.build_partitioned_tier` (servers start, addresses
+are exchanged through torch.distributed), then reads its shard epoch after epoch from a "storage" that
+counts reads. Failure modes: a peer killed mid-epoch, a peer cut off from the network.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coordl.testing import VirtualNetwork, skip_reason
+
+pytestmark = pytest.mark.netns
+
+RANK_SCRIPT = r"""
+import datetime, json, os, signal, sys, time
+import torch.distributed as dist
+from coordl.counters import SharedCounters
+from coordl.partition import PartitionedSampler, build_partitioned_tier
+
+n_items, epochs, mode, go_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+item = lambda i: (i.to_bytes(4, "little") * 2500)[: 5000 + i]
+counters = SharedCounters(["cache_hits", "cache_misses"])
+per_node = sum(5000 + i for i in range(n_items)) // world + 50_000
+tier = build_partitioned_tier(n_items, per_node, counters, seed=1, timeout_s=1.0, backoff_s=600)
+sampler = PartitionedSampler(n_items, world, rank, seed=2)
+for epoch in range(epochs):
+    if epoch == 1 and mode != "ok":
+        dist.barrier()  # everyone finished epoch 0 and its pushes; from here on no collectives
+        if rank == 1:
+            if mode == "cut":
+                time.sleep(120)  # alive but unreachable: the test takes its link down
+            else:
+                pass  # killed below, mid-epoch
+        else:
+            print("SYNC", flush=True)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(go_file) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    sampler.set_epoch(epoch)
+    reads, t0 = 0, time.monotonic()
+    for k, i in enumerate(sampler):
+        if mode == "kill" and rank == 1 and epoch == 1 and k == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        raw = tier.get(i)
+        if raw is None:
+            raw = item(i)
+            reads += 1
+            tier.offer(i, raw)
+        assert bytes(raw) == item(i), i
+    tier.flush()
+    if mode == "ok":
+        dist.barrier()
+    st = tier.stats()
+    print(json.dumps({"rank": rank, "epoch": epoch, "storage_reads": reads, "secs": time.monotonic() - t0,
+                      "remote_hits": st["remote_hits"], "remote_errors": st["remote_errors"],
+                      "owned_by_1": sum(1 for i in sampler if tier.owners.owner(i) == 1)}), flush=True)
+tier.close()
+if mode == "ok":
+    dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(autouse=True)
+def _needs_netns() -> None:
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def _launch(net: VirtualNetwork, script: Path, n_items: int, epochs: int, mode: str, go: Path):
+    port = net.hosts[0].free_port()
+    return [
+        h.popen(
+            [sys.executable, str(script), str(n_items), str(epochs), mode, str(go)],
+            env=net.dist_env(r, master_port=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r, h in enumerate(net.hosts)
+    ]
+
+
+def _records(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    p = tmp_path / "rank.py"
+    p.write_text(RANK_SCRIPT)
+    return p
+
+
+@pytest.mark.parametrize("n_nodes", [2, 3])
+def test_aggregate_cache_stops_storage_reads_after_epoch_one(
+    script: Path, tmp_path: Path, n_nodes: int
+) -> None:
+    n_items = 90
+    with VirtualNetwork(n_nodes, rate_mbit=200, prefix="cdltest") as net:
+        procs = _launch(net, script, n_items, 3, "ok", tmp_path / "go")
+        outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    recs = [r for out, _ in outs for r in _records(out)]
+    by_epoch = {e: sum(r["storage_reads"] for r in recs if r["epoch"] == e) for e in range(3)}
+    assert by_epoch[0] == n_items  # every item read from storage once, by the rank whose shard has it
+    assert by_epoch[1] == 0 and by_epoch[2] == 0
+    assert all(r["remote_errors"] == 0 for r in recs)
+    assert sum(r["remote_hits"] for r in recs if r["epoch"] == 2) > 0
+
+
+def _failure_run(script: Path, tmp_path: Path, mode: str) -> dict:
+    go = tmp_path / "go"
+    with VirtualNetwork(2, rate_mbit=200, prefix="cdltest") as net:
+        procs = _launch(net, script, 80, 2, mode, go)
+        # Wait until rank 0 is past epoch 0 and the last collective, then break node 1.
+        first, sync = procs[0].stdout.readline(), procs[0].stdout.readline()
+        assert first.startswith("{") and sync.strip() == "SYNC", procs[0].stderr.read()[-2000:]
+        if mode == "cut":
+            net.hosts[1].run(["ip", "link", "set", net.hosts[1].ifname, "down"])
+        go.touch()
+        t0 = time.monotonic()
+        out, err = procs[0].communicate(timeout=90)
+        elapsed = time.monotonic() - t0
+        assert procs[0].returncode == 0, err[-2000:]
+    rec = _records(out)[-1]
+    rec["elapsed"] = elapsed
+    return rec
+
+
+@pytest.mark.slow
+def test_peer_killed_mid_epoch_falls_back_to_storage(script: Path, tmp_path: Path) -> None:
+    rec = _failure_run(script, tmp_path, "kill")
+    assert rec["epoch"] == 1
+    # Everything node 1 owned came from storage; what node 0 owns came from its own cache.
+    assert rec["storage_reads"] == rec["owned_by_1"] > 0
+    assert rec["remote_errors"] >= 1
+    assert rec["elapsed"] < 60  # no hang (a generous bound, not a speed claim)
+
+
+@pytest.mark.slow
+def test_peer_cut_off_times_out_once_then_storage(script: Path, tmp_path: Path) -> None:
+    rec = _failure_run(script, tmp_path, "cut")
+    assert rec["epoch"] == 1
+    assert rec["storage_reads"] == rec["owned_by_1"] > 0
+    assert rec["remote_errors"] >= 1
+    assert rec["elapsed"] < 60
