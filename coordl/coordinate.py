@@ -46,7 +46,7 @@ from coordl import batchcodec
 from coordl.errors import CoordlError, CoordlTimeoutError
 from coordl.shm import DEFAULT_DIR, _owner_alive, _start_ticks
 
-__all__ = ["Group", "GroupMember"]
+__all__ = ["BatchMaker", "Group", "GroupMember", "join_for_loader"]
 
 _MAGIC, _VERSION = 0xC00D1C0, 1
 _HDR = 16
@@ -465,3 +465,52 @@ class GroupMember:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+class BatchMaker:
+    """``indices -> collated batch`` for producers: the loader's fetch+prep pipeline, then collate."""
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any]) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+
+    def __call__(self, indices: list[int]) -> Any:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        samples = getitems(indices) if callable(getitems) else [self.dataset[i] for i in indices]
+        return self.collate_fn(samples)
+
+
+def join_for_loader(
+    coordinate: str | Group,
+    *,
+    dataset: Any,
+    collate_fn: Callable[[list[Any]], Any],
+    batch_size: int | None,
+    shuffle: bool | None,
+    drop_last: bool,
+    sampler: Any,
+    batch_sampler: Any,
+    num_workers: int,
+    mp_context: Any,
+) -> GroupMember:
+    """Join the group that ``coordl.DataLoader(..., coordinate=...)`` names, with the loader's pipeline."""
+    group = coordinate if isinstance(coordinate, Group) else Group(str(coordinate))
+    if sampler is not None or batch_sampler is not None:
+        raise ValueError(
+            "coordinate= decides the batch order for the whole group (from Group(seed=...)); "
+            "it cannot be combined with sampler= or batch_sampler="
+        )
+    if not batch_size:
+        raise ValueError("coordinate= needs batch_size >= 1")
+    if isinstance(mp_context, str):
+        mp_context = mp.get_context(mp_context)
+    return GroupMember(
+        group,
+        num_items=len(dataset),
+        batch_size=batch_size,
+        drop_last=drop_last,
+        shuffle=bool(shuffle),
+        make_batch=BatchMaker(dataset, collate_fn),
+        num_producers=num_workers,
+        mp_context=mp_context,
+    )

@@ -128,6 +128,13 @@ class DataLoader:
             )
         if on_error == "skip":
             collate_fn = _SkipAwareCollate(collate_fn or default_collate)
+        self._member = None
+        if coordinate is not None:
+            self._member = importlib.import_module("coordl.coordinate").join_for_loader(
+                coordinate, dataset=inner, collate_fn=collate_fn or default_collate, batch_size=batch_size,
+                shuffle=shuffle, drop_last=drop_last, sampler=sampler, batch_sampler=batch_sampler,
+                num_workers=num_workers, mp_context=multiprocessing_context,
+            )  # fmt: skip
         sampler, batch_sampler, shuffle = self._build_sampler(sampler, batch_sampler, shuffle)
         self._torch = torch.utils.data.DataLoader(
             inner,
@@ -219,10 +226,12 @@ class DataLoader:
             raise RuntimeError("this coordl.DataLoader was closed")
         self._end_epoch(complete=False)
         self._epoch_start = self._counters.snapshot()
+        if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
+            return _EpochIterator(self, _Sized(self._member.epoch(), len(self._member)))
         return _EpochIterator(self, iter(self._torch))
 
     def __len__(self) -> int:
-        return len(self._torch)
+        return len(self._member) if self._member is not None else len(self._torch)
 
     def _end_epoch(self, *, complete: bool) -> None:
         if self._epoch_start is None:
@@ -296,7 +305,7 @@ class DataLoader:
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
         self._torch._iterator = None
-        for obj in (self._minio, self._counters, self._watch):
+        for obj in (self._member, self._minio, self._counters, self._watch):
             if obj is not None:
                 obj.close()
 
@@ -345,6 +354,22 @@ class _EpochIterator:
 
     def __len__(self) -> int:
         return len(self._it)
+
+
+class _Sized:
+    """An iterator with a length (the group's epoch generator, for ``len(iter(loader))``)."""
+
+    def __init__(self, it: Iterator[Any], length: int) -> None:
+        self._it, self._len = it, length
+
+    def __iter__(self) -> _Sized:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return self._len
 
 
 class _SkipAwareCollate:

@@ -1,0 +1,53 @@
+"""coordl.DataLoader(coordinate=...): two real jobs over a real ImageFolder share every batch."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+
+import coordl
+from coordl.coordinate import Group
+from coordl.synth import make_dataset
+
+
+def _job(root, shm_dir, out, tag):
+    ds = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(32, resize=40))
+    loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=1,
+                               coordinate=Group("t", directory=shm_dir, timeout_s=60))  # fmt: skip
+    sums = []
+    for _ in range(2):
+        assert len(loader) == 6
+        for images, labels in loader:
+            assert images.shape == (4, 3, 32, 32) and labels.dtype == torch.int64
+            sums.append((round(float(images.sum()), 2), labels.tolist()))
+    loader.close()
+    out.put((tag, sums))
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    return str(make_dataset(tmp_path_factory.mktemp("ds"), n=24, classes=3, width=64, height=48, seed=0))
+
+
+def test_two_jobs_receive_identical_batches(tiny_dataset, tmp_path):
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_job, args=(tiny_dataset, str(tmp_path), q, i)) for i in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(10)
+        assert p.exitcode == 0
+    assert results[0] == results[1]  # same augmented pixels: each batch was prepped once
+    assert len(results[0]) == 12
+
+
+def test_coordinate_rejects_a_sampler(tiny_dataset, tmp_path):
+    ds = coordl.ImageFolder(tiny_dataset, transform=coordl.transforms.eval_transform(32, resize=36))
+    with pytest.raises(ValueError, match="sampler"):
+        coordl.DataLoader(
+            ds, batch_size=4, sampler=list(range(8)), coordinate=Group("x", directory=str(tmp_path))
+        )
