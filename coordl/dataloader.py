@@ -191,6 +191,8 @@ class DataLoader:
     def _build_fetch_tiers(self) -> list[FetchTier]:
         """The chain of places raw bytes come from before storage, nearest first."""
         tiers: list[FetchTier] = []
+        if self.partitioned:  # -- partitioned cache (helper dist): coordl.partition --
+            return [importlib.import_module("coordl.partition").loader_tier(self)]
         if self.cache_bytes > 0:
             if getattr(self.source, "opaque", False):
                 warnings.warn(
@@ -211,6 +213,9 @@ class DataLoader:
 
     def _build_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> tuple[Any, Any, Any]:
         """The (sampler, batch_sampler, shuffle) handed to torch: the user's, unchanged, for now."""
+        if self.partitioned and sampler is None and batch_sampler is None and not self._iterable:
+            # -- partitioned cache (helper dist): a fresh random shard per rank and epoch, equal sizes --
+            return importlib.import_module("coordl.partition").loader_sampler(self, shuffle), None, None
         return sampler, batch_sampler, shuffle
 
     def _build_sample_cache_tier(self) -> Any:
@@ -305,6 +310,9 @@ class DataLoader:
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
         self._torch._iterator = None
+        for tier in self._tiers:  # partitioned cache (helper dist): stops the node's cache server
+            if callable(getattr(tier, "close", None)):
+                tier.close()
         for obj in (self._member, self._minio, self._counters, self._watch):
             if obj is not None:
                 obj.close()

@@ -112,6 +112,7 @@ class PartitionedSampler:
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
+        self._epoch_set = False
         if drop_last:
             self.num_samples = self.num_items // num_replicas
         else:
@@ -119,7 +120,9 @@ class PartitionedSampler:
         self.total_size = self.num_samples * num_replicas
 
     def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order for the next pass. Without calls, each pass advances the epoch by one."""
         self.epoch = int(epoch)
+        self._epoch_set = True
 
     def indices(self) -> np.ndarray:
         if self.shuffle:
@@ -132,6 +135,11 @@ class PartitionedSampler:
         return order[self.rank : self.total_size : self.num_replicas]
 
     def __iter__(self) -> Iterator[int]:
+        if not self._epoch_set and getattr(self, "_iterated", False):
+            # Forgetting set_epoch would repeat one order every epoch (a DistributedSampler pitfall).
+            self.epoch += 1
+        self._iterated = True
+        self._epoch_set = False
         return iter(self.indices().tolist())
 
     def __len__(self) -> int:
@@ -443,3 +451,30 @@ def build_partitioned_tier(
         topo.node, topo.num_nodes, owners.counts()[topo.node], num_items, addresses,
     )  # fmt: skip
     return tier
+
+
+# -- hooks called by coordl.DataLoader(partitioned=True) ---------------------------------------------
+
+
+def loader_tier(loader: Any) -> PartitionedTier:
+    """The fetch tier of a ``coordl.DataLoader(..., cache_bytes=, partitioned=True)``."""
+    if loader.cache_bytes <= 0:
+        raise ValueError("partitioned=True needs cache_bytes > 0: this node's share of the partitioned cache")
+    if getattr(loader.source, "opaque", False):
+        raise ValueError(
+            f"partitioned=True needs raw item bytes, but {type(loader.dataset).__name__} has no fetch/prep "
+            "split (use coordl.ImageFolder or implement fetch/prep)"
+        )
+    return build_partitioned_tier(
+        len(loader.source),
+        loader.cache_bytes,
+        loader._counters,
+        cache_dir=loader.cache_dir,
+        name=type(loader.dataset).__name__,
+    )
+
+
+def loader_sampler(loader: Any, shuffle: bool | None) -> PartitionedSampler:
+    """This rank's sampler for ``partitioned=True`` when the user passed none (shuffle as in torch)."""
+    topo = NodeTopology.from_env()
+    return PartitionedSampler(len(loader.source), topo.world_size, topo.rank, shuffle=bool(shuffle))

@@ -60,13 +60,22 @@ def test_sampler_equal_shards_cover_the_dataset(n: int, replicas: int, drop_last
 
 def test_sampler_fresh_shard_every_epoch_and_same_across_ranks() -> None:
     s0, s0b = PartitionedSampler(100, 2, 0, seed=3), PartitionedSampler(100, 2, 0, seed=3)
-    e0 = list(s0)
+    e0 = s0.indices().tolist()
     s0.set_epoch(1)
     s0b.set_epoch(1)
-    assert list(s0) != e0 and list(s0) == list(s0b)
+    assert s0.indices().tolist() != e0 and list(s0) == list(s0b)
+    s0.set_epoch(1)
     s1 = PartitionedSampler(100, 2, 1, seed=3)
     s1.set_epoch(1)
     assert set(s0) | set(s1) == set(range(100)) and not set(s0) & set(s1)
+
+
+def test_sampler_advances_without_set_epoch_and_obeys_it() -> None:
+    s = PartitionedSampler(50, 1, 0, seed=4)
+    a, b = list(s), list(s)
+    assert a != b and s.epoch == 1
+    s.set_epoch(0)
+    assert list(s) == a
 
 
 def test_topology_from_torchrun_env() -> None:
@@ -198,3 +207,46 @@ def test_dead_peer_falls_back_to_storage(two_nodes: TwoNodes) -> None:
     st = two_nodes.tiers[0].stats()
     assert st["remote_errors"] == 1  # one failure, then the peer is skipped while down
     assert st["remote_skipped_down"] == reads - 1
+
+
+# -- coordl.DataLoader(partitioned=True) in a single process (one node, no torch.distributed) ---------
+
+
+class Items:
+    """A fetch/prep item source over synthetic bytes."""
+
+    def __len__(self) -> int:
+        return N_ITEMS
+
+    def fetch(self, i: int) -> bytes:
+        return _item(i)
+
+    def prep(self, raw: bytes, i: int) -> int:
+        assert raw == _item(i)
+        return i
+
+
+def test_loader_partitioned_single_node_caches_and_shards(monkeypatch) -> None:
+    import coordl
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    with coordl.DataLoader(
+        Items(), batch_size=8, shuffle=True, cache_bytes=1 << 20, partitioned=True
+    ) as loader:
+        assert isinstance(loader.sampler, PartitionedSampler)
+        first = [int(x) for b in loader for x in b]
+        second = [int(x) for b in loader for x in b]
+        assert sorted(first) == sorted(second) == list(range(N_ITEMS))
+        assert first != second  # the epoch advances without set_epoch
+        ep = loader.epoch_stats()
+        assert ep[0]["storage_items_read"] == N_ITEMS and ep[1]["storage_items_read"] == 0
+        st = loader.stats()
+        assert st["remote_hits"] == 0 and st["remote_errors"] == 0 and st["partition_nodes"] == 1
+
+
+def test_loader_partitioned_needs_cache_bytes() -> None:
+    import coordl
+
+    with pytest.raises(ValueError, match="cache_bytes"):
+        coordl.DataLoader(Items(), batch_size=8, partitioned=True)
