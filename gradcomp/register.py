@@ -1,0 +1,116 @@
+"""``gradcomp.register(ddp_model, ...)``: pick a method, fit the planner on the real link, install the hook."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from gradcomp.compressors import NAMES, get_compressor
+from gradcomp.hooks import GradcompState, gradcomp_hook
+from gradcomp.memory import NoMemory
+from gradcomp.planner import Decision, Planner, fit_line, time_at_sizes
+from gradcomp.powersgd import PowerSGDReducer
+
+__all__ = ["register", "fit_planner"]
+
+_PLANS = ("auto", "always", "never")
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def fit_planner(state: GradcompState, max_numel: int, device: torch.device, reps: int = 3) -> Planner:
+    """Time dense all-reduce, the full compressed sync and the compressor alone at a few sizes; fit lines.
+
+    Probes use their own keys and no error-feedback memory, so training state is untouched.
+    """
+    sizes = sorted({n for n in (4096, 65536, 1 << 20) if n <= max(max_numel, 4096)})
+    probe_memory, state.memory = state.memory, NoMemory()
+    try:
+        dense = time_at_sizes(
+            lambda x: dist.all_reduce(x, group=state.group), sizes, reps, device, state.group
+        )
+        sync = time_at_sizes(
+            lambda x: state.sync(x, "__probe__", Decision(True, 1)).wait(), sizes, reps, device, state.group
+        )
+
+        def encode(x: torch.Tensor) -> None:
+            payload, ctx = state.compressor.compress(x, "__probe__")
+            state.compressor.decompress(payload, ctx)
+            state.compressor.aggregate([payload] * state.world, ctx)
+
+        enc = time_at_sizes(encode, sizes, reps, device, state.group)
+    finally:
+        state.memory = probe_memory
+    return Planner(fit_line(sizes, dense), fit_line(sizes, sync), fit_line(sizes, enc))
+
+
+def register(
+    model: torch.nn.parallel.DistributedDataParallel,
+    compressor: str = "mstopk",
+    ratio: float = 0.01,
+    error_feedback: bool = True,
+    plan: str = "auto",
+    process_group: dist.ProcessGroup | None = None,
+    **options: object,
+) -> GradcompState:
+    """Compress ``model``'s gradient synchronisation; returns the hook state (planner, timings, residuals).
+
+    Args:
+        model: a ``DistributedDataParallel`` model; every rank must call ``register`` with the same arguments.
+        compressor: one of ``gradcomp.compressors.NAMES``.
+        ratio: density kept by sparsifiers (top-k, MSTopK, random-k, gTop-k, hierarchical top-k).
+        error_feedback: keep what was dropped and add it to the next gradient (needed by biased methods).
+        plan: ``"auto"`` fits a cost model now (a few timed collectives) and compresses a bucket only when it is
+            predicted to be clearly faster; ``"always"`` compresses every bucket; ``"never"`` sends all dense.
+        options: ``partitions`` (plan="always"), ``rounds`` (MSTopK), ``levels`` (QSGD), ``seed`` (random-k),
+            ``powersgd_rank``, ``start_iter`` (PowerSGD warm-up steps), ``local_size`` (hitopk: ranks per node,
+            default ``$LOCAL_WORLD_SIZE``), ``margin`` (auto: required predicted gain).
+    """
+    if not hasattr(model, "register_comm_hook"):
+        raise TypeError(f"gradcomp.register needs a DistributedDataParallel model, got {type(model).__name__}")
+    if compressor not in NAMES:
+        raise ValueError(f"unknown compressor {compressor!r}; choose one of {', '.join(NAMES)}")
+    if plan not in _PLANS:
+        raise ValueError(f"plan must be one of {_PLANS}, got {plan!r}")
+    elem = get_compressor(
+        compressor, ratio, **{k: v for k, v in options.items() if k in ("rounds", "levels", "seed")}
+    )
+    psgd = None
+    if compressor == "powersgd":
+        psgd = PowerSGDReducer(
+            rank=int(options.get("powersgd_rank", 1)),
+            start_iter=int(options.get("start_iter", 10)),
+            min_compression_rate=float(options.get("min_compression_rate", 2.0)),
+            error_feedback=error_feedback,
+        )
+    node_groups = None
+    if compressor == "hitopk":
+        from gradcomp.collectives import node_groups as make_groups
+
+        local = int(options.get("local_size", os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
+        node_groups = make_groups(local)
+    state = GradcompState(
+        compressor,
+        elem,
+        ratio,
+        error_feedback,
+        plan,
+        group=process_group,
+        powersgd=psgd,
+        node_groups=node_groups,
+        partitions=int(options.get("partitions", 1)),
+    )
+    # PowerSGD applies its own per-tensor rule (min_compression_rate); "none" never compresses.
+    if plan == "auto" and compressor not in ("none", "powersgd", "hitopk"):
+        total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        state.planner = fit_planner(state, total, _model_device(model))
+        if "margin" in options:
+            state.planner.margin = float(options["margin"])
+    model.register_comm_hook(state, gradcomp_hook)
+    return state
