@@ -273,14 +273,31 @@ class VirtualNetwork:
                 self._limit(sw, port)  # switch -> host
             self.hosts.append(Host(name=f"h{i}", netns=ns, ip=ip, ifname=_HOST_IFNAME))
 
-    def _limit(self, netns: str, dev: str) -> None:
-        assert self.rate_mbit is not None
-        rate_bytes_per_s = self.rate_mbit * 1e6 / 8
+    def _limit(self, netns: str, dev: str, rate_mbit: float | None = None) -> None:
+        rate_mbit = self.rate_mbit if rate_mbit is None else rate_mbit
+        assert rate_mbit is not None
+        rate_bytes_per_s = rate_mbit * 1e6 / 8
         # burst >= the largest packet (veth GSO segments reach 64 KiB) or tbf drops everything;
         # ~5 ms of traffic above that keeps the long-run rate close to the target.
         burst = max(65536 + 1514, int(rate_bytes_per_s * 0.005))
-        _tc(netns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.rate_mbit}mbit",
+        _tc(netns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
             "burst", str(burst), "latency", "100ms")  # fmt: skip
+
+    def set_rate(self, host: int, rate_mbit: float | None) -> None:
+        """Change host ``host``'s link rate (both directions); None removes its limit.
+
+        For a slow storage server next to fast nodes: ``VirtualNetwork(3, rate_mbit=1000)``, then
+        ``set_rate(2, 100)``.
+        """
+        ns, port = self.hosts[host].netns, f"p{host}"
+        if rate_mbit is None:
+            for netns, dev in ((ns, _HOST_IFNAME), (self.switch, port)):
+                _ip("netns", "exec", netns, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+            return
+        if rate_mbit <= 0:
+            raise ValueError(f"rate_mbit must be > 0, got {rate_mbit}")
+        self._limit(ns, _HOST_IFNAME, rate_mbit)
+        self._limit(self.switch, port, rate_mbit)
 
     def _free_subnet(self, base: str) -> tuple[int, int]:
         used = set()

@@ -115,6 +115,7 @@ print(t.tolist()); dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_gloo_allreduce_across_hosts() -> None:
     with VirtualNetwork(2, rate_mbit=100, prefix="cdltest") as net:
         port = net.hosts[0].free_port()
@@ -130,3 +131,16 @@ def test_gloo_allreduce_across_hosts() -> None:
         ]
         outs = [p.communicate(timeout=90)[0].strip() for p in procs]
     assert outs == ["[3.0, 3.0, 3.0, 3.0]"] * 2
+
+
+def test_set_rate_changes_and_removes_one_hosts_limit() -> None:
+    nbytes = 2 * 1_000_000  # 0.8 s at 20 Mbit/s
+    with VirtualNetwork(2, prefix="cdltest") as net:
+        net.set_rate(1, 20)
+        got, secs = _send(net, nbytes)
+        limited = got * 8 / secs / 1e6
+        net.set_rate(1, None)
+        got, secs = _send(net, nbytes)
+        free = got * 8 / secs / 1e6
+    assert 6 < limited < 32, limited
+    assert free > 3 * limited, (free, limited)

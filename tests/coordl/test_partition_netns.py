@@ -102,7 +102,7 @@ def script(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize("n_nodes", [2, 3])
+@pytest.mark.parametrize("n_nodes", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_aggregate_cache_stops_storage_reads_after_epoch_one(
     script: Path, tmp_path: Path, n_nodes: int
 ) -> None:
