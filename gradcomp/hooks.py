@@ -77,7 +77,9 @@ class GradcompState:
     ) -> torch.futures.Future:
         """Sum over ranks of flat ``x`` (already divided by the world size), as a Future."""
         if not decision.compress:
-            return dist.all_reduce(x, group=self.group, async_op=True).get_future().then(lambda f: f.value()[0])
+            return (
+                dist.all_reduce(x, group=self.group, async_op=True).get_future().then(lambda f: f.value()[0])
+            )
         if self.name == "powersgd":
             assert self.powersgd is not None
             return _done(self.powersgd.reduce(x, shapes or [x.shape], key, self.group))
@@ -114,7 +116,7 @@ class GradcompState:
             futs.append(allgather_payloads(payload, self.group, async_op=True))
 
         def finish(_: object) -> torch.Tensor:
-            outs = [self.compressor.aggregate(f.value(), c) for f, c in zip(futs, ctxs)]
+            outs = [self.compressor.aggregate(f.value(), c) for f, c in zip(futs, ctxs, strict=True)]
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         return torch.futures.collect_all(futs).then(finish)

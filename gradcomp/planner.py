@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Line", "Decision", "fit_line", "time_at_sizes", "Planner", "mgwfbp_merge", "suggest_bucket_cap_mb"]
+__all__ = [
+    "Line",
+    "Decision",
+    "fit_line",
+    "time_at_sizes",
+    "Planner",
+    "mgwfbp_merge",
+    "suggest_bucket_cap_mb",
+]
 
 
 @dataclass(frozen=True)
@@ -48,7 +56,7 @@ def fit_line(xs: list[float], ts: list[float]) -> Line:
         return Line(0.0, max(ts[0], 0.0) / max(xs[0], 1.0))
     mx, mt = statistics.fmean(xs), statistics.fmean(ts)
     var = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / var if var else 0.0
+    b = sum((x - mx) * (t - mt) for x, t in zip(xs, ts, strict=True)) / var if var else 0.0
     b = max(b, 0.0)
     return Line(max(mt - b * mx, 0.0), b)
 

@@ -89,18 +89,18 @@ class PowerSGDReducer:
         for off, d in dense:
             out[off : off + d.numel()] = first[pos : pos + d.numel()]
             pos += d.numel()
-        qs_local = [mat.t() @ p for (_, mat, _), p in zip(mats, ps)]
+        qs_local = [mat.t() @ p for (_, mat, _), p in zip(mats, ps, strict=True)]
         if qs_local:
             second = torch.cat([q.reshape(-1) for q in qs_local])
             local_sent = torch.zeros_like(x)
-            for (off, mat, _), p, q in zip(mats, ps, qs_local):
+            for (off, mat, _), p, q in zip(mats, ps, qs_local, strict=True):
                 local_sent[off : off + mat.numel()] = (p @ q.t()).reshape(-1)
             for off, d in dense:
                 local_sent[off : off + d.numel()] = d
             self.memory.update(x, key, local_sent)
             dist.all_reduce(second, group=group)
             pos = 0
-            for (off, mat, qk), p, q in zip(mats, ps, qs_local):
+            for (off, mat, qk), p, q in zip(mats, ps, qs_local, strict=True):
                 q_sum = second[pos : pos + q.numel()].view_as(q)
                 pos += q.numel()
                 self._q[qk] = q_sum.clone()

@@ -48,7 +48,7 @@ class PartitionedOptimizer:
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.owner = partition_by_size([p.numel() for p in self.params], self.world)
-        mine = [p for p, o in zip(self.params, self.owner) if o == self.rank]
+        mine = [p for p, o in zip(self.params, self.owner, strict=True) if o == self.rank]
         self.optimizer = optimizer_class(mine, **defaults) if mine else None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -64,7 +64,7 @@ class PartitionedOptimizer:
         if self.optimizer is not None:
             self.optimizer.step()
         for r in range(self.world):
-            owned = [p for p, o in zip(self.params, self.owner) if o == r]
+            owned = [p for p, o in zip(self.params, self.owner, strict=True) if o == r]
             if not owned:
                 continue
             flat = torch.cat([p.reshape(-1) for p in owned])

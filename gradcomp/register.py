@@ -73,7 +73,9 @@ def register(
             default ``$LOCAL_WORLD_SIZE``), ``margin`` (auto: required predicted gain).
     """
     if not hasattr(model, "register_comm_hook"):
-        raise TypeError(f"gradcomp.register needs a DistributedDataParallel model, got {type(model).__name__}")
+        raise TypeError(
+            f"gradcomp.register needs a DistributedDataParallel model, got {type(model).__name__}"
+        )
     if compressor not in NAMES:
         raise ValueError(f"unknown compressor {compressor!r}; choose one of {', '.join(NAMES)}")
     if plan not in _PLANS:

@@ -26,7 +26,20 @@ __all__ = [
 
 #: Names accepted by ``gradcomp.register``. ``gtopk`` and ``hitopk`` are top-k with their own collectives;
 #: ``powersgd`` is a low-rank reducer with two all-reduces (``gradcomp.powersgd``).
-NAMES = ("none", "fp16", "bf16", "topk", "mstopk", "randomk", "qsgd", "terngrad", "signsgd", "powersgd", "gtopk", "hitopk")
+NAMES = (
+    "none",
+    "fp16",
+    "bf16",
+    "topk",
+    "mstopk",
+    "randomk",
+    "qsgd",
+    "terngrad",
+    "signsgd",
+    "powersgd",
+    "gtopk",
+    "hitopk",
+)
 
 
 def get_compressor(name: str, ratio: float = 0.01, **options: object) -> Compressor:

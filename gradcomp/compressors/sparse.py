@@ -99,7 +99,9 @@ class RandomK(_Sparse):
         self._calls[key] = n + 1
         # A stable per-key seed: hash() of str is salted per process, so derive it from the text's bytes.
         key_seed = int.from_bytes(repr(key).encode()[-8:].rjust(8, b"\0"), "little") & 0xFFFFFFFF
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + key_seed * 7919 + n) & 0x7FFFFFFFFFFFFFFF)
+        gen = torch.Generator().manual_seed(
+            (self.seed * 1_000_003 + key_seed * 7919 + n) & 0x7FFFFFFFFFFFFFFF
+        )
         return torch.randperm(numel, generator=gen)[:k]
 
     def select(self, x: torch.Tensor, k: int, key: object) -> tuple[torch.Tensor, torch.Tensor]:

@@ -134,7 +134,7 @@ def hook_parity(rank: int, world: int) -> None:
         (dict(compressor="fp16", plan="always"), 1e-2),
     ]:
         got = _train(rank, args)
-        for a, b in zip(plain, got):
+        for a, b in zip(plain, got, strict=True):
             assert torch.allclose(a, b, atol=tol), f"hook {args} diverges from plain DDP (world {world})"
 
 
@@ -166,12 +166,12 @@ def pto_parity(rank: int, world: int) -> None:
         part = PartitionedOptimizer(b.parameters(), cls, **kw)
         for step in range(3):
             torch.manual_seed(step)  # same gradient on every rank, as after an all-reduce
-            for pa, pb in zip(a.parameters(), b.parameters()):
+            for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
                 g = torch.randn_like(pa)
                 pa.grad, pb.grad = g.clone(), g.clone()
             full.step()
             part.step()
-        for pa, pb in zip(a.parameters(), b.parameters()):
+        for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
             assert torch.allclose(pa, pb, atol=1e-6), f"PTO with {cls.__name__} differs (world {world})"
 
 

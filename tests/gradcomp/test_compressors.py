@@ -92,7 +92,7 @@ def test_pack_unpack_round_trips_mixed_dtypes() -> None:
     parts = [torch.randn(3), torch.arange(4, dtype=torch.int32), torch.tensor([1, -1], dtype=torch.int8)]
     buf = pack(parts)
     assert buf.dtype == torch.uint8 and buf.numel() == 12 + 16 + 2
-    for a, b in zip(parts, unpack(buf, parts)):
+    for a, b in zip(parts, unpack(buf, parts), strict=True):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="layout"):
         unpack(buf[:-1], parts)
@@ -109,6 +109,15 @@ def test_merge_topk_is_symmetric() -> None:
 def test_unknown_name_is_rejected_with_the_choices() -> None:
     with pytest.raises(ValueError, match="mstopk"):
         get_compressor("zip")
-    assert {"none", "fp16", "topk", "mstopk", "randomk", "qsgd", "terngrad", "signsgd", "powersgd", "gtopk"} <= set(
-        NAMES
-    )
+    assert {
+        "none",
+        "fp16",
+        "topk",
+        "mstopk",
+        "randomk",
+        "qsgd",
+        "terngrad",
+        "signsgd",
+        "powersgd",
+        "gtopk",
+    } <= set(NAMES)

@@ -8,6 +8,8 @@ from tests.gradcomp import checks
 from tests.gradcomp.dist_util import run_ranks
 
 
-@pytest.mark.parametrize("world", [2, 3, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "world", [pytest.param(2, marks=pytest.mark.slow), 3, pytest.param(4, marks=pytest.mark.slow)]
+)
 def test_all_methods_lossless_gtopk_hooks_plan_pto(world: int) -> None:
     run_ranks(checks.all_checks, world)

@@ -49,6 +49,6 @@ def test_suggest_bucket_cap_is_at_least_one_mb() -> None:
 
 def test_partition_by_size_balances_and_is_deterministic() -> None:
     owner = partition_by_size([100, 10, 90, 5, 5], 2)
-    load = [sum(n for n, o in zip([100, 10, 90, 5, 5], owner) if o == r) for r in range(2)]
+    load = [sum(n for n, o in zip([100, 10, 90, 5, 5], owner, strict=True) if o == r) for r in range(2)]
     assert max(load) - min(load) <= 10
     assert owner == partition_by_size([100, 10, 90, 5, 5], 2)
