@@ -62,3 +62,19 @@ def run(args: argparse.Namespace) -> int:
     if summary["unstaged_files"]:
         print(f"{summary['unstaged_files']} files left remote (budget or disk full)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m nfs_cache.cli SRC DST``: the same as ``coordl stage`` without importing coordl (or torch)."""
+    parser = argparse.ArgumentParser(prog="python -m nfs_cache.cli")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["stage", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

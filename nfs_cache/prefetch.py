@@ -112,12 +112,14 @@ def stage_all(
     start = time.monotonic()
     procs = _spawn_shards(source.url, staged.stage_dir, todo, budget_bytes, max(1, min(workers, len(todo))))
     bar = _progress_bar(sum(f.size for f in todo), len(todo)) if progress and todo else None
+    shown = 0.0
     try:
         while any(p.poll() is None for p in procs):
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"staging {source.url} into {staged.stage_dir} took over {timeout_s} s")
-            time.sleep(0.2)
-            if bar is not None:
+            time.sleep(0.05)
+            if bar is not None and time.monotonic() - shown > 0.2:
+                shown = time.monotonic()
                 staged.manifest.refresh()
                 bar.n = staged.manifest.total_bytes - before_bytes
                 bar.set_postfix(files=len(staged.manifest.entries) - before_files, refresh=True)

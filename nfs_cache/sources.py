@@ -22,6 +22,8 @@ __all__ = ["RemoteFile", "Source", "LocalSource", "NfsSource", "FsspecSource", "
 
 # Seconds an NFS RPC may take before the call fails instead of hanging a training worker forever.
 DEFAULT_NFS_TIMEOUT_S = 60.0
+# Bytes per NFSv4 READ when the server's maximum is unknown (libnfs reports it for v3 only); ganesha's is 1 MiB.
+DEFAULT_READ_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,8 @@ def _libnfs_so() -> Any:
 class _NfsConnection:
     """One mounted libnfs context, used by one thread of one process at a time."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, read_chunk_bytes: int) -> None:
+        self.read_chunk_bytes = read_chunk_bytes
         with warnings.catch_warnings():  # the binding's SWIG wrapper imports the deprecated ``imp``
             warnings.simplefilter("ignore", DeprecationWarning)
             from libnfs import libnfs as lib  # optional dependency, imported only when an nfs:// URL is used
@@ -164,14 +167,22 @@ class _NfsConnection:
             if rc != 0:
                 raise OSError(-rc, f"fstat {path}: {lib.nfs_get_error(self.ctx)}")
             size = int(st.nfs_size)
-            buf = bytearray(size)
-            # libnfs splits one large read into RPCs of the server's maximum size itself.
-            count = lib.nfs_read(self.ctx, fh, size, buf) if size else 0
-            if count < 0:
-                raise OSError(-count, f"read {path}: {lib.nfs_get_error(self.ctx)}")
-            if count != size:
-                raise OSError(5, f"short read of {path}: {count} of {size} bytes")
-            return bytes(buf)
+            # At most one server-sized READ per call: libnfs 4.0 does not split an NFSv4 read larger than the
+            # server's maximum (ganesha: 1 MiB), the call fails with "nfs_service failed" and the context is lost.
+            chunk = int(self.lib.nfs_get_readmax(self.ctx)) or self.read_chunk_bytes
+            out = bytearray(size)
+            view = memoryview(out)
+            buf = bytearray(min(chunk, size))
+            pos = 0
+            while pos < size:
+                count = lib.nfs_read(self.ctx, fh, min(chunk, size - pos), buf)
+                if count < 0:
+                    raise OSError(-count, f"read {path}: {lib.nfs_get_error(self.ctx)}")
+                if count == 0:
+                    raise OSError(5, f"short read of {path}: {pos} of {size} bytes")
+                view[pos : pos + count] = buf[:count]
+                pos += count
+            return bytes(out)
         finally:
             lib.nfs_close(self.ctx, fh)
 
@@ -186,10 +197,15 @@ class NfsSource(Source):
     """``nfs://server/export/path[?version=4&nfsport=N]`` read through the user-space libnfs client.
 
     No kernel mount is needed. One connection per (process, thread): libnfs contexts are not thread-safe and must
-    not be shared across fork.
+    not be shared across fork. ``read_chunk_bytes`` must not exceed the server's maximum READ size (NFSv4).
     """
 
-    def __init__(self, url: str, timeout_s: float = DEFAULT_NFS_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = DEFAULT_NFS_TIMEOUT_S,
+        read_chunk_bytes: int = DEFAULT_READ_CHUNK_BYTES,
+    ) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme != "nfs" or not parts.hostname:
             raise ValueError(
@@ -197,6 +213,7 @@ class NfsSource(Source):
             )
         self.url = url
         self.timeout_s = timeout_s
+        self.read_chunk_bytes = read_chunk_bytes
         # libnfs parses nfs://server/<mount path>?args; keep the query to pass it through unchanged.
         self._query = parts.query
         self._base = f"nfs://{parts.netloc}{parts.path.rstrip('/') or '/'}"
@@ -204,10 +221,10 @@ class NfsSource(Source):
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict:
-        return {"url": self.url, "timeout_s": self.timeout_s}
+        return {"url": self.url, "timeout_s": self.timeout_s, "read_chunk_bytes": self.read_chunk_bytes}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["url"], state["timeout_s"])
+        self.__init__(state["url"], state["timeout_s"], state["read_chunk_bytes"])
 
     def _conn(self) -> _NfsConnection:
         if self._pid != os.getpid():  # forked: the parent's contexts belong to the parent
@@ -216,7 +233,7 @@ class NfsSource(Source):
         conn = getattr(self._local, "conn", None)
         if conn is None:
             mount_url = self._base + "/" + (f"?{self._query}" if self._query else "")
-            conn = _NfsConnection(mount_url, self.timeout_s)
+            conn = _NfsConnection(mount_url, self.timeout_s, self.read_chunk_bytes)
             self._local.conn = conn
         return conn
 

@@ -89,6 +89,7 @@ def test_stage_all_over_nfs_then_rerun(nfs_dataset, tmp_path):
     assert again["staged_files"] == 0 and again["already_files"] == len(files)
 
 
+@pytest.mark.slow  # the coordl entry point imports torch: about 10 s on a loaded 2-core machine
 def test_coordl_stage_cli(nfs_dataset, tmp_path):
     server, files = nfs_dataset
     cmd = [
@@ -106,8 +107,19 @@ def test_coordl_stage_cli(nfs_dataset, tmp_path):
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["staged_files"] == len(files)
-    human = subprocess.run(cmd[:-3] + ["--no-progress"], capture_output=True, text=True, timeout=120)
-    assert human.returncode == 0 and f"{len(files)} were already staged" in human.stdout
+
+
+def test_stage_cli_summary_and_rerun(nfs_dataset, tmp_path, capsys):
+    server, files = nfs_dataset
+    from nfs_cache.cli import main
+
+    assert main([server.url(), str(tmp_path / "st"), "--no-progress", "--workers", "2"]) == 0
+    first = capsys.readouterr().out
+    assert f"staged {len(files)} files" in first and "MB/s" in first
+    assert main([server.url(), str(tmp_path / "st"), "--no-progress"]) == 0
+    assert f"{len(files)} were already staged" in capsys.readouterr().out
+    assert main(["/nonexistent/dir", str(tmp_path / "x"), "--no-progress"]) == 1
+    assert "/nonexistent/dir" in capsys.readouterr().err
 
 
 def test_background_prefetch_stages_everything(nfs_dataset, tmp_path):

@@ -27,7 +27,7 @@ def test_kill_9_of_coordl_stage_then_rerun(tmp_path):
         (export / rel).write_bytes(data)
     stage = tmp_path / "stage"
     with GaneshaServer(export, netns=True, rate="40mbit", tag="nfsk") as server:
-        cmd = [sys.executable, "-m", "coordl.cli", "stage", server.url(), str(stage), "--no-progress"]
+        cmd = [sys.executable, "-m", "nfs_cache.cli", server.url(), str(stage), "--no-progress"]
         proc = subprocess.Popen(cmd, start_new_session=True)
         try:
             deadline = time.monotonic() + 60
