@@ -28,9 +28,17 @@ from typing import Any
 import numpy as np
 
 from coordl.counters import SharedCounters
-from coordl.peer import PEER_COUNTERS, PeerClient
+from coordl.peer import PEER_COUNTERS, PeerClient, advertise_address
 
-__all__ = ["OwnerMap", "PartitionedSampler", "PartitionedTier", "NodeTopology", "PEER_COUNTERS"]
+__all__ = [
+    "OwnerMap",
+    "PartitionedSampler",
+    "PartitionedTier",
+    "NodeTopology",
+    "PEER_COUNTERS",
+    "advertise_address",
+    "build_partitioned_tier",
+]
 
 log = logging.getLogger("coordl")
 
@@ -325,39 +333,6 @@ class _Pusher:
 _RECORD_BYTES = 256  # one node leader's record in the address exchange: fixed size, plain text
 
 
-def advertise_address(env: dict[str, str] | None = None) -> str:
-    """The address peers should use to reach this process's server.
-
-    ``COORDL_PEER_ADDR`` when set; else the address of the interface gloo was told to use
-    (``GLOO_SOCKET_IFNAME``); else the source address the routing table picks towards ``MASTER_ADDR``
-    (a UDP socket's ``connect`` sends nothing); else 127.0.0.1.
-    """
-    import fcntl
-    import socket
-    import struct
-
-    env = os.environ if env is None else env
-    if env.get("COORDL_PEER_ADDR"):
-        return env["COORDL_PEER_ADDR"]
-    ifname = (env.get("GLOO_SOCKET_IFNAME") or "").split(",")[0].strip()
-    if ifname:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                req = struct.pack("256s", ifname.encode()[:15])
-                return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
-            except OSError as exc:
-                raise OSError(f"GLOO_SOCKET_IFNAME={ifname!r} has no IPv4 address here: {exc}") from exc
-    master = env.get("MASTER_ADDR")
-    if master:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((master, 9))
-                return s.getsockname()[0]
-        except OSError:
-            pass
-    return "127.0.0.1"
-
-
 def _exchange_records(topo: NodeTopology, record: str) -> list[str]:
     """All ranks' records (node leaders send theirs, others ""), via a tensor all_gather: no pickle."""
     import torch
@@ -374,7 +349,8 @@ def _exchange_records(topo: NodeTopology, record: str) -> list[str]:
     if len(raw) > _RECORD_BYTES:
         raise CoordlError(f"peer record too long ({len(raw)} bytes): {record!r}")
     mine = torch.zeros(_RECORD_BYTES, dtype=torch.uint8)
-    mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    if raw:  # frombuffer refuses an empty buffer (ranks other than a node leader send "")
+        mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     out = [torch.zeros_like(mine) for _ in range(topo.world_size)]
     dist.all_gather(out, mine)
     return [bytes(t.numpy()).rstrip(b"\0").decode() for t in out]

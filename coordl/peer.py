@@ -15,6 +15,7 @@ the job one timeout, not one per item: its items then come from storage.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import socket
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["PeerServer", "PeerClient", "PeerError", "PEER_COUNTERS"]
+__all__ = ["PeerServer", "PeerClient", "PeerError", "PEER_COUNTERS", "advertise_address"]
 
 log = logging.getLogger("coordl")
 
@@ -365,3 +366,32 @@ class PeerClient:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._reset()
+
+
+def advertise_address(env: dict[str, str] | None = None) -> str:
+    """The address peers should use to reach this process's server.
+
+    ``COORDL_PEER_ADDR`` when set; else the address of the interface gloo was told to use
+    (``GLOO_SOCKET_IFNAME``); else the source address the routing table picks towards ``MASTER_ADDR``
+    (a UDP socket's ``connect`` sends nothing); else 127.0.0.1.
+    """
+    env = os.environ if env is None else env
+    if env.get("COORDL_PEER_ADDR"):
+        return env["COORDL_PEER_ADDR"]
+    ifname = (env.get("GLOO_SOCKET_IFNAME") or "").split(",")[0].strip()
+    if ifname:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                req = struct.pack("256s", ifname.encode()[:15])
+                return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
+            except OSError as exc:
+                raise OSError(f"GLOO_SOCKET_IFNAME={ifname!r} has no IPv4 address here: {exc}") from exc
+    master = env.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, 9))
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return "127.0.0.1"

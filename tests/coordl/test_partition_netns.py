@@ -222,3 +222,66 @@ def test_dataloader_partitioned_across_namespaces(tmp_path: Path) -> None:
     finals = [r[-1] for r in recs]
     assert finals[0]["batches"] == finals[1]["batches"]  # equal batch counts: DDP does not hang
     assert all(f["remote_hits"] > 0 and f["remote_bytes"] > 0 and f["remote_errors"] == 0 for f in finals)
+
+
+TORCHRUN_SCRIPT = r"""
+import datetime, json
+import torch.distributed as dist
+import coordl
+
+class Items:
+    def __len__(self): return 120
+    def fetch(self, i): return (i.to_bytes(4, "little") * 2500)[: 5000 + i]
+    def prep(self, raw, i):
+        assert raw == self.fetch(i), i
+        return i
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+loader = coordl.DataLoader(Items(), batch_size=8, shuffle=True, num_workers=1, cache_bytes=800_000,
+                           partitioned=True)
+for epoch in range(2):
+    loader.sampler.set_epoch(epoch)
+    n = sum(len(b) for b in loader)
+    dist.barrier()
+    print(json.dumps({"epoch": epoch, "n": n, "reads": loader.epoch_stats()[-1]["storage_items_read"]}))
+print(json.dumps({"remote_errors": loader.stats()["remote_errors"]}), flush=True)
+loader.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_two_nodes_two_ranks_each(tmp_path: Path) -> None:
+    # Ranks with LOCAL_RANK > 0 reach their node's cache through the node's server.
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    with VirtualNetwork(2, rate_mbit=500, prefix="cdltest") as net:
+        port = net.hosts[0].free_port()
+        procs = [
+            h.popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes=2",
+                    f"--node_rank={k}",
+                    "--nproc_per_node=2",
+                    f"--master_addr={net.hosts[0].ip}",
+                    f"--master_port={port}",
+                    str(script),
+                ],
+                env={"GLOO_SOCKET_IFNAME": h.ifname, "OMP_NUM_THREADS": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )  # fmt: skip
+            for k, h in enumerate(net.hosts)
+        ]
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    recs = [r for out in outs for r in _records(out)]
+    assert sum(r["reads"] for r in recs if r.get("epoch") == 0) == 120
+    assert sum(r["reads"] for r in recs if r.get("epoch") == 1) == 0
+    assert {r["n"] for r in recs if "n" in r} == {30}
+    assert all(r["remote_errors"] == 0 for r in recs if "remote_errors" in r)
