@@ -1,0 +1,248 @@
+"""Slow storage with a bounded page cache, for benchmarks that compare data loaders honestly.
+
+This machine's virtual disk reads at 1-2 GB/s even cold and 24 GiB of RAM caches any small dataset,
+so a loader comparison on it measures nothing. :class:`SlowStore` gives a run what a training
+server with a large dataset has (needs root, cgroup v1 ``memory`` and ``blkio``, loop devices):
+
+- **slow device**: an ext4 file system on a loop device (``losetup --direct-io=on``, so the backing
+  file is not cached a second time) whose reads are throttled by a blkio cgroup
+  (``blkio.throttle.read_bps_device``). Only the dataset lives there, so the cgroup's blkio read
+  counter is exactly "bytes read from storage" (imports of torch etc. are not counted).
+- **bounded page cache**: the run's processes sit in a memory cgroup whose limit a controller thread
+  keeps at ``(memory that is neither file cache nor shmem) + budget_bytes + slack``, every 20 ms. So
+  the run may use exactly ``budget_bytes`` for data in memory, whether the kernel's page cache
+  (the baseline) or coordl's shared-memory cache (shmem is charged to the cgroup), while processes
+  and workers grow freely. ``oom_kill_disable`` makes a task that hits the limit between two polls
+  wait for the controller instead of being killed.
+- **cold start**: :meth:`evict` drops the dataset's pages (``posix_fadvise(DONTNEED)``) before each run.
+
+    with SlowStore(image_bytes=600 << 20, read_bps=16_000_000, budget_bytes=90 << 20) as store:
+        copy dataset into store.mount ...
+        store.evict()
+        out = store.run([sys.executable, "child.py"])    # the child and its workers are confined
+        store.read_bytes()                                # blkio bytes read from the device so far
+
+Everything is undone in ``close()`` (unmount, detach, remove the cgroups), also after errors.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+CG = "/sys/fs/cgroup"
+POLL_S = 0.02
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _memory_stat(cgroup_dir: str) -> dict[str, int]:
+    out = {}
+    with open(os.path.join(cgroup_dir, "memory.stat")) as f:
+        for line in f:
+            key, value = line.split()
+            out[key] = int(value)
+    return out
+
+
+class SlowStore:
+    """A throttled loop-device file system plus memory/blkio cgroups for child processes."""
+
+    def __init__(
+        self,
+        image_bytes: int,
+        read_bps: int | None,
+        budget_bytes: int | None,
+        slack_bytes: int = 8 << 20,
+        tag: str = "data",
+        scratch: str | None = None,
+    ) -> None:
+        if os.geteuid() != 0:
+            raise PermissionError("SlowStore needs root (loop devices, mount, cgroups)")
+        for ctl in ("memory", "blkio"):
+            if not os.path.isdir(f"{CG}/{ctl}"):
+                raise RuntimeError(f"SlowStore needs cgroup v1 {ctl} at {CG}/{ctl}")
+        self.read_bps = read_bps
+        self.budget_bytes = budget_bytes
+        self.slack_bytes = slack_bytes
+        self.name = f"{tag}-{os.getpid()}-slowstore"
+        self._scratch = tempfile.mkdtemp(prefix=f"{tag}-slowstore-", dir=scratch or "/var/tmp")
+        self.image = os.path.join(self._scratch, "disk.img")
+        self.mount = os.path.join(self._scratch, "mnt")
+        self.loop: str | None = None
+        self._mounted = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            self._setup(image_bytes)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup / teardown ----------------------------------------------------------------------
+
+    def _setup(self, image_bytes: int) -> None:
+        os.makedirs(self.mount)
+        with open(self.image, "wb") as f:
+            f.truncate(image_bytes)
+        subprocess.run(["mkfs.ext4", "-q", "-F", self.image], check=True, timeout=120)
+        try:
+            cmd = ["losetup", "--find", "--show", "--direct-io=on", self.image]
+            self.loop = subprocess.run(
+                cmd, check=True, capture_output=True, text=True, timeout=30
+            ).stdout.strip()
+        except subprocess.CalledProcessError:  # direct I/O unsupported: the backing file gets cached too
+            cmd = ["losetup", "--find", "--show", self.image]
+            self.loop = subprocess.run(
+                cmd, check=True, capture_output=True, text=True, timeout=30
+            ).stdout.strip()
+        subprocess.run(["mount", self.loop, self.mount], check=True, timeout=30)
+        self._mounted = True
+        st = os.stat(self.loop)
+        self.device = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+        for ctl in ("memory", "blkio"):
+            os.makedirs(f"{CG}/{ctl}/{self.name}", exist_ok=True)
+        self.set_read_bps(self.read_bps)
+        _write(f"{CG}/memory/{self.name}/memory.oom_control", "1")
+        if self.budget_bytes is not None:
+            self._thread = threading.Thread(target=self._control_memory, name="slowstore-memory", daemon=True)
+            self._thread.start()
+
+    def set_read_bps(self, read_bps: int | None) -> None:
+        """Change the read throttle (None: unthrottled)."""
+        self.read_bps = read_bps
+        value = f"{self.device} {read_bps if read_bps else 0}"
+        _write(f"{CG}/blkio/{self.name}/blkio.throttle.read_bps_device", value)
+
+    def close(self) -> None:
+        """Unmount, detach the loop device, remove the cgroups and the scratch directory."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for ctl in ("memory", "blkio"):
+            path = f"{CG}/{ctl}/{self.name}"
+            if os.path.isdir(path):
+                try:
+                    os.rmdir(path)
+                except OSError as e:  # a process still inside: leave it, say so
+                    print(f"slowstore: could not remove {path}: {e}")
+        if self._mounted:
+            subprocess.run(["umount", self.mount], check=False, timeout=60)
+            self._mounted = False
+        if self.loop:
+            subprocess.run(["losetup", "-d", self.loop], check=False, timeout=30)
+            self.loop = None
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def __enter__(self) -> SlowStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- memory budget ---------------------------------------------------------------------------
+
+    def _control_memory(self) -> None:
+        """Keep the limit at non-data memory + budget, so only data in memory is bounded."""
+        cg = f"{CG}/memory/{self.name}"
+        last = -1
+        while not self._stop.wait(POLL_S):
+            try:
+                with open(f"{cg}/memory.usage_in_bytes") as f:
+                    usage = int(f.read())
+                st = _memory_stat(cg)
+                data = st.get("active_file", 0) + st.get("inactive_file", 0) + st.get("shmem", 0)
+                limit = max(usage - data, 0) + self.budget_bytes + self.slack_bytes
+                limit = (limit + 4095) // 4096 * 4096
+                if limit != last:
+                    try:
+                        _write(f"{cg}/memory.limit_in_bytes", str(limit))
+                        last = limit
+                    except OSError:  # EBUSY: cannot reclaim down to it right now; retry next poll
+                        pass
+            except (OSError, ValueError):
+                if self._stop.is_set():
+                    return
+
+    def memory_stat(self) -> dict[str, int]:
+        """The memory cgroup's memory.stat (cache, rss, shmem, ...)."""
+        return _memory_stat(f"{CG}/memory/{self.name}")
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def evict(self, root: str | None = None) -> None:
+        """Drop the cached pages of every file under ``root`` (default: the whole mount)."""
+        os.sync()  # dirty pages cannot be dropped: write them back first
+        for dirpath, _dirs, files in os.walk(root or self.mount):
+            for name in files:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        # Pages charged to the cgroup by the last run (e.g. a shm cache already freed) are gone;
+        # force_empty also reclaims whatever page cache of other files is left charged here.
+        try:
+            _write(f"{CG}/memory/{self.name}/memory.force_empty", "0")
+        except OSError:
+            pass
+
+    def read_bytes(self) -> int:
+        """Bytes read from the slow device by processes in the cgroup, since it was created."""
+        total = 0
+        with open(f"{CG}/blkio/{self.name}/blkio.throttle.io_service_bytes") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3 and parts[0] == self.device and parts[1] == "Read":
+                    total += int(parts[2])
+        return total
+
+    def cgroup_procs_paths(self) -> list[str]:
+        """The cgroup.procs files a process writes its pid to in order to join."""
+        return [f"{CG}/{ctl}/{self.name}/cgroup.procs" for ctl in ("memory", "blkio")]
+
+    def run(self, cmd: list[str], timeout_s: float = 900, env: dict[str, str] | None = None) -> str:
+        """Run ``cmd`` inside the cgroups (its workers inherit them); return its stdout."""
+        paths = self.cgroup_procs_paths()
+
+        def enter() -> None:
+            for p in paths:
+                _write(p, str(os.getpid()))
+
+        start = time.monotonic()
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, preexec_fn=enter, env=env, check=False
+        )
+        if out.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(cmd[:4])}... failed (rc {out.returncode}, {time.monotonic() - start:.0f} s):\n"
+                f"{out.stderr[-3000:]}"
+            )
+        return out.stdout
+
+
+def copy_tree(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copy a dataset onto the store (then sync, so eviction can drop every page)."""
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    os.sync()
+
+
+if __name__ == "__main__":  # smoke test: dd-like read of a file through the throttle
+    import sys
+
+    with SlowStore(image_bytes=256 << 20, read_bps=20_000_000, budget_bytes=16 << 20) as s:
+        path = Path(s.mount) / "blob"
+        path.write_bytes(os.urandom(40 << 20))
+        s.evict()
+        code = (
+            f"import time;t=time.time();open({str(path)!r},'rb').read();print(40*1048576/(time.time()-t)/1e6)"
+        )
+        print("MB/s throttled:", s.run([sys.executable, "-c", code]).strip(), "device bytes:", s.read_bytes())
