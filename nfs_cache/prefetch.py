@@ -67,8 +67,7 @@ def _stop(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
 class BackgroundPrefetch:
     """Stages every file of ``staged`` that is not staged yet, in ``workers`` background processes."""
 
-    def __init__(self, staged: StagedSource, workers: int = 1) -> None:
-        files = staged.source.list_files()
+    def __init__(self, staged: StagedSource, files: list[RemoteFile], workers: int = 1) -> None:
         staged.manifest.refresh()
         todo = [f for f in files if f.relpath not in staged.manifest.entries]
         self._procs = _spawn_shards(staged.source.url, staged.stage_dir, todo, staged.budget_bytes, workers)

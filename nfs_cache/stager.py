@@ -126,6 +126,7 @@ class StagedSource:
         self.manifest.refresh()
         self.locks = StripedLocks(os.path.join(self.stage_dir, "locks"))
         self._listing: dict[str, RemoteFile] = {}
+        self._listed = False
         self._stats_lock = threading.Lock()
         self._local = {"remote_bytes_read": 0, "corrupt_staged": 0, "staged_here": 0, "unstaged_reads": 0}
         self.staging_stopped = ""  # why this process stopped staging ("" while it stages)
@@ -163,10 +164,13 @@ class StagedSource:
     def list_files(self, extensions: list[str] | tuple[str, ...] | None = None) -> list[str]:
         """Sorted relative paths of the remote files (optionally only those ending in one of ``extensions``).
 
-        Also forgets staged copies whose remote file changed size or mtime since it was staged.
+        The remote is listed once per instance (listing a large NFS tree is slow); later calls reuse it. Also
+        forgets staged copies whose remote file changed size or mtime since they were staged.
         """
-        files = self.source.list_files()
-        self._listing = {f.relpath: f for f in files}
+        if not self._listed:
+            self._listing.update((f.relpath, f) for f in self.source.list_files())
+            self._listed = True
+        files = sorted(self._listing.values(), key=lambda f: f.relpath)
         self.manifest.refresh()
         for rel, entry in list(self.manifest.entries.items()):
             remote = self._listing.get(rel)
@@ -207,23 +211,32 @@ class StagedSource:
         return self.source.describe(relpath)
 
     def stats(self) -> dict[str, int]:
-        """``staged_items``/``staged_bytes`` (whole node, from the manifest) and ``remote_bytes_read``."""
+        """``staged_items``/``staged_bytes`` (whole node, from the manifest) and ``remote_bytes_read`` (all
+        processes when ``counters`` was given, else this process)."""
         self.manifest.refresh()
-        with self._stats_lock:
-            out = dict(self._local)
+        remote = self.local_stats()["remote_bytes_read"]
         snapshot = getattr(self.counters, "snapshot", None)
         if snapshot is not None:
-            out["remote_bytes_read"] = int(snapshot().get("remote_bytes_read", out["remote_bytes_read"]))
-        out["staged_items"] = len(self.manifest.entries)
-        out["staged_bytes"] = self.manifest.total_bytes
-        return out
+            remote = int(snapshot().get("remote_bytes_read", remote))
+        return {
+            "staged_items": len(self.manifest.entries),
+            "staged_bytes": self.manifest.total_bytes,
+            "remote_bytes_read": remote,
+        }
+
+    def local_stats(self) -> dict[str, int]:
+        """This process's counts: ``remote_bytes_read``, ``staged_here`` (copies it made), ``corrupt_staged``
+        (copies that failed verification and were replaced), ``unstaged_reads`` (remote reads not staged)."""
+        with self._stats_lock:
+            return dict(self._local)
 
     def start_prefetch(self, workers: int = 1) -> None:
         """Stage every remaining file in a background process (stopped by ``close``)."""
         from nfs_cache.prefetch import BackgroundPrefetch
 
         if self._prefetcher is None:
-            self._prefetcher = BackgroundPrefetch(self, workers=workers)
+            self.list_files()
+            self._prefetcher = BackgroundPrefetch(self, list(self._listing.values()), workers=workers)
 
     def wait_prefetch(self, timeout_s: float) -> bool:
         """Wait for the background prefetch to finish; True when it did."""

@@ -17,7 +17,7 @@ def test_corrupted_staged_file_is_detected_and_restaged(dataset, tmp_path):
     with StagedSource(root, tmp_path / "stage") as staged:
         assert staged.read(rel) == files[rel]
         stats = staged.stats()
-        assert stats["corrupt_staged"] == 1
+        assert staged.local_stats()["corrupt_staged"] == 1
         assert stats["remote_bytes_read"] == len(files[rel])
         assert stats["staged_items"] == 1
     assert local.read_bytes() == files[rel]
