@@ -14,11 +14,22 @@ the ``memcache`` it imports is this package.
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from memcache.keys import KeySpace, sample_key
 from memcache.local import LocalStore
-from memcache.redis_store import RedisStore
 
 __all__ = ["LocalStore", "RedisStore", "KeySpace", "sample_key", "IS_COORDL_MEMCACHE"]
 
 # Marker that coordl.sample_cache checks, so that python-memcached's module is never mistaken for ours.
 IS_COORDL_MEMCACHE = True
+
+
+def __getattr__(name: str) -> Any:
+    # RedisStore is imported on first use: LocalStore users need neither redis-py nor its import time.
+    if name == "RedisStore":
+        value = importlib.import_module("memcache.redis_store").RedisStore
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'memcache' has no attribute {name!r}")

@@ -85,12 +85,17 @@ def encode(key: str | bytes, array: np.ndarray) -> bytes:
     return encode_header(key, array) + payload_view(array).tobytes()
 
 
-def decode(key: str | bytes, value: bytes | memoryview, *, copy: bool = True) -> np.ndarray:
-    """Check ``value`` against ``key`` and return its array (a copy unless ``copy=False``).
+def decode(
+    key: str | bytes, value: bytes | memoryview, *, copy: bool = True, verify: bool = True
+) -> np.ndarray:
+    """Check ``value`` against ``key`` and return its array (a copy; a read-only view if ``copy=False``).
+
+    ``verify=False`` skips the CRC (the header and key tag are always checked): for a store whose
+    writers publish a value only once it is complete, so that no torn read is possible.
 
     Raises:
         CodecError: bad magic/version/dtype/shape, a key tag of another key, a length that does not
-            match, or a checksum that does not match.
+            match, or (when ``verify``) a checksum that does not match.
     """
     view = memoryview(value).cast("B")
     if view.nbytes < HEADER_BYTES:
@@ -113,7 +118,10 @@ def decode(key: str | bytes, value: bytes | memoryview, *, copy: bool = True) ->
     if int(np.prod(dims, dtype=np.int64)) * dtype.itemsize != length:
         raise CodecError(f"value of key {key!r}: shape {dims} x {dtype} does not fill {length} bytes")
     payload = view[HEADER_BYTES:]
-    if zlib.crc32(payload) != crc:
+    if verify and zlib.crc32(payload) != crc:
         raise CodecError(f"value of key {key!r}: checksum mismatch (torn or corrupted)")
     array = np.frombuffer(payload, dtype=dtype).reshape(dims)
-    return array.copy() if copy else array
+    if copy:
+        return array.copy()
+    array.flags.writeable = False  # a view of a shared cache: nobody may write through it
+    return array

@@ -110,6 +110,9 @@ class LocalStore:
         directory: where the file lives; ``/dev/shm`` (RAM) by default.
         max_items: size of the index (default: one slot pair per 4 KiB of capacity); puts stop when
             either the bytes or the index run out.
+        verify: check each value's CRC-32 on every read (default). The header and key tag are always
+            checked; values are published only when complete and never overwritten, so the CRC
+            guards only against foreign writes to the file. ``verify=False`` reads at the speed of a copy.
 
     The constructing process attaches at once; it keeps the store alive until it calls :meth:`close`
     or exits. Picklable: only the arguments travel; each process maps the file itself.
@@ -121,6 +124,7 @@ class LocalStore:
         name: str = "default",
         directory: str | os.PathLike = DEFAULT_DIR,
         max_items: int | None = None,
+        verify: bool = True,
     ) -> None:
         if not _NAME_RE.fullmatch(name):
             raise ValueError(f"LocalStore name must match [A-Za-z0-9_.]{{1,64}}, got {name!r}")
@@ -130,6 +134,7 @@ class LocalStore:
         self.name = name
         self.directory = os.fspath(directory)
         self.max_items = int(max_items) if max_items else max(1024, self.capacity_bytes // 4096)
+        self.verify = verify
         self.path = os.path.join(self.directory, _FILE_PREFIX + name)
         self._pid = -1
         self._mutex = threading.Lock()
@@ -219,8 +224,14 @@ class LocalStore:
         pairs[free[0]] = (pid, _start_ticks(pid))
 
     # ---- the store interface ----------------------------------------------------------------
-    def get_many(self, keys: Iterable[str]) -> dict[str, np.ndarray]:
-        """Arrays of the keys present (copies); a missing or invalid value is left out."""
+    def get_many(self, keys: Iterable[str], *, copy: bool = True) -> dict[str, np.ndarray]:
+        """Arrays of the keys present; a missing or invalid value is left out.
+
+        Args:
+            copy: return private writable copies (default). ``copy=False`` returns read-only views
+                of the shared memory: no copy and no fresh pages, for consumers that never write
+                into their input; the views stay valid until this handle is closed.
+        """
         self._ensure()
         slots, mask, buf, base = self._slots, self._mask, self._seg.buf, self._data_off
         out: dict[str, np.ndarray] = {}
@@ -235,7 +246,9 @@ class LocalStore:
                 if s == lo and slots[4 * i + 1] == hi:
                     off, length = slots[4 * i + 2], slots[4 * i + 3]
                     try:
-                        out[key] = decode(key, buf[base + off : base + off + length])
+                        out[key] = decode(
+                            key, buf[base + off : base + off + length], copy=copy, verify=self.verify
+                        )
                         self._stats["hits"] += 1
                     except CodecError:
                         self._stats["errors"] += 1
@@ -332,7 +345,7 @@ class LocalStore:
         self._pid = -1
 
     def __getstate__(self) -> dict:
-        return {k: getattr(self, k) for k in ("capacity_bytes", "name", "directory", "max_items")}
+        return {k: getattr(self, k) for k in ("capacity_bytes", "name", "directory", "max_items", "verify")}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)

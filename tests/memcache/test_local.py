@@ -149,3 +149,16 @@ def test_bad_name_and_capacity_are_rejected(shm_dir):
         LocalStore(8 << 20, name="a-b/c", directory=shm_dir)
     with pytest.raises(ValueError, match="capacity_bytes"):
         LocalStore(1000, directory=shm_dir)
+
+
+def test_zero_copy_views_are_read_only(shm_dir):
+    s = LocalStore(8 << 20, name="t10", directory=shm_dir)
+    try:
+        s.put_many({"a": _img(3)})
+        view = s.get_many(["a"], copy=False)["a"]
+        assert view[0, 0, 0] == 3 and not view.flags.writeable
+        with pytest.raises(ValueError):
+            view[0, 0, 0] = 1
+        del view
+    finally:
+        s.close()
