@@ -176,7 +176,7 @@ def measure_fetch_rate(
     source: object | None = None,
     threads: int = 1,
     max_items: int = 256,
-    time_budget_s: float = 5.0,
+    time_budget_s: float = 3.0,
     seed: int = 0,
 ) -> dict:
     """Cold raw-read rate of a random sample of items: ``bytes_per_s``, ``items_per_s`` and how.

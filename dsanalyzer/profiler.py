@@ -101,6 +101,10 @@ def assemble_report(
         if k == max(1, workers):
             prep_rate = rate
     fetch = scal_res.get("fetch", {})
+    if not dataset.get("avg_item_bytes") and fetch.get("items"):
+        # no files to stat (an item source over something else): size items from the fetch sample
+        avg = fetch["bytes"] / fetch["items"]
+        dataset = {**dataset, "avg_item_bytes": avg, "bytes": int(avg * int(dataset.get("items") or 0))}
     cache_bytes = int(loader.get("cache_bytes") or 0)
     policy = "minio" if cache_bytes > 0 else "pagecache"
     if policy == "pagecache":
@@ -408,6 +412,7 @@ def profile(
                 info.update(_drive(lambda ld=loader: iter(ld), train_step, n))
         series.append({**mon.series(), "run": mode})
         results[mode] = info
+        runs.restore_fetch(loader)  # make_loader may hand the same dataset to the next run
         close = getattr(loader, "close", None)
         if callable(close):
             close()

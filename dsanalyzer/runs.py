@@ -42,6 +42,7 @@ __all__ = [
     "shutdown_iterator",
     "take_one_batch",
     "serve_from_memory",
+    "restore_fetch",
     "start_cold",
     "measure_prep_scaling",
     "batch_items",
@@ -181,6 +182,13 @@ class MemoryFetch:
         if raw is None:
             raw = self.items[self.keys[index % len(self.keys)]]
         return raw
+
+
+def restore_fetch(loader: Any) -> None:
+    """Undo :func:`serve_from_memory` on an item source (the class's own ``fetch`` again)."""
+    source = find_item_source(loader)
+    if source is not None and isinstance(getattr(source, "__dict__", {}).get("fetch"), MemoryFetch):
+        del source.fetch
 
 
 def serve_from_memory(

@@ -1,0 +1,68 @@
+"""Accuracy against a workload with known truth: compute, prep stall and fetch stall within 5%.
+
+One loader worker (prefetch 2) keeps a single producer busy, so the truth is closed-form: a batch
+costs the worker ``B * (fetch + prep)`` (``B * prep`` with raw data in memory) and the loop takes
+``max(step, producer)`` per iteration. Fetch and step sleep; prep sleeps or spins (CPU): set to 12.5,
+25 and 50 ms. The truth uses the durations the workload really spent, which it records itself:
+set + the scheduling delay of a loaded machine (about 1 ms per sleep; a spin can be 5 ms late when
+a 2-core machine runs 9 busy processes, which is why the CPU-burning variant needs a quiet machine).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import pytest
+from torch.utils.data import DataLoader
+
+import dsanalyzer
+from tests.dsanalyzer.workloads import TimedSource, sleep_step
+
+B, FETCH_S, PREP_S, STEP_S = 4, 0.0125, 0.025, 0.050
+
+
+def truth(step_s: float, prep_run: dict, real_run: dict) -> dict:
+    producer_mem = B * prep_run["prep"]
+    producer = B * (real_run["fetch"] + real_run["prep"])
+    return {
+        "compute": step_s,
+        "prep_stall": max(0.0, producer_mem - step_s),
+        "fetch_stall": max(step_s, producer) - max(step_s, producer_mem),
+    }
+
+
+def _check(tmp_path, prep_spins: bool) -> None:
+    sources: list[TimedSource] = []
+    steps: list[float] = []
+
+    def make_loader():
+        sources.append(TimedSource(400, 10_000, FETCH_S, PREP_S, prep_spins=prep_spins))
+        return DataLoader(sources[-1], batch_size=B, shuffle=True, num_workers=1)
+
+    report = dsanalyzer.profile(make_loader, sleep_step(STEP_S, steps), iters=40, warmup=4, out=tmp_path)
+    # make_loader is called once per run, in the order of dsanalyzer.runs.MODES
+    scaling, _compute, prep_run, real_run = (s.realized_s() for s in sources)
+    expected = truth(statistics.median(steps), prep_run, real_run)
+    measured = report["per_iter_s"]
+    for key, want in expected.items():
+        assert measured[key] == pytest.approx(want, rel=0.05), (key, measured, expected)
+    # and against the set values, with room for the scheduling delay
+    assert measured["prep_stall"] == pytest.approx(B * PREP_S - STEP_S, rel=0.3)
+    assert measured["fetch_stall"] == pytest.approx(B * FETCH_S, rel=0.3)
+    assert report["bound"] == "fetch"
+    assert report["fetch"]["items_per_s"] == pytest.approx(1 / scaling["fetch"], rel=0.05)
+    assert report["dataset"]["avg_item_bytes"] == 10_000
+    assert (tmp_path / "report.json").is_file() and (tmp_path / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_stalls_match_the_truth_within_5_percent(tmp_path):
+    _check(tmp_path, prep_spins=False)
+
+
+@pytest.mark.slow
+def test_stalls_match_the_truth_with_cpu_burning_prep(tmp_path):
+    if os.getloadavg()[0] > (os.cpu_count() or 1):
+        pytest.skip(f"machine too loaded for a CPU-timed truth (load {os.getloadavg()[0]:.1f})")
+    _check(tmp_path, prep_spins=True)

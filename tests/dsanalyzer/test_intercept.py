@@ -1,0 +1,198 @@
+"""Interception of an unmodified script: the patched ``__iter__``, the import hook, bad scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsanalyzer import intercept
+from dsanalyzer.cli import main as cli_main
+from dsanalyzer.intercept import HookConfig, ProbeState, patch_loader_class
+from dsanalyzer.profiler import ProfileError, run_child
+from tests.dsanalyzer.workloads import write_files, write_script
+
+PY = sys.executable
+HOOK = str(Path(intercept.__file__).parent / "_hook")
+ROOT = str(Path(intercept.__file__).resolve().parent.parent)
+
+
+class ListLoader:
+    """A minimal loader: iterating yields its batches (lists of 4 items)."""
+
+    batch_size = 4
+    num_workers = 0
+
+    def __init__(self, batches: int = 30) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter([[i] * 4 for i in range(self.batches)])
+
+
+class WrappingLoader:
+    """A loader that wraps another (as coordl.DataLoader wraps torch's)."""
+
+    batch_size = 4
+    num_workers = 0
+
+    def __init__(self) -> None:
+        self.inner = ListLoader()
+
+    def __iter__(self):
+        return iter(self.inner)
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    def make(mode: str = "real", iters: int = 5, warmup: int = 1) -> ProbeState:
+        state = ProbeState(HookConfig(mode, str(tmp_path), iters=iters, warmup=warmup))
+        monkeypatch.setattr(intercept, "_STATE", state)
+        return state
+
+    for cls in (ListLoader, WrappingLoader):
+        monkeypatch.setattr(cls, "__iter__", cls.__dict__["__iter__"])
+        patch_loader_class(cls)
+    return make
+
+
+def _result(tmp_path: Path) -> dict:
+    (path,) = tmp_path.glob("result-*.json")
+    return json.loads(path.read_text())
+
+
+def test_patched_loader_is_timed_and_stopped_after_warmup_plus_iters(probe, tmp_path):
+    probe(iters=5, warmup=1)
+    seen = 0
+    with pytest.raises(SystemExit) as exit_info:
+        for _batch in ListLoader():
+            seen += 1
+    assert exit_info.value.code == 0
+    assert seen == 6
+    result = _result(tmp_path)
+    assert result["status"] == "stopped" and result["mode"] == "real"
+    assert len(result["wait_s"]) == 6 and len(result["step_s"]) == 6
+    assert result["batch_items"] == [4] * 6
+
+
+def test_epochs_continue_the_same_timeline(probe, tmp_path):
+    probe(iters=7, warmup=0)
+    loader = ListLoader(batches=3)
+    with pytest.raises(SystemExit):
+        for _epoch in range(10):
+            for _batch in loader:
+                pass
+    assert len(_result(tmp_path)["wait_s"]) == 7
+
+
+def test_a_wrapping_loader_is_timed_once_not_twice(probe, tmp_path):
+    state = probe(iters=3, warmup=0)
+    it = iter(WrappingLoader())
+    assert isinstance(it, intercept.TimedIterator)
+    assert not isinstance(it._inner, intercept.TimedIterator)
+    assert isinstance(state.loader, WrappingLoader)
+
+
+def test_only_the_first_loader_is_profiled(probe, tmp_path):
+    probe(iters=3, warmup=0)
+    first, second = ListLoader(), ListLoader()
+    iter(first)
+    assert not isinstance(iter(second), intercept.TimedIterator)
+
+
+def test_compute_mode_replays_one_batch(probe, tmp_path):
+    probe(mode="compute", iters=4, warmup=0)
+    batches = []
+    with pytest.raises(SystemExit):
+        for batch in ListLoader():
+            batches.append(batch)
+    assert len(batches) == 4 and all(b is batches[0] for b in batches)
+
+
+def test_a_script_that_ends_early_still_reports(probe, tmp_path):
+    state = probe(iters=100, warmup=0)
+    for _batch in ListLoader(batches=3):
+        pass
+    state.finish("exit")
+    result = _result(tmp_path)
+    assert result["status"] == "exit" and len(result["wait_s"]) == 3
+
+
+def test_sitecustomize_chains_to_the_one_it_shadows(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import builtins\nbuiltins.CHAINED = True\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HOOK, ROOT, str(other)]), "DSANALYZER_MODE": ""}
+    out = subprocess.run(
+        [PY, "-c", "import builtins; print(getattr(builtins, 'CHAINED', False))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_unmodified_torch_script_is_intercepted(tmp_path):
+    data = write_files(tmp_path / "data")
+    script = write_script(tmp_path / "train.py", workers=1)
+    cfg = HookConfig("real", str(tmp_path / "res"), iters=6, warmup=1)
+    result = run_child([PY, str(script), str(data)], cfg, tmp_path / "log.txt", timeout_s=120)
+    assert result["status"] == "stopped"
+    assert len(result["wait_s"]) == 7 and result["batch_items"][-1] == 4
+    assert result["loader"]["class"] == "torch.utils.data.dataloader.DataLoader"
+    assert result["cold"]["files"] == 32  # found through the dataset's .samples
+
+
+def test_coordl_dataloader_is_intercepted(tmp_path):
+    script = tmp_path / "train_coordl.py"
+    script.write_text(
+        "import sys, torch, coordl\n"
+        "from tests.dsanalyzer.workloads import TimedSource\n"
+        "src = TimedSource(64, 100, 0.0, 0.0)\n"
+        "loader = coordl.DataLoader(src, batch_size=4, num_workers=1)\n"
+        "for epoch in range(100):\n"
+        "    for x in loader:\n"
+        "        pass\n"
+    )
+    # the script imports the test helpers: run_child puts the repository root on PYTHONPATH
+    cfg = HookConfig("prep", str(tmp_path / "res"), iters=5, warmup=1)
+    result = run_child([PY, str(script)], cfg, tmp_path / "log.txt", timeout_s=120)
+    assert result["loader"]["class"] == "coordl.dataloader.DataLoader"
+    assert len(result["wait_s"]) == 6
+    assert result["memory"]["method"] == "source.fetch from a dict"
+
+
+def test_a_crashing_script_fails_with_its_output(tmp_path, capsys):
+    script = tmp_path / "crash.py"
+    script.write_text("raise RuntimeError('boom in the training script')\n")
+    rc = cli_main(["profile", "--quiet", "--out", str(tmp_path / "out"), "--", PY, str(script)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "failed with exit code 1" in err and "boom in the training script" in err
+
+
+def test_a_script_without_a_loader_is_a_clear_error(tmp_path):
+    script = tmp_path / "noloader.py"
+    script.write_text("print('no loader here')\n")
+    with pytest.raises(ProfileError, match="never iterated a torch.utils.data.DataLoader"):
+        run_child([PY, str(script)], HookConfig("real", str(tmp_path / "res")), tmp_path / "log", 60)
+
+
+def test_a_loader_that_yields_nothing_is_a_clear_error(tmp_path):
+    script = tmp_path / "empty.py"
+    script.write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "for x in DataLoader([], batch_size=4):\n    pass\n"
+    )
+    with pytest.raises(ProfileError, match="yielded no batches"):
+        run_child([PY, str(script)], HookConfig("real", str(tmp_path / "res")), tmp_path / "log", 60)
+
+
+def test_a_missing_command_is_a_clear_error(tmp_path, capsys):
+    rc = cli_main(["profile", "--quiet", "--out", str(tmp_path / "o"), "--", str(tmp_path / "nope")])
+    assert rc == 1 and "cannot start" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""The Python API ``dsanalyzer.profile`` and the ``dsanalyzer profile`` command end to end."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from torch.utils.data import DataLoader
+
+import dsanalyzer
+from dsanalyzer.cli import main as cli_main
+from dsanalyzer.report import load_report
+from tests.dsanalyzer.workloads import TimedSource, sleep_step, write_files, write_script
+
+
+def test_api_profile_returns_a_valid_report(tmp_path):
+    source = TimedSource(items=64, item_bytes=1000, fetch_s=0.001, prep_s=0.0)
+
+    def make_loader():  # the same dataset object for every run, as users often write it
+        return DataLoader(source, batch_size=4, num_workers=1)
+
+    fetches_before = source.counters.snapshot()["fetch_n"]
+    report = dsanalyzer.profile(
+        make_loader, sleep_step(0.002), iters=8, warmup=2, out=tmp_path, workers_list=[1]
+    )
+    loaded = load_report(tmp_path / "report.json")
+    assert loaded["batch_size"] == 4 and loaded["workers"] == 1
+    assert set(loaded["runs"]) == {"prep_scaling", "compute", "prep", "real"}
+    assert loaded["prep_scaling"]["workers"] == [1]
+    assert loaded["rates_per_s"]["compute"] > 0 and loaded["rates_per_s"]["observed"] > 0
+    assert loaded["dataset"]["avg_item_bytes"] == 1000
+    assert loaded["sysmon"]["t_s"] and len(loaded["sysmon"]["cpu_percent_per_core"][0]) >= 1
+    assert report["bound"] in ("compute", "prep", "fetch")
+    # the memory-served fetch of the prep runs was undone: the real run read through fetch()
+    assert "fetch" not in vars(source)
+    assert source.counters.snapshot()["fetch_n"] > fetches_before
+    assert (tmp_path / "report.html").is_file()
+
+
+def test_api_profile_of_an_empty_loader_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="yielded no batches"):
+        dsanalyzer.profile(lambda: DataLoader([], batch_size=2), sleep_step(0.0), iters=2, warmup=0)
+
+
+@pytest.mark.slow
+def test_cli_profile_of_an_unmodified_script_then_whatif(tmp_path, capsys):
+    data = write_files(tmp_path / "data", n=48, size=8192)
+    script = write_script(tmp_path / "train.py", workers=1)
+    out = tmp_path / "run"
+    rc = cli_main(
+        [
+            "profile",
+            "--quiet",
+            "--iters",
+            "12",
+            "--warmup",
+            "2",
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            str(script),
+            str(data),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert "per iteration: compute" in printed and "bound:" in printed
+    report = load_report(out / "report.json")
+    assert report["dataset"]["items"] == 48 and report["dataset"]["path"] == str(data)
+    assert report["fetch"]["bytes_per_s"] > 0
+    assert report["real_cold"]["evicted"] == 48
+    assert report["whatif"]["grid"], report["model"]
+    assert (out / "report.html").stat().st_size > 10_000
+    rc = cli_main(["whatif", str(out / "report.json"), "--cache-gb", "1", "--cpus", "4"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert rc == 0 and last.startswith("predicted_samples_per_s=")

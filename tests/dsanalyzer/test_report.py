@@ -1,0 +1,109 @@
+"""report.json: validation, loading (old versions, bad files), writing, and the terminal summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsanalyzer.report import (
+    SCHEMA_VERSION,
+    ReportError,
+    load_report,
+    summary_text,
+    validate_report,
+    write_report,
+)
+
+
+def minimal_report() -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "command": "python train.py",
+        "machine": {
+            "cpus": 2,
+            "memory_bytes": 1 << 34,
+            "storage_device": {},
+            "mem_bandwidth_bytes_per_s": 8e9,
+        },
+        "dataset": {"items": 1000, "bytes": 100_000_000, "avg_item_bytes": 100_000.0, "path": "/data"},
+        "batch_size": 32,
+        "workers": 2,
+        "cache_bytes": 0,
+        "cache_policy": "pagecache",
+        "rates_per_s": {"compute": 640.0, "prep": 400.0, "fetch": 300.0, "observed": 290.0},
+        "prep_scaling": {"workers": [1, 2], "samples_per_s": [210.0, 400.0]},
+        "fetch": {"bytes_per_s": 3e7, "items_per_s": 300.0},
+        "per_iter_s": {"compute": 0.05, "prep_stall": 0.03, "fetch_stall": 0.03},
+        "per_iter_spread_s": {k: {"p10": 0.0, "p90": 0.1} for k in ("compute", "prep_stall", "fetch_stall")},
+        "per_epoch_s": {"compute": 1.6, "prep_stall": 0.9, "fetch_stall": 0.9, "total": 3.4, "iters": 32},
+        "bound": "fetch",
+        "advice": "fetch-bound",
+        "runs": {"real": {"iters": 3, "wait_s": [0.1, 0.05, 0.04], "step_s": [0.05, 0.05, 0.05]}},
+        "sysmon": {
+            "t_s": [0, 0.5],
+            "cpu_percent_per_core": [[10, 20], [90, 80]],
+            "disk_read_bytes": [0, 100],
+            "page_cache_bytes": [5, 6],
+        },
+        "model": {},
+        "whatif": {"grid": [], "to_compute_bound": {}},
+    }
+
+
+def test_a_complete_report_validates():
+    assert validate_report(minimal_report()) is not None
+
+
+def test_an_older_schema_version_names_the_file_and_both_versions(tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({**minimal_report(), "schema_version": 0}))
+    with pytest.raises(ReportError, match=r"report\.json.*schema_version is 0.*reads version 1"):
+        load_report(path)
+
+
+def test_a_report_without_a_version_is_refused(tmp_path):
+    report = minimal_report()
+    del report["schema_version"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(ReportError, match="schema_version is None"):
+        load_report(path)
+
+
+def test_missing_fields_are_listed(tmp_path):
+    report = minimal_report()
+    del report["rates_per_s"]["fetch"]
+    del report["bound"]
+    with pytest.raises(ReportError, match=r"rates_per_s\.fetch.*|bound"):
+        validate_report(report, "x.json")
+
+
+def test_unreadable_and_invalid_files_name_the_path(tmp_path):
+    with pytest.raises(ReportError, match="nope.json: cannot read"):
+        load_report(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ReportError, match="bad.json: not valid JSON"):
+        load_report(bad)
+
+
+def test_write_then_load_round_trips_and_writes_html(tmp_path):
+    json_path, html_path = write_report(minimal_report(), tmp_path / "out")
+    assert load_report(json_path)["per_iter_s"]["compute"] == 0.05
+    assert load_report(tmp_path / "out")["bound"] == "fetch"  # a run directory works too
+    assert html_path.read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_write_refuses_an_invalid_report(tmp_path):
+    report = minimal_report()
+    report["bound"] = "disk"
+    with pytest.raises(ReportError, match="bound is 'disk'"):
+        write_report(report, tmp_path)
+
+
+def test_summary_says_what_binds_and_the_stalls():
+    text = summary_text(minimal_report())
+    assert "compute 50.0 ms" in text and "prep stall 30.0 ms" in text and "fetch stall 30.0 ms" in text
+    assert "bound: fetch" in text
+    assert "observed 290" in text
