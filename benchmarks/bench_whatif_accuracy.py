@@ -86,13 +86,42 @@ def _loader(src: SyntheticSource, args, workers: int, cache_bytes: int) -> DataL
     )  # fmt: skip
 
 
-def _steady_rate(loader: DataLoader, step_s: float, skip_batches: int) -> float:
+class Step:
+    """The training step: ``step_s`` of GPU work (matrix products, synchronised) or, on CPU, a sleep.
+
+    A sleep stands in for a GPU on a CPU-only machine: like a GPU step it leaves the cores to prep.
+    """
+
+    def __init__(self, step_s: float, device: str) -> None:
+        self.step_s, self.device, self.reps = step_s, device, 0
+        if device == "cuda" and step_s > 0:
+            self.x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+            for _ in range(3):
+                self.x @ self.x
+            torch.cuda.synchronize()
+            one = min(_timed(lambda: (self.x @ self.x, torch.cuda.synchronize())) for _ in range(20))
+            self.reps = max(1, round(step_s / one))
+
+    def __call__(self, batch: torch.Tensor | None = None) -> None:
+        if self.step_s <= 0:
+            return
+        if self.device != "cuda":
+            time.sleep(self.step_s)
+            return
+        if batch is not None:
+            batch.to("cuda", non_blocking=True)
+        for _ in range(self.reps):
+            self.x @ self.x
+        torch.cuda.synchronize()  # the iteration boundary: the step's work is done
+
+
+def _steady_rate(loader: DataLoader, step: Step | None, skip_batches: int) -> float:
     """Samples/s over one epoch, from the arrival of batch ``skip_batches`` to the last one."""
     marks: list[tuple[float, int]] = []
     for batch in loader:
         marks.append((time.perf_counter(), len(batch)))
-        if step_s > 0:
-            time.sleep(step_s)
+        if step is not None:
+            step(batch)
     t0 = marks[skip_batches][0]
     samples = sum(n for _, n in marks[skip_batches + 1 :])
     return samples / (marks[-1][0] - t0)
@@ -116,19 +145,20 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def profile(args) -> dict:
+def profile(args, step: Step) -> dict:
     """The differential measurements, as a schema-1 report (only the fields the model reads)."""
     item_bytes = args.item_kb * 1000
-    step_times = [_timed(lambda: time.sleep(args.step_ms / 1e3)) for _ in range(30)]
+    batch = torch.zeros(args.batch, 64)
+    step_times = [_timed(lambda: step(batch)) for _ in range(30)]
     compute = args.batch / statistics.median(step_times)
-    ks = list(range(1, (os.cpu_count() or 1) + 1))
+    ks = args.profile_workers or list(range(1, (os.cpu_count() or 1) + 1))
     prep_rates = []
     for k in ks:
         src = SyntheticSource(args.items, item_bytes, args.prep_ms / 1e3, EmulatedStorage(0))
         with _loader(src, args, k, 0) as loader:
-            _steady_rate(loader, 0.0, args.skip)  # warm the workers up
+            _steady_rate(loader, None, args.skip)  # warm the workers up
             prep_rates.append(
-                statistics.median(_steady_rate(loader, 0.0, args.skip) for _ in range(args.repeats))
+                statistics.median(_steady_rate(loader, None, args.skip) for _ in range(args.repeats))
             )
     store = EmulatedStorage(args.storage_mbps * 1e6)
     n_reads = 60
@@ -149,14 +179,14 @@ def profile(args) -> dict:
     }
 
 
-def real_rate(args, workers: int, cache_bytes: int) -> float:
+def real_rate(args, step: Step, workers: int, cache_bytes: int) -> float:
     src = SyntheticSource(
         args.items, args.item_kb * 1000, args.prep_ms / 1e3, EmulatedStorage(args.storage_mbps * 1e6)
     )
     with _loader(src, args, workers, cache_bytes) as loader:
         for _ in loader:  # cold epoch: fills the MinIO cache (not timed, no step)
             pass
-        return _steady_rate(loader, args.step_ms / 1e3, args.skip)
+        return _steady_rate(loader, step, args.skip)
 
 
 def _baseline(model: Model, cache: float, workers: int, storage: float) -> float:
@@ -187,13 +217,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-ms", type=float, default=32.0)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--cache-fractions", type=float, nargs="+", default=[0.25, 0.6, 0.9])
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts of the real runs")
+    ap.add_argument("--profile-workers", type=int, nargs="+", help="k for P(k) (default: 1..cores)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the step runs")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of (profile, then every real run)")
     ap.add_argument("--repeats", type=int, default=1, help="timed epochs per profile measurement")
     ap.add_argument("--skip", type=int, default=3, help="batches dropped at the start of a timed epoch")
     args = ap.parse_args(argv)
 
     t_start = time.time()
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    step = Step(args.step_ms / 1e3, device)
+    print(
+        f"machine: {os.cpu_count()} cpus, step on {device}"
+        + (f" ({step.reps} bf16 4096^3 matmuls)" if step.reps else "")
+    )
     dataset_bytes = args.items * args.item_kb * 1000
     configs = [(f, w) for f in args.cache_fractions for w in args.workers]
     measured: dict = {c: [] for c in configs}
@@ -202,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     # Each round profiles, then runs every configuration: the machine is shared, and its load drifts
     # over minutes, so a prediction is compared with runs made right after its own profile.
     for rnd in range(args.rounds):
-        report = profile(args)
+        report = profile(args, step)
         model = Model.from_report(report)
         r = report["rates_per_s"]
         print(
@@ -220,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             orig = _baseline(model, cache, w, _DS_ANALYZER_DISK_BYTES_PER_S)
             predicted[(frac, w)].append((pred.samples_per_s, base, orig))
             bounds[(frac, w)] = pred.bound
-            measured[(frac, w)].append(real_rate(args, w, cache))
+            measured[(frac, w)].append(real_rate(args, step, w, cache))
     head = (
         f"{'cache':>6} {'workers':>7} | {'measured':>9} {'range':^13}| {'whatif':>8} {'err':>7} {'bound':>7} | "
         f"{'min-only':>8} {'err':>7} | {'dsa-orig':>8} {'err':>7}"
