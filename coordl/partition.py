@@ -176,8 +176,9 @@ class NodeTopology:
         env = os.environ if env is None else env
         rank = int(env.get("RANK", 0))
         world = int(env.get("WORLD_SIZE", 1))
-        local_rank = int(env.get("LOCAL_RANK", 0))
+        # Without torchrun's LOCAL_* variables (e.g. mp.spawn on one machine) all ranks share one node.
         local_world = int(env.get("LOCAL_WORLD_SIZE", world if "LOCAL_RANK" not in env else 1))
+        local_rank = int(env.get("LOCAL_RANK", rank % local_world))
         if world % local_world:
             raise ValueError(
                 f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={local_world}: the partitioned "

@@ -84,6 +84,8 @@ def test_topology_from_torchrun_env() -> None:
     )
     assert (t.node, t.num_nodes, t.is_node_leader) == (1, 2, False)
     assert NodeTopology.from_env({}).num_nodes == 1
+    spawned = NodeTopology.from_env({"RANK": "1", "WORLD_SIZE": "2"})  # mp.spawn: one node, rank 0 leads
+    assert (spawned.num_nodes, spawned.node, spawned.is_node_leader) == (1, 0, False)
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE"):
         NodeTopology.from_env({"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
 

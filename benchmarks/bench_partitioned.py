@@ -1,0 +1,251 @@
+"""Partitioned MinIO cache across emulated nodes vs each node's own MinIO cache vs torch DataLoader.
+
+Setup: ``--nodes`` N network namespaces (one rank each, gloo) plus one storage namespace, joined by a
+bridge (:class:`coordl.testing.VirtualNetwork`). Node links run at ``--node-mbit``; the storage host's
+link at ``--storage-mbit``, shared by all nodes like an NFS server's. Storage serves ``--items`` items
+of ``--item-kb`` KiB from RAM over TCP, so its only limit is its link. Each node has a cache budget of
+1/N of the dataset plus 10 % slack. Prep is trivial by default (the runs are fetch-bound, the case the
+partitioned cache addresses); ``--prep-ms`` burns that much CPU per item to show where prep caps it.
+
+Per rank the same process runs, one after the other, ``--epochs`` epochs of:
+
+* ``torch``: ``torch.utils.data.DataLoader`` + ``DistributedSampler`` (no cache);
+* ``minio``: ``coordl.DataLoader(cache_bytes=budget)`` + ``DistributedSampler``: each node caches what
+  it reads, alone;
+* ``partitioned``: ``coordl.DataLoader(cache_bytes=budget, partitioned=True)``.
+
+Reported per mode (median over ``--reps`` runs): epoch-1 and steady-state (median of epochs 2..E)
+samples/s of the whole job (a barrier ends each epoch), and storage MB read per epoch by all nodes.
+
+Run (root, about 4 minutes on 2 cores): ``.venv/bin/python benchmarks/bench_partitioned.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("torch", "minio", "partitioned")
+
+STORAGE = r"""
+import sys, time
+from coordl.peer import PeerServer
+
+class Store:
+    def __init__(self, n, size):
+        self.num_items = n
+        self.size = size
+        self.blob = bytes((i * 7 + 3) % 256 for i in range(size + n))
+    def get(self, i):
+        return memoryview(self.blob)[i : i + self.size]
+    def put(self, i, raw):
+        return False
+
+server = PeerServer(Store(int(sys.argv[1]), int(sys.argv[2])))
+print(server.address[1], flush=True)
+time.sleep(3600)
+"""
+
+RANK = r"""
+import datetime, json, sys, time
+import torch, torch.distributed as dist
+import coordl
+from coordl.counters import SharedCounters
+from coordl.peer import PeerClient
+
+storage_ip, storage_port, n_items, item_bytes, epochs, workers = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:7])
+modes, prep_ms = sys.argv[7].split(","), float(sys.argv[8])
+torch.set_num_threads(1)
+
+class RemoteStorage:
+    # An item source whose fetch reads from the storage host; counts bytes across worker processes.
+    def __init__(self, counters):
+        self.client = PeerClient([(storage_ip, storage_port)], timeout_s=60, backoff_s=1)
+        self.counters = counters
+    def __len__(self):
+        return n_items
+    def fetch(self, i):
+        raw = self.client.get(0, i)
+        if raw is None:
+            raise OSError(f"storage did not return item {i}")
+        self.counters.add("storage_bytes", len(raw))
+        return raw
+    def prep(self, raw, i):
+        # Simulated CPU prep: burn --prep-ms of CPU per item (decode + augment would cost ~1-3 ms).
+        end = time.thread_time() + prep_ms / 1000
+        while time.thread_time() < end:
+            pass
+        return raw[0] + raw[-1]
+
+class TorchDataset(torch.utils.data.Dataset):
+    def __init__(self, src):
+        self.src = src
+    def __len__(self):
+        return len(self.src)
+    def __getitem__(self, i):
+        return self.src.prep(self.src.fetch(i), i)
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+rank, world = dist.get_rank(), dist.get_world_size()
+budget = int(n_items * item_bytes / world * 1.1) + (1 << 20)
+for mode in modes:
+    counters = SharedCounters(["storage_bytes"])
+    src = RemoteStorage(counters)
+    dss = lambda: torch.utils.data.distributed.DistributedSampler(range(n_items), world, rank, shuffle=True, seed=0)
+    kw = dict(batch_size=16, num_workers=workers, persistent_workers=workers > 0)
+    if mode == "torch":
+        loader = torch.utils.data.DataLoader(TorchDataset(src), sampler=dss(), **kw)
+    elif mode == "minio":
+        loader = coordl.DataLoader(src, sampler=dss(), cache_bytes=budget, **kw)
+    else:
+        loader = coordl.DataLoader(src, shuffle=True, cache_bytes=budget, partitioned=True, **kw)
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        dist.barrier()
+        before = counters.snapshot()["storage_bytes"]
+        t0 = time.perf_counter()
+        n = sum(len(b) for b in loader)
+        dist.barrier()
+        secs = time.perf_counter() - t0
+        print(json.dumps({"mode": mode, "epoch": epoch, "secs": secs, "n": n,
+                          "storage_bytes": counters.snapshot()["storage_bytes"] - before}), flush=True)
+    if mode != "torch":
+        st = loader.stats()
+        print(json.dumps({"mode": mode, "final": True, **{k: st.get(k, 0) for k in ("remote_hits", "remote_bytes", "remote_errors")}}), flush=True)
+        loader.close()
+    else:
+        del loader
+    counters.close()
+dist.destroy_process_group()
+"""
+
+
+def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
+    from coordl.testing import VirtualNetwork
+
+    (tmp / "storage.py").write_text(STORAGE)
+    (tmp / "rank.py").write_text(RANK)
+    item_bytes = args.item_kb * 1024
+    with VirtualNetwork(n_nodes + 1, rate_mbit=args.node_mbit, prefix="cdlbench") as net:
+        store = net.hosts[n_nodes]
+        net.set_rate(n_nodes, args.storage_mbit)
+        server = store.popen(
+            [sys.executable, str(tmp / "storage.py"), str(args.items), str(item_bytes)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        storage_port = int(server.stdout.readline())
+        master_port = net.hosts[0].free_port()
+        argv = [sys.executable, str(tmp / "rank.py"), store.ip, str(storage_port), str(args.items), str(item_bytes),
+                str(args.epochs), str(args.workers), ",".join(args.modes), str(args.prep_ms)]  # fmt: skip
+        procs = [
+            net.hosts[r].popen(
+                argv,
+                env={**net.dist_env(r, n_nodes, master_port), "OMP_NUM_THREADS": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for r in range(n_nodes)
+        ]
+        outs = [p.communicate(timeout=args.timeout_s) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        if p.returncode != 0:
+            raise RuntimeError(f"a rank failed (rc {p.returncode}):\n{err[-3000:]}")
+    recs = []
+    for rank, (out, _) in enumerate(outs):
+        for line in out.splitlines():
+            if line.startswith("{"):
+                recs.append({"rank": rank, **json.loads(line)})
+    return recs
+
+
+def summarize(runs: list[list[dict]], n_items: int, epochs: int, modes: list[str]) -> dict[str, dict]:
+    out = {}
+    for mode in modes:
+        first, steady, mb_first, mb_steady = [], [], [], []
+        remote_mb = []
+        for recs in runs:
+            ep = [r for r in recs if r["mode"] == mode and "epoch" in r]
+            secs = {e: max(r["secs"] for r in ep if r["epoch"] == e) for e in range(epochs)}
+            mb = {e: sum(r["storage_bytes"] for r in ep if r["epoch"] == e) / 1e6 for e in range(epochs)}
+            first.append(n_items / secs[0])
+            steady.append(statistics.median(n_items / secs[e] for e in range(1, epochs)))
+            mb_first.append(mb[0])
+            mb_steady.append(statistics.median(mb[e] for e in range(1, epochs)))
+            fin = [r for r in recs if r["mode"] == mode and r.get("final")]
+            remote_mb.append(sum(r["remote_bytes"] for r in fin) / 1e6 / epochs)
+        out[mode] = {
+            "epoch1_sps": statistics.median(first),
+            "steady_sps": statistics.median(steady),
+            "storage_mb_epoch1": statistics.median(mb_first),
+            "storage_mb_steady": statistics.median(mb_steady),
+            "peer_mb_per_epoch": statistics.median(remote_mb),
+        }
+    return out
+
+
+def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace) -> None:
+    base = summary.get("torch", next(iter(summary.values())))["steady_sps"]
+    print(
+        f"\n{n_nodes} nodes, {args.items} items x {args.item_kb} KiB, storage link {args.storage_mbit} Mbit/s, "
+        f"node links {args.node_mbit} Mbit/s, cache per node 1/{n_nodes} + 10%, prep {args.prep_ms} ms/item"
+    )
+    head = ("mode", "epoch-1 samples/s", "steady samples/s", "vs torch", "storage MB ep1", "storage MB/epoch after",
+            "peer MB/epoch")  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for mode, s in summary.items():
+        print(
+            f"| {mode} | {s['epoch1_sps']:.0f} | {s['steady_sps']:.0f} | {s['steady_sps'] / base:.2f}x | "
+            f"{s['storage_mb_epoch1']:.1f} | {s['storage_mb_steady']:.1f} | {s['peer_mb_per_epoch']:.1f} |"
+        )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nodes", type=int, nargs="+", default=[2, 3])
+    p.add_argument("--items", type=int, default=400)
+    p.add_argument("--item-kb", type=int, default=100)
+    p.add_argument("--storage-mbit", type=float, default=100)
+    p.add_argument("--node-mbit", type=float, default=1000)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--prep-ms", type=float, default=0.0, help="CPU-seconds of simulated prep per item, in ms")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--timeout-s", type=float, default=600)
+    p.add_argument("--json", help="also write the summaries here")
+    args = p.parse_args()
+    from coordl.testing import skip_reason
+
+    reason = skip_reason()
+    if reason:
+        print(f"cannot run: {reason}", file=sys.stderr)
+        return 2
+    results = {}
+    for n_nodes in args.nodes:
+        runs = []
+        for rep in range(args.reps):
+            t0 = time.perf_counter()
+            with tempfile.TemporaryDirectory() as tmp:
+                runs.append(run_once(args, n_nodes, Path(tmp)))
+            print(
+                f"[{n_nodes} nodes, run {rep + 1}/{args.reps}: {time.perf_counter() - t0:.0f} s]",
+                file=sys.stderr,
+            )
+        results[n_nodes] = summarize(runs, args.items, args.epochs, args.modes)
+        print_table(n_nodes, results[n_nodes], args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
