@@ -161,3 +161,15 @@ def test_full_filesystem_stops_filling_without_bus_error(tiny_tmpfs) -> None:
         s = dl.stats()
     assert 0 < s["cached_items"] < 64 and s["cached_bytes"] <= 256 * 1024
     assert dl.epoch_stats()[1]["cache_hits"] == s["cached_items"]
+
+
+@pytest.mark.slow
+def test_spawned_workers_share_the_cache() -> None:
+    # spawn pickles the loader's dataset: the cache travels by path and workers attach to it.
+    with coordl.DataLoader(
+        MemorySource(40), batch_size=5, num_workers=2, multiprocessing_context="spawn", cache_bytes=20 * 64
+    ) as dl:
+        for _ in range(2):
+            assert sum(len(b) for b in dl) == 40
+        assert [(e["cache_hits"], e["cache_misses"]) for e in dl.epoch_stats()] == [(0, 40), (20, 20)]
+        assert dl.stats()["cached_items"] == 20
