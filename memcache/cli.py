@@ -49,7 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"(maxmemory {args.maxmemory} bytes, noeviction, password {'set' if password else 'none'}, "
         f"dir {workdir})\n"
         f"use: memcache.RedisStore(nodes=['{server.address}', ...]{', password=...' if password else ''})\n"
-        f"stop: memcache stop --bind {args.bind} --port {port}"
+        f"stop: memcache stop {f'--dir {workdir}' if args.dir else f'--bind {args.bind} --port {port}'}"
     )
     if args.foreground:
         try:
