@@ -313,7 +313,8 @@ class DataLoader:
         for tier in self._tiers:  # partitioned cache (helper dist): stops the node's cache server
             if callable(getattr(tier, "close", None)):
                 tier.close()
-        for obj in (self._member, self._minio, self._counters, self._watch):
+        inner = self._torch.dataset if isinstance(self._torch.dataset, LoaderSource) else None
+        for obj in (self._member, self._minio, self._counters, self._watch, inner):
             if obj is not None:
                 obj.close()
 

@@ -13,11 +13,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch.utils.data
 
 from coordl.counters import SharedCounters
 from coordl.errors import CorruptItemError
 from coordl.minio import MinioCache
+from coordl.shm import Segment
 from coordl.source import describe_item
 from coordl.worker_watch import WorkerWatch
 
@@ -105,7 +107,11 @@ class LoaderSource(torch.utils.data.Dataset):
         self.on_error = on_error
         self.sample_cache_tier = sample_cache_tier
         self.watch = watch
-        self._logged_skips: set[int] = set()
+        # One flag byte per item, shared by all workers: a bad file is logged once, not once per
+        # worker or epoch (non-persistent workers are new processes every epoch).
+        self._skip_log = Segment.create("skiplog", len(source)) if on_error == "skip" else None
+        if self._skip_log is not None:
+            self._skip_log.reserve(0, self._skip_log.size)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -190,10 +196,16 @@ class LoaderSource(torch.utils.data.Dataset):
                 error.path = what
         if self.on_error != "skip":
             raise error
-        if index not in self._logged_skips:  # once per item per process: a bad file is not news twice
-            self._logged_skips.add(index)
+        logged = self._skip_log.array(np.uint8, 0, len(self.source))
+        if not logged[index]:
+            logged[index] = 1
             log.warning("coordl: skipping %s: %s", error.path or f"item {index}", error)
         return _SKIPPED
+
+    def close(self) -> None:
+        """Free the skip log (the loader closes its counters, cache and worker table itself)."""
+        if self._skip_log is not None:
+            self._skip_log.close()
 
     def stats(self) -> dict[str, Any]:
         """Counters summed over all processes, plus each tier's own stats."""
