@@ -162,3 +162,25 @@ def test_zero_copy_views_are_read_only(shm_dir):
         del view
     finally:
         s.close()
+
+
+def _writer(store: LocalStore, start: int) -> None:
+    for i in range(start, start + 120, 4):
+        store.put_many({f"k{j}": _img(j, 8) for j in range(i, i + 4)})
+
+
+def test_concurrent_writers_lose_nothing(shm_dir):
+    s = LocalStore(8 << 20, name="t11", directory=shm_dir)
+    try:
+        ctx = mp.get_context("fork")
+        procs = [ctx.Process(target=_writer, args=(s, start)) for start in (0, 60, 120)]  # overlapping
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+        got = s.get_many([f"k{j}" for j in range(240)])
+        assert len(got) == 240 and s.stats()["items"] == 240
+        assert all(int(got[f"k{j}"][0, 0, 0]) == j % 251 for j in range(240))
+    finally:
+        s.close()
