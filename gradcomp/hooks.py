@@ -19,7 +19,7 @@ from gradcomp.memory import NoMemory, ResidualMemory
 from gradcomp.planner import Decision, Planner
 from gradcomp.powersgd import PowerSGDReducer
 
-__all__ = ["GradcompState", "gradcomp_hook"]
+__all__ = ["HookTimer", "GradcompState", "gradcomp_hook", "timed_hook"]
 
 
 def _done(t: torch.Tensor) -> torch.futures.Future:
@@ -28,7 +28,46 @@ def _done(t: torch.Tensor) -> torch.futures.Future:
     return fut
 
 
-class GradcompState:
+class HookTimer:
+    """Per-step communication timings of a comm hook, safe to update from gloo's callback threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._comm_s = 0.0
+        self._last_ready = 0.0
+        self._last_done = 0.0
+        self._buckets = 0
+        self._compressed = 0
+
+    def _ready(self, t0: float) -> None:
+        with self._lock:
+            self._last_ready = max(self._last_ready, t0)
+
+    def _record(self, t0: float, compressed: bool) -> None:
+        t1 = time.perf_counter()
+        with self._lock:
+            self._comm_s += t1 - t0
+            self._last_done = max(self._last_done, t1)
+            self._buckets += 1
+            self._compressed += int(compressed)
+
+    def take_stats(self) -> dict[str, float]:
+        """Stats since the last call: summed bucket sync time (``comm_s``, may overlap backward), when the last
+        bucket became ready (backward compute done: ``last_ready``) and when the last sync ended."""
+        with self._lock:
+            out = {
+                "comm_s": self._comm_s,
+                "last_ready": self._last_ready,
+                "last_done": self._last_done,
+                "buckets": self._buckets,
+                "compressed_buckets": self._compressed,
+            }
+            self._comm_s = self._last_ready = self._last_done = 0.0
+            self._buckets = self._compressed = 0
+        return out
+
+
+class GradcompState(HookTimer):
     """Everything the hook needs: the method, its error-feedback memory, the plan and per-step timings."""
 
     def __init__(
@@ -55,12 +94,7 @@ class GradcompState:
         self.node_groups = node_groups
         self.partitions = partitions
         self.planner: Planner | None = None
-        self._lock = threading.Lock()
-        self._comm_s = 0.0
-        self._last_ready = 0.0
-        self._last_done = 0.0
-        self._buckets = 0
-        self._compressed = 0
+        super().__init__()
 
     # ---- decisions -------------------------------------------------------------------------------------------
     def decide(self, numel: int) -> Decision:
@@ -137,36 +171,11 @@ class GradcompState:
         out[g_idx] = g_val
         return out
 
-    # ---- timings ---------------------------------------------------------------------------------------------
-    def _record(self, t0: float, compressed: bool) -> None:
-        t1 = time.perf_counter()
-        with self._lock:
-            self._comm_s += t1 - t0
-            self._last_done = max(self._last_done, t1)
-            self._buckets += 1
-            self._compressed += int(compressed)
-
-    def take_stats(self) -> dict[str, float]:
-        """Communication stats since the last call: summed bucket sync time, time of the last bucket's arrival
-        (backward compute done) and of the last sync's end (``exposed = last_done - last_ready``)."""
-        with self._lock:
-            out = {
-                "comm_s": self._comm_s,
-                "last_ready": self._last_ready,
-                "last_done": self._last_done,
-                "buckets": self._buckets,
-                "compressed_buckets": self._compressed,
-            }
-            self._comm_s = self._last_ready = self._last_done = 0.0
-            self._buckets = self._compressed = 0
-        return out
-
 
 def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: ``model.register_comm_hook(state, gradcomp_hook)`` (``gradcomp.register`` does this)."""
     t0 = time.perf_counter()
-    with state._lock:
-        state._last_ready = max(state._last_ready, t0)
+    state._ready(t0)
     x = bucket.buffer().div_(state.world)
     decision = state.decide(x.numel())
     shapes = [p.shape for p in bucket.parameters()] if state.name == "powersgd" else None
@@ -177,3 +186,29 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
         return f.value()
 
     return fut.then(stamp)
+
+
+class _TimedState(HookTimer):
+    def __init__(self, inner_state: object, inner_hook: object) -> None:
+        super().__init__()
+        self.inner_state = inner_state
+        self.inner_hook = inner_hook
+
+
+def _timed(state: _TimedState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    t0 = time.perf_counter()
+    state._ready(t0)
+
+    def stamp(f: torch.futures.Future) -> torch.Tensor:
+        state._record(t0, False)
+        return f.value()
+
+    return state.inner_hook(state.inner_state, bucket).then(stamp)
+
+
+def timed_hook(inner_state: object, inner_hook: object) -> tuple[HookTimer, object]:
+    """Wrap any DDP comm hook (e.g. PyTorch's ``fp16_compress_hook``) so it reports the same timings as ours.
+
+    Returns ``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``; ``state.take_stats()`` as above.
+    """
+    return _TimedState(inner_state, inner_hook), _timed

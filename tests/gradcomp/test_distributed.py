@@ -13,3 +13,8 @@ from tests.gradcomp.dist_util import run_ranks
 )
 def test_all_methods_lossless_gtopk_hooks_plan_pto(world: int) -> None:
     run_ranks(checks.all_checks, world)
+
+
+@pytest.mark.slow
+def test_top1_percent_with_error_feedback_matches_dense_accuracy() -> None:
+    run_ranks(checks.topk_ef_accuracy_close_to_dense, 2)

@@ -1,0 +1,246 @@
+"""Reference data-parallel trainer: data stalls and communication stalls measured side by side.
+
+Run under torchrun (one process per worker; without torchrun it runs as a world of one)::
+
+    torchrun --nproc-per-node 2 -m gradcomp.cli train --compressor mstopk --ratio 0.01 --plan auto
+
+Per iteration it records the wait for the batch (``dsanalyzer.timeline.Timeline``, the same boundary the
+profiler uses), the step time, the communication time the hook measured, and the part of it that was not hidden
+behind backward compute (``comm_exposed_s``: from the last bucket's arrival to the end of ``backward()``).
+``compute_s = step_s - comm_exposed_s``. Rank 0 writes a JSON report (per-iteration rows and a summary).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset
+
+from gradcomp.models import build_model
+
+__all__ = ["train", "TensorImages", "BASELINES"]
+
+#: PyTorch's own comm hooks, for comparison (``--baseline``); each is timed through ``hooks.timed_hook``.
+BASELINES = ("ddp", "torch-fp16", "torch-powersgd")
+
+
+class TensorImages(Dataset):
+    """In-memory synthetic images (class-dependent mean colour and pattern plus noise): no decode cost,
+    for measuring communication without data stalls."""
+
+    def __init__(self, n: int, classes: int, size: int, seed: int = 0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.labels = torch.arange(n) % classes
+        base = torch.randn(classes, 3, size, size, generator=gen)
+        self.images = base[self.labels] * 0.6 + torch.randn(n, 3, size, size, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.images[i], int(self.labels[i])
+
+
+def _init_dist(backend: str) -> tuple[int, int, torch.device]:
+    if not dist.is_initialized():
+        if "RANK" in os.environ:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300))
+        else:
+            with socket.socket() as s:  # a world of one: any free port
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    rank = dist.get_rank()
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    return rank, dist.get_world_size(), device
+
+
+def _dataset(args, rank: int) -> Dataset:
+    if args.data == "tensors":
+        return TensorImages(args.samples, args.classes, args.image_size, seed=args.seed)
+    import coordl
+    from coordl.transforms import train_transform
+
+    root = args.data
+    if root is None:
+        root = os.path.join(tempfile.gettempdir(), f"gradcomp-synth-{args.samples}-{args.classes}")
+        if rank == 0:  # one writer; make_dataset is idempotent, the others wait at the barrier
+            coordl.synth.make_dataset(root, args.samples, args.classes, width=64, height=48, workers=1)
+        dist.barrier()
+    return coordl.ImageFolder(root, transform=train_transform(args.image_size))
+
+
+def _install_sync(model: torch.nn.parallel.DistributedDataParallel, args):
+    from gradcomp.hooks import timed_hook
+
+    if args.baseline is None:
+        import gradcomp
+
+        return gradcomp.register(
+            model, compressor=args.compressor, ratio=args.ratio, error_feedback=not args.no_error_feedback,
+            plan=args.plan, powersgd_rank=args.powersgd_rank, start_iter=args.warmup_iters,
+        )  # fmt: skip
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if args.baseline == "ddp":
+        state, hook = timed_hook(None, default_hooks.allreduce_hook)
+    elif args.baseline == "torch-fp16":
+        state, hook = timed_hook(None, default_hooks.fp16_compress_hook)
+    else:
+        ps = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=args.powersgd_rank,
+            start_powerSGD_iter=max(args.warmup_iters, 2),
+        )  # fmt: skip
+        state, hook = timed_hook(ps, powerSGD_hook.powerSGD_hook)
+    model.register_comm_hook(state, hook)
+    return state
+
+
+def _loader(dataset: Dataset, args, rank: int, world: int):
+    import coordl
+
+    sampler = torch.utils.data.DistributedSampler(dataset, world, rank, shuffle=True, seed=args.seed)
+    workers = 0 if args.data == "tensors" else args.workers
+    return coordl.DataLoader(
+        dataset, batch_size=args.batch_size, sampler=sampler, num_workers=workers, drop_last=True
+    ), sampler
+
+
+def _summary(rows: list[dict], batch: int, warmup: int, target_acc: float | None) -> dict:
+    from dsanalyzer.timeline import summarize
+
+    body = rows[warmup:] or rows
+    timeline = summarize(
+        [r["data_wait_s"] for r in rows], [r["step_s"] for r in rows], [batch] * len(rows), warmup
+    )
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in body)
+
+    tail = rows[-min(len(rows), 20) :]
+    reached = next(
+        (r["t_s"] for r in rows if target_acc is not None and r["running_acc"] >= target_acc), None
+    )
+    return {
+        "iters": len(rows),
+        "data_wait_s": timeline.wait_s,
+        "step_s": timeline.step_s,
+        "iter_s": timeline.iter_s,
+        "samples_per_s_per_rank": timeline.samples_per_s,
+        "compute_s": med("compute_s"),
+        "comm_s": med("comm_s"),
+        "comm_exposed_s": med("comm_exposed_s"),
+        "compressed_buckets": med("compressed_buckets"),
+        "final_loss": statistics.fmean(r["loss"] for r in tail),
+        "final_acc": statistics.fmean(r["acc"] for r in tail),
+        "time_to_target_s": reached,
+        "total_s": rows[-1]["t_s"] if rows else 0.0,
+    }
+
+
+def train(args) -> dict:
+    """Train for ``args.iters`` iterations; returns the report (rank 0 also writes it to ``args.report``)."""
+    rank, world, device = _init_dist(args.backend)
+    torch.manual_seed(args.seed)
+    dataset = _dataset(args, rank)
+    model = build_model(args.model, args.classes).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    t_reg = time.perf_counter()
+    sync = _install_sync(ddp, args)
+    register_s = time.perf_counter() - t_reg
+    if args.pto:
+        from gradcomp.pto import PartitionedOptimizer
+
+        opt = PartitionedOptimizer(ddp.parameters(), torch.optim.SGD, lr=args.lr, momentum=0.9)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    loader, sampler = _loader(dataset, args, rank, world)
+    from dsanalyzer.timeline import Timeline
+
+    timeline = Timeline(sync=torch.cuda.synchronize if device.type == "cuda" else None)
+    rows: list[dict] = []
+    epoch, it = 0, iter(loader)
+    acc_window: list[float] = []
+    dist.barrier()
+    t_start = time.perf_counter()
+    while len(rows) < args.iters:
+        timeline.next_started()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            timeline.abandon_pending()
+            epoch += 1
+            sampler.set_epoch(epoch)
+            it = iter(loader)
+            continue
+        t_got = timeline.next_ended(len(y))
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        opt.zero_grad()
+        out = ddp(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        loss.backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t_bwd = time.perf_counter()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t_end = time.perf_counter()
+        stats = sync.take_stats()
+        exposed = max(0.0, t_bwd - stats["last_ready"]) if stats["buckets"] else 0.0
+        acc = float((out.argmax(1) == y).float().mean())
+        acc_window = (acc_window + [acc])[-20:]
+        step_s = t_end - t_got
+        rows.append({
+            "iter": len(rows), "t_s": t_end - t_start, "data_wait_s": timeline.wait_s[-1], "step_s": step_s,
+            "compute_s": max(step_s - exposed, 0.0), "comm_s": stats["comm_s"], "comm_exposed_s": exposed,
+            "compressed_buckets": stats["compressed_buckets"], "buckets": stats["buckets"],
+            "loss": loss.item(), "acc": acc, "running_acc": statistics.fmean(acc_window),
+        })  # fmt: skip
+    timeline.next_started()  # closes the last step
+    method = args.baseline or f"gradcomp:{args.compressor}"
+    report = {
+        "method": method,
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "world_size": world,
+        "device": str(device),
+        "register_s": register_s,
+        "planner": getattr(getattr(sync, "planner", None), "describe", lambda: None)(),
+        "summary": _summary(rows, args.batch_size, args.warmup_report, args.target_acc),
+        "iterations": rows,
+    }
+    if rank == 0 and args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(report, indent=1))
+    if rank == 0 and not args.quiet:
+        print(format_summary(report), file=sys.stdout, flush=True)
+    return report
+
+
+def format_summary(report: dict) -> str:
+    """A short table: data wait, compute, communication (total and exposed), throughput, accuracy."""
+    s = report["summary"]
+    ms = lambda v: f"{v * 1e3:.1f} ms"  # noqa: E731
+    lines = [
+        f"gradcomp train: {report['method']}, world {report['world_size']}, {s['iters']} iterations",
+        "| data wait | compute | comm (total) | comm (exposed) | iteration | samples/s/rank | final acc |",
+        "|---|---|---|---|---|---|---|",
+        f"| {ms(s['data_wait_s'])} | {ms(s['compute_s'])} | {ms(s['comm_s'])} | {ms(s['comm_exposed_s'])} "
+        f"| {ms(s['iter_s'])} | {s['samples_per_s_per_rank']:.1f} | {s['final_acc']:.3f} |",
+    ]
+    if report.get("planner"):
+        lines.append(f"planner fit: {report['planner']}")
+    return "\n".join(lines)
