@@ -293,7 +293,8 @@ class Model:
             "cache_bytes_needed": cache_needed,
             "cache_assumes_cpus": cpus_for_cache,
             "storage_bytes_per_s_needed": storage_needed,
-            "prep_max_samples_per_s": self.prep.max_rate(),
+            # None when prep keeps scaling (JSON has no infinity)
+            "prep_max_samples_per_s": self.prep.max_rate() if math.isfinite(self.prep.max_rate()) else None,
         }
 
 
@@ -317,9 +318,11 @@ def advice_sentence(report: dict) -> str:
         return "compute-bound: the input pipeline keeps up; more cores, cache or storage speed will not help."
     if bound == "prep":
         if cpus is None:
+            cap = need["prep_max_samples_per_s"]
+            at = f" at {cap:.0f} samples/s" if cap is not None else ""
             return (
-                f"prep-bound: prep saturates at {need['prep_max_samples_per_s']:.0f} samples/s however many cores it "
-                "gets; make prep cheaper (cache the decoded samples with memcache, or decode smaller images)."
+                f"prep-bound: prep saturates{at} however many cores it gets; make prep cheaper "
+                "(cache the decoded samples with memcache, or decode smaller images)."
             )
         return f"prep-bound: {cpus} CPU cores for data prep (one loader worker each) make it compute-bound."
     more_cores = (

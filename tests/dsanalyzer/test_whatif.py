@@ -44,6 +44,7 @@ def synthetic_report(**over) -> dict:
         "per_epoch_s": {"compute": 12.5, "prep_stall": 13.75, "fetch_stall": 0.6, "total": 26.85},
         "bound": "prep",
         "advice": "",
+        "whatif": {"grid": [], "to_compute_bound": {}},
         "runs": {
             name: {
                 "iters": iters,
@@ -181,7 +182,19 @@ def test_grid_rows_have_contract_keys():
             "epoch_s",
             "bound",
         } <= set(row)
-    json.dumps({"model": m.params(), "whatif": {"grid": rows, "to_compute_bound": m.to_compute_bound()}})
+    # strict JSON: no NaN or Infinity may leak into report.json
+    json.dumps(
+        {"model": m.params(), "whatif": {"grid": rows, "to_compute_bound": m.to_compute_bound()}},
+        allow_nan=False,
+    )
+
+
+def test_advice_when_prep_saturates():
+    rep = synthetic_report(prep_scaling={"workers": [1, 2], "samples_per_s": [200.0, 210.0]}, bound="prep")
+    need = Model.from_report(rep).to_compute_bound()
+    assert need["cpus_needed"] is None and need["prep_max_samples_per_s"] < 800
+    assert "prep saturates" in advice_sentence(rep)
+    assert "5 CPU cores" in advice_sentence(synthetic_report(bound="prep"))
 
 
 def test_cli_last_line_is_the_prediction(tmp_path, capsys):
