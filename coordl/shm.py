@@ -77,7 +77,10 @@ def reclaim_stale(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:
     return removed
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_if_owner(path: str, owner_pid: int) -> None:
+    # A forked child inherits the owner's finalizer; only the owning process may remove the name.
+    if os.getpid() != owner_pid:
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -101,7 +104,7 @@ class Segment:
         self._owner_pid = os.getpid() if owner else None
         self._finalizer = None
         if owner:
-            self._finalizer = weakref.finalize(self, _unlink_quietly, path)
+            self._finalizer = weakref.finalize(self, _unlink_if_owner, path, self._owner_pid)
             atexit.register(self._finalizer)
 
     @classmethod

@@ -72,3 +72,21 @@ def test_reserve_reports_full_instead_of_sigbus(tmp_path):
         seg.close()
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_forked_child_running_the_inherited_finalizer_does_not_unlink(tmp_path):
+    import multiprocessing as mp
+
+    seg = shm.Segment.create("t", 4096, tmp_path)
+
+    def child() -> None:
+        seg._finalizer()  # what garbage collection or atexit would run in the child
+        os._exit(0)
+
+    p = mp.get_context("fork").Process(target=child)
+    p.start()
+    p.join(10)
+    assert p.exitcode == 0
+    assert os.path.exists(seg.path)
+    seg.close()
+    assert not os.path.exists(seg.path)
