@@ -7,7 +7,7 @@ Per run, in the same session and against the same server:
   * baseline: every epoch reads each item from NFS (shuffled order), as a loader without staging does;
   * read-through: ``StagedSource``: epoch 1 copies each item to local disk as it is read, epoch 2 reads local
     (page cache of the staged files dropped first, so epoch 2 is a cold local-disk read);
-  * ``stage_all`` (``coordl stage``, 4 copy processes) ahead of time.
+  * ``stage_all`` (``coordl stage``) ahead of time with 1, 2 and 4 copy processes.
 Prints medians over the runs and the ratios. Needs root, nfs-ganesha and libnfs (scripts/setup.sh).
 """
 
@@ -25,18 +25,20 @@ import time
 from nfs_cache import NfsSource, StagedSource, stage_all
 from nfs_cache.testing.ganesha import GaneshaServer, ganesha_missing_reason
 
+STAGE_WORKERS = (1, 2, 4)
+
 
 def make_dataset(root: str, files: int, size_kb: int) -> list[str]:
     rng = random.Random(0)
     rels = []
     for i in range(files):
         rel = f"class{i % 10}/img{i:05d}.jpg"
-        os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
+        os.makedirs(os.path.join(root, "train", os.path.dirname(rel)), exist_ok=True)
         size = int(size_kb * 1024 * rng.uniform(0.5, 1.5))  # ImageNet-like spread around the mean
-        with open(os.path.join(root, rel), "wb") as f:
+        with open(os.path.join(root, "train", rel), "wb") as f:
             f.write(os.urandom(size))
         rels.append(rel)
-    with open(os.path.join(root, "big.bin"), "wb") as f:
+    with open(os.path.join(root, "big.bin"), "wb") as f:  # beside train/, for the raw link rate
         f.write(os.urandom(32 << 20))
     return rels
 
@@ -59,13 +61,16 @@ def drop_page_cache(directory: str) -> None:
                 os.close(fd)
 
 
-def one_run(url: str, rels: list[str], work: str, run: int) -> dict[str, float]:
+def one_run(server: GaneshaServer, rels: list[str], work: str, run: int) -> dict[str, float]:
     n = len(rels)
     out: dict[str, float] = {}
-    src = NfsSource(url)
+    src = NfsSource(server.url())
     start = time.perf_counter()
     big = len(src.read("big.bin"))
     out["raw_mb_s"] = big / 1e6 / (time.perf_counter() - start)
+    src.close()
+    url = server.url("train")
+    src = NfsSource(url)
 
     for ep in (1, 2):
         secs, nbytes = epoch(src.read, rels, seed=run * 10 + ep)
@@ -84,9 +89,11 @@ def one_run(url: str, rels: list[str], work: str, run: int) -> dict[str, float]:
         out["staged_e2"] = n / secs
     shutil.rmtree(stage)
 
-    summary = stage_all(url, os.path.join(work, f"ahead{run}"), progress=False, workers=4)
-    out["stage_all_mb_s"] = summary["mb_per_s"]
-    shutil.rmtree(os.path.join(work, f"ahead{run}"))
+    for workers in STAGE_WORKERS:
+        ahead = os.path.join(work, f"ahead{run}-{workers}")
+        summary = stage_all(url, ahead, progress=False, workers=workers)
+        out[f"stage_all_w{workers}_mb_s"] = summary["mb_per_s"]
+        shutil.rmtree(ahead)
     return out
 
 
@@ -107,12 +114,12 @@ def main() -> int:
     try:
         export = os.path.join(work, "export")
         rels = make_dataset(export, args.files, args.size_kb)
-        total_mb = sum(os.path.getsize(os.path.join(export, r)) for r in rels) / 1e6
+        total_mb = sum(os.path.getsize(os.path.join(export, "train", r)) for r in rels) / 1e6
         print(f"dataset: {len(rels)} files, {total_mb:.1f} MB; link: tc tbf {args.rate}; runs: {args.runs}")
         results = []
         with GaneshaServer(export, netns=True, rate=args.rate, tag="nfsb") as server:
             for run in range(args.runs):
-                results.append(one_run(server.url(), rels, work, run))
+                results.append(one_run(server, rels, work, run))
                 print(f"  run {run + 1}: " + ", ".join(f"{k}={v:.1f}" for k, v in results[-1].items()))
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
         raw = med["raw_mb_s"]
@@ -132,9 +139,9 @@ def main() -> int:
         print(
             f"read-through epoch 1 (staging):        {med['staged_e1_mb_s']:8.1f} MB/s ({med['staged_e1_mb_s'] / raw:.0%} of raw)"
         )
-        print(
-            f"coordl stage, 4 copy processes:        {med['stage_all_mb_s']:8.1f} MB/s ({med['stage_all_mb_s'] / raw:.0%} of raw)"
-        )
+        for w in STAGE_WORKERS:
+            mb_s = med[f"stage_all_w{w}_mb_s"]
+            print(f"coordl stage --workers {w}:              {mb_s:8.1f} MB/s ({mb_s / raw:.0%} of raw)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -33,7 +33,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("src", help="dataset root: directory, nfs:// URL or fsspec URL")
     p.add_argument("dst", help="local stage directory")
-    p.add_argument("--workers", type=int, default=4, help="parallel copy processes (default 4)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="parallel copy processes (default 1: one stream fills a bandwidth-bound link; more help when "
+        "per-file latency dominates, e.g. many small files on a far or busy server)",
+    )
     p.add_argument(
         "--budget", type=parse_size, default=None, help="stop after this many staged bytes (e.g. 50G)"
     )

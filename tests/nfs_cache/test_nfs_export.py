@@ -80,7 +80,7 @@ def test_forked_child_opens_its_own_nfs_connection(nfs_dataset, tmp_path):
 
 def test_stage_all_over_nfs_then_rerun(nfs_dataset, tmp_path):
     server, files = nfs_dataset
-    summary = stage_all(server.url(), tmp_path / "stage", progress=False, workers=2)
+    summary = stage_all(server.url(), tmp_path / "stage", progress=False, workers=1)
     assert summary["files"] == len(files) == summary["staged_files"]
     assert summary["staged_bytes"] == sum(len(d) for d in files.values())
     for rel, data in files.items():
