@@ -10,7 +10,8 @@ cache the model's ``minio`` policy describes.
 
 1. Profile (the differential runs, each the median of ``--repeats``): compute rate G from the step
    alone; prep rate P(k) from the loader with every item served from memory at k = 1..cores workers;
-   storage bytes/s and items/s from timed reads; memory bandwidth. These fill a schema-1 report.
+   run 2, the full job with every item from memory; storage bytes/s and items/s from timed reads;
+   memory bandwidth. These fill a schema-1 report.
 2. Predict with ``dsanalyzer.whatif.Model`` for each (cache, workers). Two baselines are predicted from
    the same measurements: ``min-only`` = min(G, P(w), F(h)), the stage model without the per-worker
    fetch-then-prep cycle; ``dsa-orig`` = the same with the original DS-Analyzer's 525 MB/s disk.
@@ -160,6 +161,11 @@ def profile(args, step: Step) -> dict:
             prep_rates.append(
                 statistics.median(_steady_rate(loader, None, args.skip) for _ in range(args.repeats))
             )
+    # run 2 of the differential method: the full job (step included), every item from memory
+    src = SyntheticSource(args.items, item_bytes, args.prep_ms / 1e3, EmulatedStorage(0))
+    with _loader(src, args, ks[-1], 0) as loader:
+        _steady_rate(loader, step, args.skip)
+        run2 = statistics.median(_steady_rate(loader, step, args.skip) for _ in range(args.repeats))
     store = EmulatedStorage(args.storage_mbps * 1e6)
     n_reads = 60
     fetch_s = statistics.median(
@@ -176,6 +182,7 @@ def profile(args, step: Step) -> dict:
         "rates_per_s": {"compute": compute, "prep": prep_rates[-1], "fetch": n_reads / fetch_s},
         "prep_scaling": {"workers": ks, "samples_per_s": prep_rates},
         "fetch": {"bytes_per_s": n_reads * item_bytes / fetch_s, "items_per_s": n_reads / fetch_s},
+        "runs": {"prep": {"samples_per_s": run2}},
     }
 
 
@@ -248,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             f"P(k)={[round(x, 1) for x in report['prep_scaling']['samples_per_s']]}/s  "
             f"storage={report['fetch']['bytes_per_s'] / 1e6:.2f} MB/s ({report['fetch']['items_per_s']:.1f} items/s)  "
             f"membw={report['machine']['mem_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s  "
-            f"usl sigma={model.prep.sigma:.3f}",
+            f"usl sigma={model.prep.sigma:.3f}  run2={report['runs']['prep']['samples_per_s']:.1f}/s "
+            f"(batch overhead {model.batch_overhead_s * 1e3:.2f} ms)",
             flush=True,
         )
         for frac, w in configs:

@@ -68,6 +68,24 @@ def _positive(value, name: str) -> float:
     return value
 
 
+def _batch_overhead_s(
+    report: dict, batch: int, compute_per_s: float, prep_per_s: float, workers: int
+) -> float:
+    """Main-process seconds per batch that add to the step (receiving a batch from a worker).
+
+    Run 2 (the full job, items from memory) runs at ``1 / (1/G + overhead/B)`` when prep has room to
+    spare; below both G and the loader-alone rate P(w), the gap is that overhead. When run 2 runs at
+    about P(w), prep binds and the overhead cannot be told apart: 0.
+    """
+    rate2 = _get(report, "runs", "prep", "samples_per_s", required=False)
+    if not rate2 or workers == 0 or not math.isfinite(float(rate2)) or float(rate2) <= 0:
+        return 0.0
+    rate2 = float(rate2)
+    if rate2 >= 0.97 * prep_per_s or rate2 >= compute_per_s:
+        return 0.0
+    return max(0.0, batch / rate2 - batch / compute_per_s)
+
+
 @dataclass(frozen=True)
 class Model:
     """Measured parameters of one job, and the predictions made from them."""
@@ -85,6 +103,7 @@ class Model:
     cache_bytes: float = 0.0
     cache_policy: str = "pagecache"
     prep_points: tuple = ()  # the measured (workers, samples/s) pairs the prep curve was fitted to
+    batch_overhead_s: float = 0.0  # main-process cost per batch in series with the step (from run 2)
 
     @classmethod
     def from_report(cls, report: dict) -> Model:
@@ -108,20 +127,27 @@ class Model:
         policy = _get(report, "cache_policy", required=False, default="pagecache")
         if policy not in POLICIES:
             raise ValueError(f"report.json: cache_policy {policy!r} is not one of {', '.join(POLICIES)}")
+        workers = max(0, int(_get(report, "workers", required=False, default=cpus)))
+        batch = int(_get(report, "batch_size"))
+        compute = _positive(_get(report, "rates_per_s", "compute"), "rates_per_s.compute")
+        prep = PrepScaling.fit(list(ks), list(rates), physical_cores=cpus)
         return cls(
             dataset_items=items,
             avg_item_bytes=avg,
-            batch_size=int(_get(report, "batch_size")),
-            compute_per_s=_positive(_get(report, "rates_per_s", "compute"), "rates_per_s.compute"),
-            prep=PrepScaling.fit(list(ks), list(rates), physical_cores=cpus),
+            batch_size=batch,
+            compute_per_s=compute,
+            prep=prep,
             storage_bytes_per_s=storage_bw,
             storage_overhead_s=overhead,
             mem_bandwidth_bytes_per_s=float(membw) if membw else None,
             cpus=cpus,
-            workers=max(1, int(_get(report, "workers", required=False, default=cpus))),
+            workers=workers,
             cache_bytes=float(_get(report, "cache_bytes", required=False, default=0.0)),
             cache_policy=policy,
             prep_points=tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
+            batch_overhead_s=_batch_overhead_s(
+                report, batch, compute, prep.rate(min(max(workers, 1), cpus)), workers
+            ),
         )
 
     @property
@@ -131,7 +157,8 @@ class Model:
     def params(self) -> dict:
         """JSON-ready model parameters (what report.json stores under ``model``)."""
         return {
-            "formula": "min(G*gpu_speedup, 1/(h*s/membw + (1-h)*s/storage_bw), w/(t_fetch + w/P(min(w,c))))",
+            "formula": "min(1/(1/(G*gpu_speedup) + batch_overhead_s/B), 1/(h*s/membw + (1-h)*s/storage_bw), "
+            "w/(t_fetch + w/P(min(w,c))))",
             "dataset_items": self.dataset_items,
             "avg_item_bytes": self.avg_item_bytes,
             "batch_size": self.batch_size,
@@ -139,6 +166,7 @@ class Model:
             "prep_scaling": self.prep.params(),
             "storage_bytes_per_s": self.storage_bytes_per_s,
             "storage_overhead_s": self.storage_overhead_s,
+            "batch_overhead_s": self.batch_overhead_s,
             "mem_bandwidth_bytes_per_s": self.mem_bandwidth_bytes_per_s,
             "measured_at": {
                 "cpus": self.cpus,
@@ -159,24 +187,33 @@ class Model:
     ) -> Prediction:
         """Predicted steady-state rate with this cache, core count, storage speed and GPU speed-up.
 
-        ``workers`` defaults to ``cpus`` (one loader worker per core).
+        ``workers`` defaults to ``cpus`` (one loader worker per core); 0 means loading in the main
+        process, in series with the step.
         """
         if cpus < 1:
             raise ValueError(f"cpus must be >= 1, got {cpus}")
         if storage_bytes_per_s <= 0 or gpu_speedup <= 0:
             raise ValueError("storage_bytes_per_s and gpu_speedup must be positive")
-        w = int(workers) if workers else int(cpus)
-        s = self.avg_item_bytes
+        w = int(cpus) if workers is None else int(workers)
+        if w < 0:
+            raise ValueError(f"workers must be >= 0, got {w}")
+        s, b = self.avg_item_bytes, self.batch_size
         h = hit_ratio(policy, cache_bytes / s, self.dataset_items)
         hit_s = s / self.mem_bandwidth_bytes_per_s if self.mem_bandwidth_bytes_per_s else 0.0
         miss_s = s / storage_bytes_per_s
-        compute = self.compute_per_s * gpu_speedup
+        step = self.compute_per_s * gpu_speedup
+        # the step plus the main process's per-batch receive cost, which no worker can overlap
+        compute = 1.0 / (1.0 / step + self.batch_overhead_s / b)
         fetch_s = h * hit_s + (1 - h) * miss_s
         fetch = math.inf if fetch_s <= 0 else 1.0 / fetch_s
-        prep = self.prep.rate(min(w, cpus))
+        prep = self.prep.rate(min(max(w, 1), cpus))
         worker_fetch_s = h * hit_s + (1 - h) * (miss_s + self.storage_overhead_s)
-        cycle = w / (worker_fetch_s + w / prep)
-        in_memory = w / (hit_s + w / prep)  # the differential run 2: every item served from memory
+        if w == 0:  # num_workers=0: fetch, prep and step run one after another in the main process
+            cycle = 1.0 / (1.0 / compute + worker_fetch_s + 1.0 / prep)
+            in_memory = 1.0 / (1.0 / compute + hit_s + 1.0 / prep)
+        else:
+            cycle = w / (worker_fetch_s + w / prep)
+            in_memory = w / (hit_s + w / prep)  # the differential run 2: every item served from memory
         rate = min(compute, fetch, cycle)
         if rate >= compute * (1 - _TOL):
             bound = "compute"
@@ -184,11 +221,10 @@ class Model:
             bound = "prep"
         else:
             bound = "fetch"
-        b = self.batch_size
         no_fetch = min(compute, in_memory)
-        per_iter = {
-            "compute": b / compute,
-            "prep_stall": max(0.0, b / no_fetch - b / compute),
+        per_iter = {  # the differential split: receive overhead counts as prep stall, as run 2 sees it
+            "compute": b / step,
+            "prep_stall": max(0.0, b / no_fetch - b / step),
             "fetch_stall": max(0.0, b / rate - b / no_fetch),
         }
         stages = {"compute": compute, "prep": prep, "fetch": fetch, "worker_cycle": cycle}

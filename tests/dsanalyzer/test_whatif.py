@@ -71,7 +71,7 @@ def synthetic_report(**over) -> dict:
 
 
 def test_compute_bound_when_everything_else_is_fast():
-    m = Model.from_report(synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [5000.0]}))
+    m = Model.from_report(synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [5000.0]}, runs={}))
     p = m.predict(cache_bytes=1e9, cpus=2, storage_bytes_per_s=1e9, policy="minio")
     assert p.bound == "compute"
     assert p.samples_per_s == pytest.approx(800.0)
@@ -125,7 +125,7 @@ def test_prep_bound_and_cores_needed():
 
 
 def test_cache_needed_for_compute_bound_is_minimal_and_pagecache_needs_more():
-    rep = synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [5000.0]})
+    rep = synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [5000.0]}, runs={})
     m = Model.from_report(rep)
     need = m.to_compute_bound()
     minio, page = need["cache_bytes_needed"]["minio"], need["cache_bytes_needed"]["pagecache"]
@@ -137,8 +137,31 @@ def test_cache_needed_for_compute_bound_is_minimal_and_pagecache_needs_more():
 
 
 def test_gpu_speedup_scales_compute():
-    m = Model.from_report(synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [1e5]}))
+    m = Model.from_report(synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [1e5]}, runs={}))
     assert m.predict(1e9, 2, 1e12, gpu_speedup=2.0).stage_rates["compute"] == pytest.approx(1600)
+
+
+def test_main_process_batch_overhead_is_read_from_run_2():
+    # run 2 (items from memory, prep has room) at 640/s although G = 800: 10 ms per batch of 32 on top
+    rep = synthetic_report(prep_scaling={"workers": [1, 2], "samples_per_s": [3000.0, 6000.0]})
+    rep["runs"]["prep"]["samples_per_s"] = 640.0
+    m = Model.from_report(rep)
+    assert m.batch_overhead_s == pytest.approx(32 / 640 - 32 / 800)
+    p = m.predict(1e9, 2, 1e12, policy="minio")
+    assert p.bound == "compute" and p.samples_per_s == pytest.approx(640.0)
+    assert p.per_iter_s["compute"] == pytest.approx(0.04)  # the step; the overhead shows as prep stall
+    assert p.per_iter_s["prep_stall"] == pytest.approx(0.01)
+    # when run 2 runs at the prep rate, prep binds and nothing is inferred
+    assert Model.from_report(synthetic_report()).batch_overhead_s == 0.0
+
+
+def test_workers_zero_loads_in_series_with_the_step():
+    rep = synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [200.0]}, workers=0, runs={})
+    m = Model.from_report(rep)
+    p = m.predict(1e9, 2, 1e12, policy="minio", workers=0)
+    hit_s = 1e5 / 10e9
+    assert p.samples_per_s == pytest.approx(1 / (1 / 800 + hit_s + 1 / 200))
+    assert p.bound == "prep"
 
 
 def test_usl_fit_recovers_known_parameters():
