@@ -308,8 +308,7 @@ class StagedSource:
                 data = self._read_local(relpath, entry)
                 if data is not None:
                     return data
-                bad = entry
-            if entry is not None:
+            if entry is not None:  # the copy failed verification (or vanished): replace it
                 self._count("corrupt_staged")
                 self.manifest.remove(relpath)
                 with contextlib.suppress(FileNotFoundError):
