@@ -1,7 +1,8 @@
 """The ``coordl`` command: ``coordl synth``, ``coordl demo``, ``coordl stage``.
 
 Each subcommand lives in the module that owns the feature and registers itself through an
-``add_parser(subparsers)`` function that sets ``func`` on its parser.
+``add_parser(subparsers)`` function that sets ``func`` on its parser. Only the module of the
+subcommand being run is imported, so ``coordl stage`` does not pay for importing torch.
 """
 
 from __future__ import annotations
@@ -10,18 +11,20 @@ import argparse
 import importlib
 import sys
 
-# (module, description): a module that is absent (optional part not installed) is skipped.
-_SUBCOMMANDS = ["coordl.synth", "coordl.demo", "nfs_cache.cli"]
+# subcommand -> module that defines it; a module that is absent (optional part) is skipped.
+_SUBCOMMANDS = {"synth": "coordl.synth", "demo": "coordl.demo", "stage": "nfs_cache.cli"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coordl", description="coordl: remove data stalls in training")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in _SUBCOMMANDS:
+    for name, module_name in _SUBCOMMANDS.items():
+        if only is not None and name != only:
+            continue
         try:
-            module = importlib.import_module(name)
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
-            if e.name != name:
+            if e.name != module_name:
                 raise
             continue
         module.add_parser(sub)
@@ -29,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[0] if argv and argv[0] in _SUBCOMMANDS else None
+    args = build_parser(only).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
