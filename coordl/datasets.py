@@ -207,8 +207,15 @@ class ImageFolder(_FileSource):
                 raise ValueError(
                     f"ImageFolder({self.root!r}): a URL root needs stage_dir= (a local directory)"
                 )
+            from coordl.counters import SharedCounters
+
+            # Workers read remote bytes too: count them where the loader's stats() can sum them.
             self._staged = StagedSource(
-                self.root, os.fspath(stage_dir), budget_bytes=stage_budget_bytes, prefetch=prefetch
+                self.root,
+                os.fspath(stage_dir),
+                budget_bytes=stage_budget_bytes,
+                prefetch=prefetch,
+                counters=SharedCounters(["remote_bytes_read"]),
             )
             # The agreed interface lists relative paths; accept records with .relpath too.
             relpaths = [f if isinstance(f, str) else f.relpath for f in self._staged.list_files()]
