@@ -180,7 +180,8 @@ def summarize(runs: list[list[dict]], n_items: int, epochs: int, modes: list[str
             mb_first.append(mb[0])
             mb_steady.append(statistics.median(mb[e] for e in range(1, epochs)))
             fin = [r for r in recs if r["mode"] == mode and r.get("final")]
-            remote_mb.append(sum(r["remote_bytes"] for r in fin) / 1e6 / epochs)
+            # Peers serve nothing in epoch 1 (each item is read once per epoch, and nobody had it yet).
+            remote_mb.append(sum(r["remote_bytes"] for r in fin) / 1e6 / max(1, epochs - 1))
         out[mode] = {
             "epoch1_sps": statistics.median(first),
             "steady_sps": statistics.median(steady),
@@ -198,7 +199,7 @@ def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace
         f"node links {args.node_mbit} Mbit/s, cache per node 1/{n_nodes} + 10%, prep {args.prep_ms} ms/item"
     )
     head = ("mode", "epoch-1 samples/s", "steady samples/s", "vs torch", "storage MB ep1", "storage MB/epoch after",
-            "peer MB/epoch")  # fmt: skip
+            "peer MB/epoch after")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for mode, s in summary.items():

@@ -63,7 +63,7 @@ for epoch in range(epochs):
     st = tier.stats()
     print(json.dumps({"rank": rank, "epoch": epoch, "storage_reads": reads, "secs": time.monotonic() - t0,
                       "remote_hits": st["remote_hits"], "remote_errors": st["remote_errors"],
-                      "owned_by_1": sum(1 for i in sampler if tier.owners.owner(i) == 1)}), flush=True)
+                      "owned_by_1": sum(1 for i in sampler.indices() if tier.owners.owner(int(i)) == 1)}), flush=True)
 tier.close()
 if mode == "ok":
     dist.destroy_process_group()
