@@ -176,6 +176,10 @@ class Model:
             },
         }
 
+    def compute_rate(self, gpu_speedup: float = 1.0) -> float:
+        """The most samples/s the job can reach: the step plus the main process's per-batch cost."""
+        return 1.0 / (1.0 / (self.compute_per_s * gpu_speedup) + self.batch_overhead_s / self.batch_size)
+
     def predict(
         self,
         cache_bytes: float,
@@ -202,8 +206,7 @@ class Model:
         hit_s = s / self.mem_bandwidth_bytes_per_s if self.mem_bandwidth_bytes_per_s else 0.0
         miss_s = s / storage_bytes_per_s
         step = self.compute_per_s * gpu_speedup
-        # the step plus the main process's per-batch receive cost, which no worker can overlap
-        compute = 1.0 / (1.0 / step + self.batch_overhead_s / b)
+        compute = self.compute_rate(gpu_speedup)
         fetch_s = h * hit_s + (1 - h) * miss_s
         fetch = math.inf if fetch_s <= 0 else 1.0 / fetch_s
         prep = self.prep.rate(min(max(w, 1), cpus))
@@ -302,7 +305,7 @@ class Model:
         Cores: with the data in memory (prep alone). Cache: at the measured storage speed and at
         max(measured cores, cores needed). Storage: at the measured cache and policy.
         """
-        target = self.compute_per_s * gpu_speedup
+        target = self.compute_rate(gpu_speedup)
         cpus_needed = self.prep.cores_for_rate(target)
         cpus_for_cache = max(self.cpus, cpus_needed or self.cpus)
         cache_needed = {
@@ -316,7 +319,9 @@ class Model:
             "policy": self.cache_policy,
             "gpu_speedup": gpu_speedup,
         }
-        if self._reaches(target, storage_bytes_per_s=1e15, **kw):
+        if self._reaches(target, storage_bytes_per_s=1.0, **kw):
+            storage_needed = 0.0  # everything hits the cache: storage speed does not matter
+        elif self._reaches(target, storage_bytes_per_s=1e15, **kw):
             lo, hi = 1.0, 1e15
             for _ in range(80):  # bisection in log space: speeds span many decades
                 mid = math.sqrt(lo * hi)
@@ -345,11 +350,12 @@ def format_bytes(n: float | None) -> str:
 
 
 def advice_sentence(report: dict) -> str:
-    """One sentence: what binds, and what would make the job compute-bound."""
+    """One sentence: what binds (as measured), and what would make the job compute-bound."""
     model = Model.from_report(report)
     bound = report.get("bound") or model.predict_measured().bound
     need = model.to_compute_bound()
     cpus, cache = need["cpus_needed"], need["cache_bytes_needed"]
+    target = need["compute_samples_per_s"]
     if bound == "compute":
         return "compute-bound: the input pipeline keeps up; more cores, cache or storage speed will not help."
     if bound == "prep":
@@ -360,6 +366,13 @@ def advice_sentence(report: dict) -> str:
                 f"prep-bound: prep saturates{at} however many cores it gets; make prep cheaper "
                 "(cache the decoded samples with memcache, or decode smaller images)."
             )
+        if cpus <= max(1, model.workers):
+            return (
+                f"prep-bound as measured, though prep on {model.workers} workers should reach "
+                f"{target:.0f} samples/s: other processes probably took CPU time; profile on a quiet machine."
+            )
+        if cpus <= model.cpus:
+            return f"prep-bound: num_workers={cpus} (this machine has {model.cpus} cores) makes it compute-bound."
         return f"prep-bound: {cpus} CPU cores for data prep (one loader worker each) make it compute-bound."
     more_cores = (
         f" with {need['cache_assumes_cpus']} cores" if need["cache_assumes_cpus"] > model.cpus else ""
@@ -369,6 +382,11 @@ def advice_sentence(report: dict) -> str:
         if storage is None:
             return "fetch-bound: not even a cache of the whole dataset makes it compute-bound; add loader workers."
         return f"fetch-bound: no cache suffices{more_cores}; storage at {format_bytes(storage)}/s makes it compute-bound."
+    if cache["minio"] <= min(model.cache_bytes, model.dataset_bytes) or cache["minio"] == 0:
+        return (
+            f"fetch-bound as measured, though storage at {format_bytes(model.storage_bytes_per_s)}/s with this "
+            "cache should keep up: likely a cold start or interference; profile with more iterations."
+        )
     page = cache["pagecache"]
     page_text = (
         f"the OS page cache would need {format_bytes(page)}"
