@@ -93,6 +93,7 @@ class ProbeState:
         self.done = False
         self.depth = 0
         self._replay: Any = None
+        self.default_batch = 1
         self._last_progress = 0.0
 
     # -- iterator creation -------------------------------------------------------------------
@@ -119,6 +120,7 @@ class ProbeState:
         if "torch" in sys.modules:
             self.timeline.sync = cuda_sync_or_none()
         batch_size = getattr(loader, "batch_size", None) or 1
+        self.default_batch = batch_size
         workers = int(getattr(loader, "num_workers", 0) or 0)
         self.info["loader"] = {
             "class": f"{type(loader).__module__}.{type(loader).__qualname__}",
@@ -190,8 +192,9 @@ class ProbeState:
             pass
 
     def on_batch(self) -> None:
-        total = self.cfg.warmup + self.cfg.iters
-        self._progress(total - self.remaining, total)
+        if time.monotonic() - self._last_progress >= 0.5:
+            total = self.cfg.warmup + self.cfg.iters
+            self._progress(total - self.remaining, total)
 
     def finish(self, status: str) -> None:
         """Write ``result-<pid>.json`` once (atomically: the CLI may be polling for it)."""
@@ -220,6 +223,17 @@ class ProbeState:
         os.replace(tmp, path)
 
 
+def _batch_items(batch: Any, default: int) -> int:
+    shape = getattr(batch, "shape", None)  # the common cases first: a tensor, or a tuple of them
+    if shape is None and isinstance(batch, (list, tuple)) and batch:
+        shape = getattr(batch[0], "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    from dsanalyzer.runs import batch_items
+
+    return batch_items(batch, default)
+
+
 class TimedIterator:
     """Wraps a loader's iterator: records wait/step at each ``__next__`` and stops after N batches."""
 
@@ -242,9 +256,7 @@ class TimedIterator:
         except StopIteration:
             state.timeline.abandon_pending()
             raise
-        from dsanalyzer.runs import batch_items
-
-        state.timeline.next_ended(batch_items(batch, getattr(state.loader, "batch_size", None) or 1))
+        state.timeline.next_ended(_batch_items(batch, state.default_batch))
         state.remaining -= 1
         state.on_batch()
         return batch

@@ -2,7 +2,7 @@
 
 One loader worker (prefetch 2) keeps a single producer busy, so the truth is closed-form: a batch
 costs the worker ``B * (fetch + prep)`` (``B * prep`` with raw data in memory) and the loop takes
-``max(step, producer)`` per iteration. Fetch and step sleep; prep sleeps or spins (CPU): set to 12.5,
+``max(step, producer)`` per iteration. Fetch and step sleep; prep sleeps or spins (CPU): set to 20,
 25 and 50 ms. The truth uses the durations the workload really spent, which it records itself:
 set + the scheduling delay of a loaded machine (about 1 ms per sleep; a spin can be 5 ms late when
 a 2-core machine runs 9 busy processes, which is why the CPU-burning variant needs a quiet machine).
@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 import dsanalyzer
 from tests.dsanalyzer.workloads import TimedSource, sleep_step
 
-B, FETCH_S, PREP_S, STEP_S = 4, 0.0125, 0.025, 0.050
+B, FETCH_S, PREP_S, STEP_S = 4, 0.020, 0.025, 0.050
 
 
 def truth(step_s: float, prep_run: dict, real_run: dict) -> dict:
