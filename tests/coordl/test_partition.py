@@ -252,3 +252,16 @@ def test_loader_partitioned_needs_cache_bytes() -> None:
 
     with pytest.raises(ValueError, match="cache_bytes"):
         coordl.DataLoader(Items(), batch_size=8, partitioned=True)
+
+
+def test_tier_pickles_for_spawned_workers(two_nodes: TwoNodes) -> None:
+    import pickle
+
+    two_nodes.epoch(0)
+    clone = pickle.loads(pickle.dumps(two_nodes.tiers[0]))
+    assert clone.server is None and not clone.owns_cache
+    remote = int(two_nodes.owners.owned(1)[0])
+    local = int(two_nodes.owners.owned(0)[0])
+    assert bytes(clone.get(remote)) == _item(remote)  # over its own fresh connection
+    assert bytes(clone.get(local)) == _item(local)  # through the attached shared-memory cache
+    clone.client.close()
