@@ -8,15 +8,16 @@ server with a large dataset has (needs root, cgroup v1 ``memory`` and ``blkio``,
   file is not cached a second time) whose reads are throttled by a blkio cgroup
   (``blkio.throttle.read_bps_device``). Only the dataset lives there, so the cgroup's blkio read
   counter is exactly "bytes read from storage" (imports of torch etc. are not counted).
-- **bounded page cache**: the run's processes sit in a memory cgroup whose limit a controller thread
-  keeps at ``(memory that is neither file cache nor shmem) + budget_bytes + slack``, every 20 ms. So
-  the run may use exactly ``budget_bytes`` for data in memory, whether the kernel's page cache
-  (the baseline) or coordl's shared-memory cache (shmem is charged to the cgroup), while processes
-  and workers grow freely. ``oom_kill_disable`` makes a task that hits the limit between two polls
-  wait for the controller instead of being killed.
+- **bounded page cache**: the run's processes sit in a memory cgroup. Every 5 ms a controller thread
+  lowers its limit until the file pages cached are at most ``page_cache_bytes`` (the kernel reclaims
+  from its own LRU lists), then raises it to the current usage + ``slack_bytes``. So the run keeps
+  at most ``page_cache_bytes`` of file data cached, while processes, workers and their shared
+  memory (torch's batches, coordl's cache: tmpfs pages are charged to the cgroup) grow freely. To give a loader with its own cache the *same* memory as a page-cache baseline, lower its
+  ``page_cache_bytes`` by its cache size (``set_page_cache_bytes``). ``oom_kill_disable`` makes a
+  task that hits the limit between two polls wait for the controller instead of being killed.
 - **cold start**: :meth:`evict` drops the dataset's pages (``posix_fadvise(DONTNEED)``) before each run.
 
-    with SlowStore(image_bytes=600 << 20, read_bps=16_000_000, budget_bytes=90 << 20) as store:
+    with SlowStore(image_bytes=600 << 20, read_bps=16_000_000, page_cache_bytes=90 << 20) as store:
         copy dataset into store.mount ...
         store.evict()
         out = store.run([sys.executable, "child.py"])    # the child and its workers are confined
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 
 CG = "/sys/fs/cgroup"
-POLL_S = 0.02
+POLL_S = 0.005
 
 
 def _write(path: str, value: str) -> None:
@@ -53,6 +54,10 @@ def _memory_stat(cgroup_dir: str) -> dict[str, int]:
     return out
 
 
+def _round_page(n: int) -> int:
+    return (max(n, 0) + 4095) // 4096 * 4096
+
+
 class SlowStore:
     """A throttled loop-device file system plus memory/blkio cgroups for child processes."""
 
@@ -60,8 +65,8 @@ class SlowStore:
         self,
         image_bytes: int,
         read_bps: int | None,
-        budget_bytes: int | None,
-        slack_bytes: int = 8 << 20,
+        page_cache_bytes: int | None,
+        slack_bytes: int = 64 << 20,
         tag: str = "data",
         scratch: str | None = None,
     ) -> None:
@@ -71,7 +76,7 @@ class SlowStore:
             if not os.path.isdir(f"{CG}/{ctl}"):
                 raise RuntimeError(f"SlowStore needs cgroup v1 {ctl} at {CG}/{ctl}")
         self.read_bps = read_bps
-        self.budget_bytes = budget_bytes
+        self.page_cache_bytes = page_cache_bytes
         self.slack_bytes = slack_bytes
         self.name = f"{tag}-{os.getpid()}-slowstore"
         self._scratch = tempfile.mkdtemp(prefix=f"{tag}-slowstore-", dir=scratch or "/var/tmp")
@@ -112,9 +117,13 @@ class SlowStore:
             os.makedirs(f"{CG}/{ctl}/{self.name}", exist_ok=True)
         self.set_read_bps(self.read_bps)
         _write(f"{CG}/memory/{self.name}/memory.oom_control", "1")
-        if self.budget_bytes is not None:
+        if self.page_cache_bytes is not None:
             self._thread = threading.Thread(target=self._control_memory, name="slowstore-memory", daemon=True)
             self._thread.start()
+
+    def set_page_cache_bytes(self, page_cache_bytes: int) -> None:
+        """Change the page-cache bound (only when created with one)."""
+        self.page_cache_bytes = page_cache_bytes
 
     def set_read_bps(self, read_bps: int | None) -> None:
         """Change the read throttle (None: unthrottled)."""
@@ -151,23 +160,29 @@ class SlowStore:
     # -- memory budget ---------------------------------------------------------------------------
 
     def _control_memory(self) -> None:
-        """Keep the limit at non-data memory + budget, so only data in memory is bounded."""
+        """Every poll: squeeze the page cache down to its bound, then leave headroom for allocations.
+
+        Writing a limit below usage makes the kernel reclaim synchronously, from its own LRU lists,
+        so the page cache keeps the kernel's replacement policy; raising the limit right after gives
+        processes ``slack_bytes`` of headroom to allocate (batches, workers) without waiting.
+        The page cache can exceed its bound only by what is read within one poll.
+        """
         cg = f"{CG}/memory/{self.name}"
-        last = -1
         while not self._stop.wait(POLL_S):
             try:
                 with open(f"{cg}/memory.usage_in_bytes") as f:
                     usage = int(f.read())
                 st = _memory_stat(cg)
-                data = st.get("active_file", 0) + st.get("inactive_file", 0) + st.get("shmem", 0)
-                limit = max(usage - data, 0) + self.budget_bytes + self.slack_bytes
-                limit = (limit + 4095) // 4096 * 4096
-                if limit != last:
+                file_bytes = st.get("active_file", 0) + st.get("inactive_file", 0)
+                if file_bytes > self.page_cache_bytes:
+                    tight = usage - file_bytes + self.page_cache_bytes
                     try:
-                        _write(f"{cg}/memory.limit_in_bytes", str(limit))
-                        last = limit
-                    except OSError:  # EBUSY: cannot reclaim down to it right now; retry next poll
+                        _write(f"{cg}/memory.limit_in_bytes", str(_round_page(tight)))
+                    except OSError:  # EBUSY: memory grew meanwhile; the next poll tries again
                         pass
+                with open(f"{cg}/memory.usage_in_bytes") as f:
+                    usage = int(f.read())
+                _write(f"{cg}/memory.limit_in_bytes", str(_round_page(usage + self.slack_bytes)))
             except (OSError, ValueError):
                 if self._stop.is_set():
                     return
@@ -238,7 +253,7 @@ def copy_tree(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 if __name__ == "__main__":  # smoke test: dd-like read of a file through the throttle
     import sys
 
-    with SlowStore(image_bytes=256 << 20, read_bps=20_000_000, budget_bytes=16 << 20) as s:
+    with SlowStore(image_bytes=256 << 20, read_bps=20_000_000, page_cache_bytes=16 << 20) as s:
         path = Path(s.mount) / "blob"
         path.write_bytes(os.urandom(40 << 20))
         s.evict()

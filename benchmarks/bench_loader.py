@@ -1,0 +1,374 @@
+"""Loader comparison on slow storage: torch+Pillow, torch+simplejpeg, DALI CPU, coordl (MinIO 50%).
+
+    sudo .venv/bin/python benchmarks/bench_loader.py              # ~10 min on the 2-core VM
+    sudo .venv/bin/python benchmarks/bench_loader.py --runs 1 --n 1000   # quick look
+
+Same dataset (synthetic ImageFolder, 500x375 JPEGs of ~90 KB), same transform (decode, resize
+shorter side to 256, random-resized-crop 224, flip, normalize to float CHW), same batch size and
+worker count (= cores), 3 epochs, shuffled:
+
+(a) ``torch.utils.data.DataLoader`` over a Pillow ImageFolder-style dataset: what users run today
+    (torchvision's PIL path, rebuilt here with Pillow because torchvision has no CPU build here);
+(b) the same loader over ``coordl.ImageFolder`` with ``coordl.transforms`` (simplejpeg decode, torch
+    uint8 resize): separates the decode gain from the cache gain;
+(c) NVIDIA DALI's CPU-only pipeline (``device_id=None``: file reader, CPU decode, resize,
+    random_resized_crop, crop_mirror_normalize) through ``DALIGenericIterator``; skipped with a note
+    when ``nvidia-dali-cuda130`` is not installed (``pip install -e .[dali]``);
+(d) ``coordl.DataLoader`` over ``coordl.ImageFolder`` with ``cache_bytes`` = 50% of the dataset.
+
+Method (``benchmarks/slowstore.py``): the dataset is copied onto an ext4 file system on a loop device
+whose reads are throttled by a cgroup-v1 blkio limit (``--read-mb-s``), so the loaders are
+fetch-bound. Each run is a child process in a memory cgroup whose limit is kept at the processes'
+own memory plus a data budget equal to coordl's cache (50% of the dataset): the page-cache loaders
+may keep the budget in the OS page cache; coordl keeps its shared-memory cache in it (its own
+page-cache bound is the budget minus its cache, i.e. zero). Every run gets 8 MiB of page cache on
+top, for file-system metadata and reads in flight. The
+dataset's pages are dropped (``posix_fadvise(DONTNEED)``) before every run. Storage bytes come
+from the blkio counter of the loop device (only the dataset lives there); hit ratio is
+``1 - storage bytes / dataset bytes`` for page-cache loaders, coordl's own counter for (d). CPU
+seconds per sample: user+system time of the child and its workers over items. Configurations
+alternate within each of ``--runs`` rounds; tables show medians.
+
+Then the prep-bound check: storage unthrottled, coordl (d) against the machine's decode limit,
+i.e. ``cores`` processes each running a tight decode+augment loop over bytes in memory, at once,
+rates summed; measured alternately in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+CONFIGS = {
+    "a": "torch DataLoader + Pillow",
+    "b": "torch DataLoader + simplejpeg",
+    "c": "DALI CPU pipeline",
+    "d": "coordl.DataLoader, cache 50%",
+}
+RESIZE, CROP = 256, 224
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# Page cache every run gets on top of its budget: file-system metadata and reads in flight. Without
+# it a loader with a zero page-cache budget re-reads inode blocks and half-read files.
+METADATA_ALLOWANCE_BYTES = 8 << 20
+
+
+# -- child side ------------------------------------------------------------------------------------
+
+
+class PillowFolder:
+    """An ImageFolder-style dataset doing torchvision's PIL path: open, convert, resize, crop, flip."""
+
+    def __init__(self, root: str) -> None:
+        from coordl.datasets import ImageFolder
+        from coordl.transforms import RandomResizedCrop
+
+        self.samples = ImageFolder(root).samples
+        self.rrc = RandomResizedCrop(CROP)  # only its crop-parameter sampler (torch RNG)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        path, target = self.samples[i]
+        with open(path, "rb") as f:
+            img = Image.open(f).convert("RGB")
+        w, h = img.size
+        s = RESIZE / min(w, h)
+        img = img.resize((max(RESIZE, int(w * s)), max(RESIZE, int(h * s))), Image.Resampling.BILINEAR)
+        top, left, ch, cw = self.rrc.get_params(img.height, img.width)
+        img = img.resize((CROP, CROP), Image.Resampling.BILINEAR, box=(left, top, left + cw, top + ch))
+        if torch.rand(1).item() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        t = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float().div_(255)
+        mean = torch.tensor(MEAN)[:, None, None]
+        std = torch.tensor(STD)[:, None, None]
+        return t.sub_(mean).div_(std), target
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process, its reaped children and its live children (workers)."""
+    import psutil
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _blkio_read(path: str, device: str) -> int:
+    total = 0
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == device and parts[1] == "Read":
+                total += int(parts[2])
+    return total
+
+
+def _dali_loader(root: str, batch_size: int, threads: int, seed: int):
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None, seed=seed)
+    def pipe():
+        # Plain read() like the other loaders: with mmap, pages reclaimed under the memory bound
+        # while still mapped are faulted in again, and storage reads inflate by ~40%.
+        jpegs, labels = fn.readers.file(
+            file_root=root, random_shuffle=True, name="Reader", seed=seed, dont_use_mmap=True
+        )
+        images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.resize(images, resize_shorter=RESIZE)
+        images = fn.random_resized_crop(images, size=(CROP, CROP))
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="CHW",
+            mean=[m * 255 for m in MEAN],
+            std=[s * 255 for s in STD],
+            mirror=fn.random.coin_flip(),
+        )
+        return images, labels
+
+    return DALIGenericIterator(
+        [pipe()],
+        ["data", "label"],
+        reader_name="Reader",
+        last_batch_policy=LastBatchPolicy.PARTIAL,
+        auto_reset=True,
+    )
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch
+
+    import coordl
+    from coordl.transforms import train_transform
+
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(args.seed)
+    common = dict(batch_size=args.batch_size, shuffle=True, num_workers=args.workers, generator=gen)
+    if args.child == "a":
+        loader = torch.utils.data.DataLoader(PillowFolder(args.root), **common)
+    elif args.child == "b":
+        loader = torch.utils.data.DataLoader(
+            coordl.ImageFolder(args.root, train_transform(CROP, RESIZE)), **common
+        )
+    elif args.child == "c":
+        loader = _dali_loader(args.root, args.batch_size, args.workers, args.seed)
+    else:
+        ds = coordl.ImageFolder(args.root, train_transform(CROP, RESIZE))
+        loader = coordl.DataLoader(ds, cache_bytes=args.cache_bytes, **common)
+    epochs = []
+    for _ in range(args.epochs):
+        read0, cpu0, t0 = _blkio_read(args.blkio, args.device), _cpu_s(), time.perf_counter()
+        n = 0
+        for batch in loader:
+            n += len(batch[0]["label"]) if args.child == "c" else len(batch[1])
+        elapsed = time.perf_counter() - t0
+        epochs.append(
+            {
+                "time_s": elapsed,
+                "items": n,
+                "disk_bytes": _blkio_read(args.blkio, args.device) - read0,
+                "cpu_s": _cpu_s() - cpu0,
+            }
+        )
+    if args.child == "d":
+        for e, st in zip(epochs, loader.epoch_stats(), strict=False):
+            e["hit_ratio"] = st["hit_ratio"]
+        loader.close()
+    print(json.dumps({"epochs": epochs}))
+
+
+def _decode_worker(root: str, count: int, queue) -> None:
+    import torch
+
+    from coordl.datasets import ImageFolder
+    from coordl.transforms import train_transform
+
+    torch.set_num_threads(1)
+    ds = ImageFolder(root)
+    raws = [ds.fetch(i) for i in range(min(len(ds), 200))]
+    tf = train_transform(CROP, RESIZE)
+    for r in raws[:20]:  # warm up (first-touch memory is slow on this VM)
+        tf(r)
+    t = time.perf_counter()
+    for i in range(count):
+        tf(raws[i % len(raws)])
+    queue.put(count / (time.perf_counter() - t))
+
+
+def decode_limit(root: str, cores: int, count: int) -> float:
+    """Sum over ``cores`` simultaneous processes of a tight decode+augment loop's rate."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_decode_worker, args=(root, count, q)) for _ in range(cores)]
+    for p in procs:
+        p.start()
+    rates = [q.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    return sum(rates)
+
+
+# -- parent side -----------------------------------------------------------------------------------
+
+
+def _dali_available() -> bool:
+    code = "import nvidia.dali, nvidia.dali.plugin.pytorch"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+
+
+def _run_child(
+    store, config: str, args: argparse.Namespace, root: str, seed: int, cache_bytes: int, page_budget: int
+) -> dict:
+    cmd = [sys.executable, __file__, "--child", config, "--root", root, "--seed", str(seed)]
+    cmd += [
+        "--epochs",
+        str(args.epochs),
+        "--workers",
+        str(args.workers),
+        "--batch-size",
+        str(args.batch_size),
+    ]
+    cmd += ["--cache-bytes", str(cache_bytes), "--device", store.device]
+    cmd += ["--blkio", f"/sys/fs/cgroup/blkio/{store.name}/blkio.throttle.io_service_bytes"]
+    page_cache = max(page_budget - cache_bytes, 0) if config == "d" else page_budget
+    store.set_page_cache_bytes(page_cache + METADATA_ALLOWANCE_BYTES)
+    store.evict()
+    return json.loads(store.run(cmd).strip().splitlines()[-1])
+
+
+def _med(values) -> float:
+    return statistics.median(values)
+
+
+def print_fetch_table(results: dict, dataset_bytes: int, args: argparse.Namespace, notes: list[str]) -> None:
+    print(
+        f"\n### Fetch-bound: {args.n} images, {dataset_bytes / 1e6:.0f} MB, storage {args.read_mb_s:g} MB/s, "
+        f"memory budget {args.cache_fraction:.0%} of the dataset, {args.workers} workers, batch {args.batch_size}, "
+        f"median of {args.runs} runs\n"
+    )
+    print("| loader | epoch | samples/s | vs (a) | CPU s/sample | hit ratio | storage MB read |")
+    print("|---|---|---|---|---|---|---|")
+    base = results.get("a")
+    for cfg, runs in results.items():
+        for e in range(args.epochs):
+            rate = _med(r["epochs"][e]["items"] / r["epochs"][e]["time_s"] for r in runs)
+            disk = _med(r["epochs"][e]["disk_bytes"] for r in runs)
+            cpu = _med(r["epochs"][e]["cpu_s"] / max(r["epochs"][e]["items"], 1) for r in runs)
+            if cfg == "d":
+                hit = _med(r["epochs"][e]["hit_ratio"] for r in runs)
+            else:
+                hit = max(0.0, 1 - disk / dataset_bytes)
+            vs = ""
+            if base:
+                base_rate = _med(r["epochs"][e]["items"] / r["epochs"][e]["time_s"] for r in base)
+                vs = f"{rate / base_rate:.2f}x"
+            name = f"({cfg}) {CONFIGS[cfg]}" if e == 0 else ""
+            print(
+                f"| {name} | {e + 1} | {rate:.0f} | {vs} | {cpu * 1000:.2f} ms | {hit:.2f} | {disk / 1e6:.1f} |"
+            )
+    for note in notes:
+        print(f"\nNote: {note}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", choices=sorted(CONFIGS))
+    p.add_argument("--root", default="")
+    p.add_argument("--device", default="")
+    p.add_argument("--blkio", default="")
+    p.add_argument("--cache-bytes", type=int, default=0)
+    p.add_argument("--n", type=int, default=1000, help="images (default 1000)")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--read-mb-s", type=float, default=8.0, help="storage read throttle, MB/s (default 8)")
+    p.add_argument("--cache-fraction", type=float, default=0.5)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="loader workers / DALI threads")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--configs", default="abcd", help="which loaders (default abcd)")
+    p.add_argument("--skip-prep-bound", action="store_true")
+    p.add_argument(
+        "--data-dir", default="/var/tmp/coordl-bench-data", help="where the synthetic dataset is kept"
+    )
+    p.add_argument("--json", type=Path, help="also write raw results here")
+    args = p.parse_args()
+    if args.child:
+        child(args)
+        return
+
+    from slowstore import SlowStore, copy_tree
+
+    from coordl import synth
+
+    src = synth.make_dataset(
+        Path(args.data_dir) / f"synth-{args.n}-{args.classes}", n=args.n, classes=args.classes
+    )
+    dataset_bytes = sum(f.stat().st_size for f in src.glob("class_*/*.jpg"))
+    cache_bytes = int(dataset_bytes * args.cache_fraction)
+    notes: list[str] = []
+    configs = list(args.configs)
+    if "c" in configs and not _dali_available():
+        configs.remove("c")
+        notes.append("(c) DALI skipped: nvidia-dali-cuda130 is not installed (pip install -e '.[dali]').")
+    image_bytes = int(dataset_bytes * 1.6) + (128 << 20)
+    results: dict[str, list[dict]] = {c: [] for c in configs}
+    prep: dict[str, list[float]] = {"limit": [], "coordl": []}
+    with SlowStore(image_bytes, int(args.read_mb_s * 1e6), page_cache_bytes=cache_bytes) as store:
+        root = os.path.join(store.mount, "data")
+        copy_tree(src, root)
+        for run in range(args.runs):
+            order = configs[run % len(configs) :] + configs[: run % len(configs)]  # spread load drift
+            for cfg in order:
+                res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes)
+                results[cfg].append(res)
+                rates = [round(e["items"] / e["time_s"]) for e in res["epochs"]]
+                print(f"run {run} ({cfg}) samples/s per epoch {rates}", flush=True)
+        if not args.skip_prep_bound:
+            store.set_read_bps(None)
+            for run in range(args.runs):
+                prep["limit"].append(decode_limit(root, os.cpu_count() or 1, 300))
+                res = _run_child(store, "d", args, root, args.seed + run, cache_bytes, cache_bytes)
+                prep["coordl"].append(_med(e["items"] / e["time_s"] for e in res["epochs"][1:]))
+                print(
+                    f"prep-bound run {run}: limit {prep['limit'][-1]:.0f}/s, coordl {prep['coordl'][-1]:.0f}/s"
+                )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"fetch": results, "prep": prep, "dataset_bytes": dataset_bytes}, indent=1)
+        )
+    print_fetch_table(results, dataset_bytes, args, notes)
+    if prep["limit"]:
+        lim, got = _med(prep["limit"]), _med(prep["coordl"])
+        print(f"\n### Prep-bound (storage unthrottled), median of {args.runs}\n")
+        print("| | samples/s |\n|---|---|")
+        print(f"| decode limit: {os.cpu_count()} cores x tight decode+augment loop | {lim:.0f} |")
+        print(f"| coordl.DataLoader epochs 2-3 | {got:.0f} ({got / lim:.0%} of the limit) |")
+
+
+if __name__ == "__main__":
+    main()
