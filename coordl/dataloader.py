@@ -191,7 +191,7 @@ class DataLoader:
     def _build_fetch_tiers(self) -> list[FetchTier]:
         """The chain of places raw bytes come from before storage, nearest first."""
         tiers: list[FetchTier] = []
-        if self.partitioned:  # -- partitioned cache (helper dist): coordl.partition --
+        if self.partitioned:  # each node caches its share; peers first
             return [importlib.import_module("coordl.partition").loader_tier(self)]
         if self.cache_bytes > 0:
             if getattr(self.source, "opaque", False):
@@ -212,9 +212,9 @@ class DataLoader:
         return tiers
 
     def _build_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> tuple[Any, Any, Any]:
-        """The (sampler, batch_sampler, shuffle) handed to torch: the user's, unchanged, for now."""
+        """The (sampler, batch_sampler, shuffle) handed to torch: the user's, unless partitioned."""
         if self.partitioned and sampler is None and batch_sampler is None and not self._iterable:
-            # -- partitioned cache (helper dist): a fresh random shard per rank and epoch, equal sizes --
+            # a fresh random shard per rank and epoch, the same number of batches on every rank
             return importlib.import_module("coordl.partition").loader_sampler(self, shuffle), None, None
         return sampler, batch_sampler, shuffle
 
@@ -310,7 +310,7 @@ class DataLoader:
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
         self._torch._iterator = None
-        for tier in self._tiers:  # partitioned cache (helper dist): stops the node's cache server
+        for tier in self._tiers:  # e.g. stops the node's cache server
             if callable(getattr(tier, "close", None)):
                 tier.close()
         inner = self._torch.dataset if isinstance(self._torch.dataset, LoaderSource) else None
