@@ -148,6 +148,7 @@ def assemble_report(
     for mode, r in results.items():
         entry = {
             "iters": len(r.get("wait_s", [])),
+            "status": r.get("status", "stopped"),
             "wait_s": r.get("wait_s", []),
             "step_s": r.get("step_s", []),
         }
@@ -279,6 +280,12 @@ def profile_command(
             finally:
                 bar.close()
         series.append({**mon.series(), "run": mode})
+        if results[mode].get("status") == "exit" and mode != "prep_scaling":
+            print(
+                f"dsanalyzer: the {mode} run ended by itself after {len(results[mode]['wait_s'])} of "
+                f"{warmup + iters} iterations (fewer measured iterations than asked)",
+                file=sys.stderr,
+            )
     mem_bw = measure_memory_bandwidth()
     report = assemble_report(results, command=command, warmup=warmup, sysmon=_join(series), mem_bw=mem_bw)
     write_report(report, out)
