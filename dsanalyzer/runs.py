@@ -259,6 +259,34 @@ def start_cold(loader: Any, data_path: str | None = None) -> dict:
     }
 
 
+def _loader_alone_rate(
+    loader: Any, open_iter: Callable[[], Iterator], iters: int, warmup: int, tick: Callable[[], None]
+) -> float:
+    """Samples/s of pulling batches as fast as possible, after ``warmup`` batches."""
+    it = open_iter()
+    samples = 0
+    t0 = time.perf_counter()
+    try:
+        for i in range(warmup + iters):
+            if i == warmup:
+                t0 = time.perf_counter()
+                samples = 0
+            try:
+                batch = next(it)
+            except StopIteration:
+                shutdown_iterator(it)
+                it = open_iter()
+                batch = next(it, None)
+                if batch is None:
+                    raise RuntimeError(f"the loader ({type(loader).__name__}) yielded no batches") from None
+            samples += batch_items(batch, getattr(loader, "batch_size", None) or 1)
+            tick()
+    finally:
+        shutdown_iterator(it)
+    elapsed = time.perf_counter() - t0
+    return samples / elapsed if elapsed > 0 else float("inf")
+
+
 def measure_prep_scaling(
     loader: Any,
     open_iter: Callable[[], Iterator],
@@ -267,39 +295,34 @@ def measure_prep_scaling(
     warmup: int,
     progress: Callable[[int], None] | None = None,
 ) -> dict:
-    """Samples/s of the loader alone (no step) at each worker count; epochs restart as needed."""
-    original = getattr(loader, "num_workers", 0)
-    rates = []
-    done = 0
+    """Samples/s of the loader alone (no step) at each worker count; epochs restart as needed.
+
+    A worker count the loader cannot run (a loader that sized per-worker state for its own count)
+    is left out and noted under ``skipped``; the loader's own count must work.
+    """
+    original = int(getattr(loader, "num_workers", 0) or 0)
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0])
+
+    ks, rates, skipped = [], [], {}
     try:
         for k in workers_list:
             set_workers(loader, k)
-            it = open_iter()
-            samples = 0
-            t0 = None
             try:
-                for i in range(warmup + iters):
-                    if i == warmup:
-                        t0 = time.perf_counter()
-                        samples = 0
-                    try:
-                        batch = next(it)
-                    except StopIteration:
-                        shutdown_iterator(it)
-                        it = open_iter()
-                        batch = next(it, None)
-                        if batch is None:
-                            raise RuntimeError(
-                                f"the loader ({type(loader).__name__}) yielded no batches"
-                            ) from None
-                    samples += batch_items(batch, getattr(loader, "batch_size", None) or 1)
-                    done += 1
-                    if progress is not None:
-                        progress(done)
-            finally:
-                shutdown_iterator(it)
-            elapsed = time.perf_counter() - (t0 if t0 is not None else time.perf_counter())
-            rates.append(samples / elapsed if elapsed > 0 else float("inf"))
+                rates.append(_loader_alone_rate(loader, open_iter, iters, warmup, tick))
+            except Exception as e:
+                if k == original:
+                    raise
+                skipped[str(k)] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+                continue
+            ks.append(k)
     finally:
         set_workers(loader, original)
-    return {"workers": list(workers_list), "samples_per_s": rates}
+    out: dict = {"workers": ks, "samples_per_s": rates}
+    if skipped:
+        out["skipped"] = skipped
+    return out

@@ -75,3 +75,22 @@ def test_cli_profile_of_an_unmodified_script_then_whatif(tmp_path, capsys):
     rc = cli_main(["whatif", str(out / "report.json"), "--cache-gb", "1", "--cpus", "4"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert rc == 0 and last.startswith("predicted_samples_per_s=")
+
+
+def test_prep_scaling_skips_worker_counts_the_loader_cannot_run():
+    from dsanalyzer.runs import measure_prep_scaling
+
+    class FixedWorkers:
+        batch_size = 2
+        num_workers = 1
+
+        def open(self):
+            if self.num_workers != 1:
+                raise IndexError("per-worker table sized for 1 worker")
+            return iter([[0, 1]] * 50)
+
+    loader = FixedWorkers()
+    out = measure_prep_scaling(loader, loader.open, [1, 2], iters=5, warmup=1)
+    assert out["workers"] == [1] and len(out["samples_per_s"]) == 1
+    assert "per-worker table" in out["skipped"]["2"]
+    assert loader.num_workers == 1  # restored
