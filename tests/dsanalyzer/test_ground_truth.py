@@ -66,3 +66,53 @@ def test_stalls_match_the_truth_with_cpu_burning_prep(tmp_path):
     if os.getloadavg()[0] > (os.cpu_count() or 1):
         pytest.skip(f"machine too loaded for a CPU-timed truth (load {os.getloadavg()[0]:.1f})")
     _check(tmp_path, prep_spins=True)
+
+
+SCRIPT = """
+import atexit, json, os, sys, time
+from torch.utils.data import DataLoader
+from tests.dsanalyzer.workloads import TimedSource
+
+B, FETCH_S, PREP_S, STEP_S = {B}, {FETCH_S}, {PREP_S}, {STEP_S}
+source = TimedSource(400, 10_000, FETCH_S, PREP_S, prep_spins=False)
+steps = []
+
+def record_truth():  # what this workload really spent, for the test (not part of profiling)
+    out = {{**source.realized_s(), "step": sorted(steps)[len(steps) // 2] if steps else None}}
+    with open(os.path.join(sys.argv[1], "truth-" + os.environ["DSANALYZER_MODE"] + ".json"), "w") as f:
+        json.dump(out, f)
+
+atexit.register(record_truth)
+loader = DataLoader(source, batch_size=B, shuffle=True, num_workers=1)
+for epoch in range(100):
+    for batch in loader:
+        t0 = time.perf_counter()
+        time.sleep(STEP_S)
+        steps.append(time.perf_counter() - t0)
+"""
+
+
+@pytest.mark.slow
+def test_cli_profile_of_an_unmodified_script_matches_the_truth(tmp_path):
+    import json
+    import sys
+
+    from dsanalyzer.profiler import profile_command
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(B=B, FETCH_S=FETCH_S, PREP_S=PREP_S, STEP_S=STEP_S))
+    report = profile_command(
+        [sys.executable, str(script), str(tmp_path)],
+        out_dir=tmp_path / "run",
+        iters=40,
+        warmup=4,
+        show_progress=False,
+    )
+    realized = {
+        m: json.loads((tmp_path / f"truth-{m}.json").read_text()) for m in ("compute", "prep", "real")
+    }
+    expected = truth(realized["compute"]["step"], realized["prep"], realized["real"])
+    measured = report["per_iter_s"]
+    for key, want in expected.items():
+        assert measured[key] == pytest.approx(want, rel=0.05), (key, measured, expected)
+    assert report["bound"] == "fetch"
