@@ -341,14 +341,20 @@ class GroupMember:
             os.close(lock_fd)
 
     def _first_batch(self, ctl: _Control) -> int:
-        """The first batch a joining job can see whole epochs from (called under the lock)."""
+        """The first batch a joining job can see whole epochs from (called under the lock).
+
+        The earliest epoch start whose batches produced so far are all still in the ring (jobs
+        launched together share from the start, even if a producer already ran into the next
+        epoch); otherwise the next epoch boundary nobody has started.
+        """
         nb, slots, claimed = self.batches_per_epoch, self.group.slots, int(ctl.hdr[_H_NEXT])
+        first = -(-claimed // nb) * nb
         start = claimed // nb * nb
-        # Join the current epoch if none of its batches has left the ring yet (jobs launched
-        # together share from the start), else wait for the next one.
-        if claimed - start <= slots and all(int(ctl.slots[g % slots, 0]) == g for g in range(start, claimed)):
-            return start
-        return start + nb
+        while start >= 0 and claimed - start <= slots:
+            if not all(int(ctl.slots[g % slots, 0]) == g for g in range(start, claimed)):
+                break
+            first, start = start, start - nb
+        return first
 
     def _open_existing(self, slots: int) -> _Control | None:
         try:

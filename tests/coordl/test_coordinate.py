@@ -80,8 +80,9 @@ def test_every_job_sees_every_batch_and_each_batch_is_prepped_once(tmp_path):
         flat = sorted(i for b in seen[0][e * per_epoch : (e + 1) * per_epoch] for i in b)
         assert flat == list(range(N_ITEMS))
     assert seen[0][:per_epoch] != seen[0][per_epoch:]  # a fresh permutation each epoch
-    # Prefetch may prep at most one ring (4 slots) of batches nobody consumed.
-    assert 2 * per_epoch <= prepped <= 2 * per_epoch + 4
+    # Plus at most one ring (4 slots) of look-ahead nobody consumed, and the probe batch that sizes
+    # the slots when the group is created.
+    assert 2 * per_epoch <= prepped <= 2 * per_epoch + 4 + 1
     assert not [f for f in os.listdir(tmp_path) if f.endswith((".ctl", ".data"))]
 
 
@@ -152,3 +153,27 @@ def test_wait_times_out_with_a_clear_error(tmp_path):
     with pytest.raises(CoordlTimeoutError, match="batch 0 of group epoch 0"):
         next(m.epoch())
     m.close()
+
+
+def _join_and_report_first(tmp, counters, out):
+    m = GroupMember(Group("g", slots=8, seed=1, directory=tmp), num_items=16, batch_size=BS, drop_last=False,
+                    shuffle=True, make_batch=_MakeBatch(counters))  # fmt: skip
+    out.put(int(m._ctl.members[m._row, 2]))
+    m.close()
+
+
+def test_joiner_shares_the_current_epoch_while_it_is_still_in_the_ring(tmp_path):
+    # 4 batches per epoch, 8 slots: the first job's producer runs into epoch 1 before anyone reads.
+    counters = SharedCounters(["batches"], directory=tmp_path)
+    first = GroupMember(Group("g", slots=8, seed=1, directory=str(tmp_path)), num_items=16, batch_size=BS,
+                        drop_last=False, shuffle=True, make_batch=_MakeBatch(counters))  # fmt: skip
+    deadline = time.monotonic() + 30
+    while int(first._ctl.hdr[10]) < 6 and time.monotonic() < deadline:  # header field: next claim
+        time.sleep(0.05)
+    assert int(first._ctl.hdr[10]) >= 6
+    q = mp.get_context("fork").Queue()
+    p = mp.get_context("fork").Process(target=_join_and_report_first, args=(str(tmp_path), counters, q))
+    p.start()
+    assert q.get(timeout=30) == 0
+    p.join(10)
+    first.close()

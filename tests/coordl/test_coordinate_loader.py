@@ -12,10 +12,11 @@ from coordl.coordinate import Group
 from coordl.synth import make_dataset
 
 
-def _job(root, shm_dir, out, tag):
+def _job(root, shm_dir, out, tag, barrier):
     ds = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(32, resize=40))
     loader = coordl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=1,
                                coordinate=Group("t", directory=shm_dir, timeout_s=60))  # fmt: skip
+    barrier.wait(60)  # both jobs are members before either consumes (late joins are tested elsewhere)
     sums = []
     for _ in range(2):
         assert len(loader) == 6
@@ -33,8 +34,8 @@ def tiny_dataset(tmp_path_factory):
 
 def test_two_jobs_receive_identical_batches(tiny_dataset, tmp_path):
     ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_job, args=(tiny_dataset, str(tmp_path), q, i)) for i in range(2)]
+    q, barrier = ctx.Queue(), ctx.Barrier(2)
+    procs = [ctx.Process(target=_job, args=(tiny_dataset, str(tmp_path), q, i, barrier)) for i in range(2)]
     for p in procs:
         p.start()
     results = dict(q.get(timeout=120) for _ in procs)
