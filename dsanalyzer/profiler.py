@@ -113,7 +113,7 @@ def assemble_report(
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": command if isinstance(command, str) else " ".join(command),
+        "command": [command] if isinstance(command, str) else [str(a) for a in command],
         "machine": {
             "cpus": available_cpus(),
             "memory_bytes": int(psutil.virtual_memory().total),

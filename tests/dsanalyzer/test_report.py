@@ -19,7 +19,7 @@ from dsanalyzer.report import (
 def minimal_report() -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
-        "command": "python train.py",
+        "command": ["python", "train.py"],
         "machine": {
             "cpus": 2,
             "memory_bytes": 1 << 34,
