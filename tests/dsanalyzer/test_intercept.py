@@ -13,7 +13,7 @@ import pytest
 from dsanalyzer import intercept
 from dsanalyzer.cli import main as cli_main
 from dsanalyzer.intercept import HookConfig, ProbeState, patch_loader_class
-from dsanalyzer.profiler import ProfileError, run_child
+from dsanalyzer.launch import ProfileError, run_child
 from tests.dsanalyzer.workloads import write_files, write_script
 
 PY = sys.executable

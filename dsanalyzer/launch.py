@@ -1,0 +1,141 @@
+"""Running the profiled command once under the import hook, and watching it.
+
+Each differential run is a child process in its own session (so that the script and its loader
+workers can be stopped together), with ``dsanalyzer/_hook`` first on ``PYTHONPATH``. The child
+reports through files in its result directory: ``progress-<pid>.txt`` while it runs and
+``result-<pid>.json`` (plain JSON) when it stops. Every wait here has a timeout.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dsanalyzer.intercept import HookConfig
+
+__all__ = ["ProfileError", "ProgressBar", "run_child"]
+
+_HOOK_DIR = str(Path(__file__).resolve().parent / "_hook")
+_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
+_LINGER_S = 30.0  # how long a child may take to exit after writing its result
+
+
+class ProfileError(RuntimeError):
+    """The profiled job could not be measured (it failed, never iterated a loader, or timed out)."""
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop the process group we started (the script and its loader workers)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_child(
+    command: list[str],
+    cfg: HookConfig,
+    log_path: Path,
+    timeout_s: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Run ``command`` once under the hook in mode ``cfg.mode``; return its result dict."""
+    env = dict(os.environ)
+    env.update(cfg.to_env())
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_HOOK_DIR, _PKG_PARENT, env.get("PYTHONPATH")) if p)
+    Path(cfg.result_dir).mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        except OSError as e:
+            raise ProfileError(f"cannot start {command[0]!r}: {e.strerror or e}") from None
+        deadline = time.monotonic() + timeout_s
+        stopped_at = None
+        try:
+            while proc.poll() is None:
+                time.sleep(0.2)
+                if progress is not None:
+                    for p in glob.glob(os.path.join(cfg.result_dir, "progress-*.txt")):
+                        try:
+                            done, total = (int(x) for x in Path(p).read_text().split())
+                            progress(done, total)
+                        except (OSError, ValueError):
+                            pass
+                if stopped_at is None and glob.glob(os.path.join(cfg.result_dir, "result-*.json")):
+                    stopped_at = time.monotonic()
+                if stopped_at is not None and time.monotonic() - stopped_at > _LINGER_S:
+                    _kill_group(proc)  # the script lingers after its result: shutting down is not measured
+                    break
+                if time.monotonic() > deadline:
+                    _kill_group(proc)
+                    raise ProfileError(
+                        f"the {cfg.mode} run timed out after {timeout_s:.0f} s (--timeout); "
+                        f"last lines of its output ({log_path}):\n{_tail(log_path)}"
+                    )
+        except BaseException:
+            if proc.poll() is None:
+                _kill_group(proc)
+            raise
+    results = []
+    for p in sorted(glob.glob(os.path.join(cfg.result_dir, "result-*.json"))):
+        with open(p) as f:
+            results.append(json.load(f))
+    stopped = [r for r in results if r.get("status") == "stopped"]
+    rc = proc.returncode
+    if rc not in (0, None) and not stopped:
+        raise ProfileError(
+            f"the profiled command failed with exit code {rc} in the {cfg.mode} run: {' '.join(command)}\n"
+            f"last lines of its output ({log_path}):\n{_tail(log_path)}"
+        )
+    if not results:
+        raise ProfileError(
+            f"the command never iterated a torch.utils.data.DataLoader or coordl.DataLoader "
+            f"(run {cfg.mode}, output in {log_path}); dsanalyzer profiles the first loader a script iterates"
+        )
+    result = max(results, key=lambda r: (r.get("status") == "stopped", len(r.get("wait_s", []))))
+    if cfg.mode != "prep_scaling" and not result.get("wait_s"):
+        raise ProfileError(f"the loader yielded no batches in the {cfg.mode} run: nothing to profile")
+    return result
+
+
+class ProgressBar:
+    """A tqdm bar on stderr fed from the hook's progress file (silent when disabled)."""
+
+    def __init__(self, desc: str, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=1, desc=desc, unit="it", file=sys.stderr, leave=True)
+
+    def update(self, done: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.n = done
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
