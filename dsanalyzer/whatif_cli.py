@@ -50,7 +50,11 @@ def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument("report", help="report.json written by `dsanalyzer profile`")
     p.add_argument("--cache-gb", type=float, help="cache size in GB (1e9 bytes); default: the measured one")
     p.add_argument("--cpus", type=int, help="CPU cores for data prep; default: the measured machine's")
-    p.add_argument("--workers", type=int, help="loader workers; default: one per core")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="loader workers (0: load in the main process); default: the measured count, or one per core with --cpus",
+    )
     p.add_argument(
         "--storage-mbps", type=float, help="storage bandwidth in MB/s (1e6 bytes/s); default: measured"
     )
@@ -92,13 +96,19 @@ def run_whatif(args: argparse.Namespace) -> int:
         print(f"dsanalyzer whatif: {e}", file=sys.stderr)
         return 2
     cache = args.cache_gb * 1e9 if args.cache_gb is not None else model.cache_bytes
-    cpus = args.cpus or model.cpus
+    cpus = args.cpus if args.cpus is not None else model.cpus
     storage = args.storage_mbps * 1e6 if args.storage_mbps else model.storage_bytes_per_s
     policy = args.cache_policy or model.cache_policy
-    workers = args.workers or (model.workers if args.cpus is None else None)
-    if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0:
+    workers = args.workers if args.workers is not None else (model.workers if args.cpus is None else None)
+    if (
+        cache < 0
+        or cpus < 1
+        or storage <= 0
+        or args.gpu_speedup <= 0
+        or (workers is not None and workers < 0)
+    ):
         print(
-            "dsanalyzer whatif: --cache-gb must be >= 0, --cpus >= 1, --storage-mbps and --gpu-speedup > 0",
+            "dsanalyzer whatif: --cache-gb and --workers must be >= 0, --cpus >= 1, --storage-mbps and --gpu-speedup > 0",
             file=sys.stderr,
         )
         return 2
