@@ -24,16 +24,20 @@ _IDLE = -1
 _PIDS_RE = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\)")
 
 
+_MIN_ROWS = 64
+
+
 class WorkerWatch:
     """A shared table of ``(pid, current item)`` per worker id.
 
     Args:
-        num_workers: the loader's ``num_workers``; one row each.
+        num_workers: the loader's ``num_workers``; one row each (at least 64 rows).
         directory: where the table lives (``/dev/shm`` by default).
     """
 
     def __init__(self, num_workers: int, directory: str | os.PathLike = DEFAULT_DIR) -> None:
-        self.num_workers = max(1, int(num_workers))
+        # Room beyond num_workers: a profiler may rerun the same loader with more workers.
+        self.num_workers = max(_MIN_ROWS, int(num_workers))
         self._segment = Segment.create("watch", self.num_workers * 2 * 8, directory)
         self._segment.reserve(0, self._segment.size)
         self._attach()
@@ -44,12 +48,15 @@ class WorkerWatch:
 
     def on_item(self, worker_id: int, index: int) -> None:
         """Record that ``worker_id`` (this process) now works on item ``index``."""
+        if worker_id >= self.num_workers:
+            return  # bookkeeping only: never fail a load for it
         row = self._table[worker_id]
         row[0] = os.getpid()
         row[1] = index
 
     def idle(self, worker_id: int) -> None:
-        self._table[worker_id, 1] = _IDLE
+        if worker_id < self.num_workers:
+            self._table[worker_id, 1] = _IDLE
 
     def item_of(self, pid: int) -> int | None:
         """The item the worker with ``pid`` was on when last seen, or None."""

@@ -66,3 +66,14 @@ def test_worker_exception_keeps_its_type() -> None:
     dl = coordl.DataLoader(Boom(8), batch_size=2, num_workers=2)
     with dl, pytest.raises(KeyError, match="item 3"):
         list(dl)
+
+
+def test_more_workers_than_constructed_with_still_load(tmp_path):
+    # dsanalyzer reruns a loader with a larger num_workers to measure prep scaling.
+    from coordl import DataLoader
+    from tests.coordl.ldr_sources import MemorySource
+
+    loader = DataLoader(MemorySource(24), batch_size=4, num_workers=1)
+    loader._torch.num_workers = 3
+    assert sum(len(b) for b in loader) == 24
+    loader.close()
