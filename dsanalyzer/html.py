@@ -77,7 +77,22 @@ def _timeline(report: dict):
     return fig
 
 
+def _size_unit(n_bytes: float) -> tuple[str, float]:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n_bytes >= scale:
+            return unit, scale
+    return "B", 1.0
+
+
+def _compute_lines(ax, model: Model) -> None:
+    ax.axhline(model.compute_per_s, color="grey", lw=0.8, label="compute rate (step alone)")
+    effective = model.compute_rate()
+    if effective < model.compute_per_s * 0.99:
+        ax.axhline(effective, color="grey", lw=0.8, ls="--", label="step + per-batch overhead")
+
+
 def _whatif_cache(model: Model):
+    unit, scale = _size_unit(model.dataset_bytes)
     sizes = np.linspace(0, model.dataset_bytes, 41)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for policy, style in (("pagecache", "--"), ("minio", "-")):
@@ -85,11 +100,13 @@ def _whatif_cache(model: Model):
             model.predict(c, model.cpus, model.storage_bytes_per_s, policy=policy).samples_per_s
             for c in sizes
         ]
-        ax.plot(sizes / 1e9, rates, style, label=f"{policy} ({model.cpus} cpus)")
-    ax.axhline(model.compute_per_s, color="grey", lw=0.8, label="compute rate")
-    ax.axvline(model.cache_bytes / 1e9, color="black", lw=0.6, ls=":", label="measured cache")
-    ax.set_xlabel("cache size (GB)")
+        ax.plot(sizes / scale, rates, style, label=f"{policy} ({model.cpus} cpus)")
+    _compute_lines(ax, model)
+    if model.cache_bytes <= model.dataset_bytes:  # a page-cache budget beyond the dataset is off the axis
+        ax.axvline(model.cache_bytes / scale, color="black", lw=0.6, ls=":", label="measured cache")
+    ax.set_xlabel(f"cache size ({unit}; dataset {format_bytes(model.dataset_bytes)})")
     ax.set_ylabel("samples/s")
+    ax.set_ylim(bottom=0)
     ax.set_title("What if: cache size")
     ax.legend(fontsize=8)
     return fig
@@ -111,7 +128,8 @@ def _whatif_cores(model: Model):
     measured = np.asarray(model.prep_points, dtype=float) if model.prep_points else None
     if measured is not None and measured.size:
         ax.plot(measured[:, 0], measured[:, 1], "ko", label="prep measured")
-    ax.axhline(model.compute_per_s, color="grey", lw=0.8, label="compute rate")
+    _compute_lines(ax, model)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("CPU cores (one loader worker each)")
     ax.set_ylabel("samples/s")
     ax.set_title("What if: cores")
@@ -154,15 +172,17 @@ def _summary(report: dict) -> str:
     spread = report.get("per_iter_spread_s") or {}
     machine = report.get("machine") or {}
     data = report.get("dataset") or {}
-    pairs = [
-        ("command", " ".join(map(str, report.get("command") or []))),
-        ("created", str(report.get("created", ""))),
-    ]
+    command = report.get("command") or ""
+    command = command if isinstance(command, str) else " ".join(map(str, command))
+    device = machine.get("storage_device")
+    if isinstance(device, dict):
+        device = " ".join(str(device[k]) for k in ("device", "fstype") if device.get(k))
+    pairs = [("command", command), ("created", str(report.get("created", "")))]
     pairs += [
         (
             "machine",
             f"{machine.get('cpus')} cpus, {format_bytes(machine.get('memory_bytes'))} memory, "
-            f"storage {machine.get('storage_device')}, memory bandwidth {format_bytes(machine.get('mem_bandwidth_bytes_per_s'))}/s",
+            f"storage {device}, memory bandwidth {format_bytes(machine.get('mem_bandwidth_bytes_per_s'))}/s",
         ),
         ("dataset", f"{data.get('items')} items, {format_bytes(data.get('bytes'))} at {data.get('path')}"),
         (
