@@ -56,9 +56,9 @@ def mstopk(
         absx = absx.float()
     kt = torch.tensor(k, device=x.device)
     mean = absx.mean()
-    hi = absx.max()
+    hi = absx.amax()
     # When fewer than k entries reach the mean, the k-th magnitude lies below it: search from 0 instead.
-    lo = torch.where((absx >= mean).sum() > kt, mean, torch.zeros_like(mean))
+    lo = torch.where(torch.count_nonzero(absx >= mean) > kt, mean, torch.zeros_like(mean))
     left = torch.zeros((), device=x.device, dtype=absx.dtype)
     right = torch.ones((), device=x.device, dtype=absx.dtype)
     k1 = torch.zeros((), device=x.device, dtype=torch.long)  # largest count <= k seen so far
@@ -73,7 +73,7 @@ def mstopk(
     for _ in range(rounds):
         rho = (left + right) / 2
         t = lo + rho * (hi - lo)
-        n = (absx >= t).sum()
+        n = torch.count_nonzero(absx >= t)
         fits = n <= kt
         right = torch.where(fits, rho, right)
         left = torch.where(fits, left, rho)

@@ -1,0 +1,115 @@
+"""End to end: DDP allreduce vs PyTorch's fp16 and PowerSGD hooks vs gradcomp, over emulated links.
+
+    .venv/bin/python benchmarks/bench_gradcomp_e2e.py                       # all rates, both models
+    .venv/bin/python benchmarks/bench_gradcomp_e2e.py --rates 1000 --models vgg --iters 20
+
+Each run is ``gradcomp train`` on ``--ranks`` network namespaces (one rank each) joined by a bridge whose links are
+limited with tc tbf to the given rate (``none``: unthrottled veth), built by ``coordl.testing.netns``. Data are
+in-memory tensors, so the numbers isolate compute and communication. Prints, per (model, rate), the median
+iteration time of each method (after warm-up), its speed-up over DDP allreduce measured in the same network, the
+exposed communication time, and the running training accuracy at the end. Needs root (network namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from coordl.testing.netns import VirtualNetwork, cleanup_stale
+
+METHODS = {
+    "ddp": ["--baseline", "ddp"],
+    "torch-fp16": ["--baseline", "torch-fp16"],
+    "torch-powersgd": ["--baseline", "torch-powersgd", "--powersgd-rank", "2"],
+    "topk": ["--compressor", "topk", "--plan", "always"],
+    "mstopk": ["--compressor", "mstopk", "--plan", "always"],
+    "gtopk": ["--compressor", "gtopk", "--plan", "always"],
+    "mstopk-auto": ["--compressor", "mstopk", "--plan", "auto"],
+}
+
+
+def run_one(net: VirtualNetwork, method: str, model: str, args, out_dir: Path, tag: str) -> dict | None:
+    port = net.hosts[0].free_port()
+    report = out_dir / f"{tag}-{method}.json"
+    common = [
+        sys.executable, "-m", "gradcomp.cli", "train", "--data", "tensors", "--model", model,
+        "--iters", str(args.iters), "--batch-size", str(args.batch_size), "--ratio", str(args.ratio),
+        "--warmup-iters", "5", "--report", str(report), "--quiet",
+    ] + METHODS[method]  # fmt: skip
+    procs = []
+    for rank in range(args.ranks):
+        env = net.dist_env(rank, args.ranks, master_port=port)
+        env["OMP_NUM_THREADS"] = str(args.threads)
+        procs.append(
+            net.hosts[rank].popen(common, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        )
+    ok = True
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+            ok = False
+        if p.returncode != 0:
+            ok = False
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            print(f"  {method} failed (rc {p.returncode}): {' | '.join(tail)}", file=sys.stderr)
+    if not ok or not report.exists():
+        return None
+    return json.loads(report.read_text())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", default="100,1000,none", help="link rates in Mbit/s; 'none' = unthrottled")
+    p.add_argument("--models", default="vgg,small")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--ratio", type=float, default=0.01)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--json", default="reports/runs/bench_gradcomp_e2e.json")
+    args = p.parse_args()
+    cleanup_stale("grad")
+    results = []
+    out_dir = Path(tempfile.mkdtemp(prefix="gradcomp-e2e-"))
+    print(
+        "| model | link | method | iteration ms | vs DDP | comm exposed ms | compressed buckets | acc@end |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        for rate_text in args.rates.split(","):
+            rate = None if rate_text == "none" else float(rate_text)
+            link = "unthrottled" if rate is None else f"{rate:g} Mbit/s"
+            with VirtualNetwork(args.ranks, rate_mbit=rate, prefix="grad") as net:
+                base = None
+                for method in args.methods.split(","):
+                    rep = run_one(net, method, model, args, out_dir, f"{model}-{rate_text}")
+                    if rep is None:
+                        continue
+                    s = rep["summary"]
+                    base = s["iter_s"] if method == "ddp" else base
+                    speed = f"{base / s['iter_s']:.2f}x" if base else "-"
+                    results.append(
+                        {"model": model, "link": link, "method": method, **s, "planner": rep["planner"]}
+                    )
+                    print(
+                        f"| {model} | {link} | {method} | {s['iter_s'] * 1e3:.0f} | {speed} | "
+                        f"{s['comm_exposed_s'] * 1e3:.0f} | {s['compressed_buckets']:g} | {s['final_acc']:.2f} |",
+                        flush=True,
+                    )
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    main()
