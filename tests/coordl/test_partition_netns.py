@@ -129,6 +129,8 @@ def _failure_run(script: Path, tmp_path: Path, mode: str) -> dict:
         assert first.startswith("{") and sync.strip() == "SYNC", procs[0].stderr.read()[-2000:]
         if mode == "cut":
             net.hosts[1].run(["ip", "link", "set", net.hosts[1].ifname, "down"])
+        else:  # node 1 kills itself a few items into epoch 1: let rank 0 start only once it is dead
+            procs[1].wait(timeout=60)
         go.touch()
         t0 = time.monotonic()
         out, err = procs[0].communicate(timeout=90)
