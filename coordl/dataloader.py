@@ -13,7 +13,6 @@ workers, pinning, timeouts and persistent workers behave exactly as in torch) an
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch.utils.data
 from torch.utils.data.dataloader import default_collate
 
 from coordl.counters import SharedCounters
+from coordl.datasets import as_item_source
 from coordl.errors import CoordlTimeoutError
 from coordl.minio import MinioCache
 from coordl.pipeline import BASE_COUNTERS, EmptyBatch, FetchTier, LoaderSource, MinioTier
@@ -30,14 +30,7 @@ from coordl.worker_watch import WorkerWatch, is_worker_death, worker_died_error
 __all__ = ["DataLoader"]
 
 _SAMPLE_CACHE_COUNTERS = ("sample_cache_hits", "sample_cache_misses", "sample_cache_errors")
-_EPOCH_KEYS = (
-    "cache_hits",
-    "cache_misses",
-    "storage_bytes_read",
-    "storage_items_read",
-    "items_loaded",
-    "skipped_items",
-)
+_EPOCH_KEYS = BASE_COUNTERS
 
 
 class DataLoader:
@@ -193,22 +186,15 @@ class DataLoader:
         tiers: list[FetchTier] = []
         if self.partitioned:  # each node caches its share; peers first
             return [importlib.import_module("coordl.partition").loader_tier(self)]
-        if self.cache_bytes > 0:
-            if getattr(self.source, "opaque", False):
-                warnings.warn(
-                    f"coordl: cache_bytes ignored: {type(self.dataset).__name__} has no fetch/prep split, "
-                    f"so its raw bytes cannot be cached (use coordl.ImageFolder or implement fetch/prep)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            else:
-                self._minio = MinioCache(
-                    self.cache_bytes,
-                    len(self.source),
-                    directory=self.cache_dir,
-                    name=type(self.dataset).__name__,
-                )
-                tiers.append(MinioTier(self._minio, self._counters))
+        # An opaque dataset has no raw bytes to cache (as_item_source already warned about it).
+        if self.cache_bytes > 0 and not getattr(self.source, "opaque", False):
+            self._minio = MinioCache(
+                self.cache_bytes,
+                len(self.source),
+                directory=self.cache_dir,
+                name=type(self.dataset).__name__,
+            )
+            tiers.append(MinioTier(self._minio, self._counters))
         return tiers
 
     def _build_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> tuple[Any, Any, Any]:
@@ -391,32 +377,6 @@ class _SkipAwareCollate:
         return self.collate_fn(batch) if batch else EmptyBatch()
 
 
-class _OpaqueSource:
-    """A map-style dataset without a fetch/prep split, run as one stage (no raw-byte caching)."""
-
-    opaque = True
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def fetch(self, index: int) -> bytes:
-        return b""
-
-    def prep(self, raw: bytes, index: int) -> Any:
-        return self.dataset[index]
-
-
 def _adapt(dataset: Any) -> Any:
-    """The item source for ``dataset``: itself, ``coordl.datasets.as_item_source``'s, or opaque."""
-    if is_item_source(dataset):
-        return dataset
-    try:
-        datasets = importlib.import_module("coordl.datasets")
-    except ModuleNotFoundError as e:
-        if e.name != "coordl.datasets":
-            raise
-        return _OpaqueSource(dataset)
-    return datasets.as_item_source(dataset)
+    """The item source for ``dataset``: itself, or ``coordl.datasets.as_item_source``'s adapter."""
+    return dataset if is_item_source(dataset) else as_item_source(dataset)
