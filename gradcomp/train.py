@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -114,9 +115,13 @@ def _loader(dataset: Dataset, args, rank: int, world: int):
 
     sampler = torch.utils.data.DistributedSampler(dataset, world, rank, shuffle=True, seed=args.seed)
     workers = 0 if args.data == "tensors" else args.workers
-    return coordl.DataLoader(
-        dataset, batch_size=args.batch_size, sampler=sampler, num_workers=workers, drop_last=True
-    ), sampler
+    with warnings.catch_warnings():
+        # In-memory tensors have no fetch/prep split to cache; coordl's warning about that is expected here.
+        warnings.filterwarnings("ignore", message=".*no fetch/prep split.*")
+        loader = coordl.DataLoader(
+            dataset, batch_size=args.batch_size, sampler=sampler, num_workers=workers, drop_last=True
+        )
+    return loader, sampler
 
 
 def _summary(rows: list[dict], batch: int, warmup: int, target_acc: float | None) -> dict:
