@@ -108,13 +108,13 @@ def run_demo(
         # torch's loader counts nothing: every item is read from storage every epoch.
         rates = _run_epochs(base, epochs)
         per_epoch = [{"hit_ratio": 0.0, "storage_bytes_read": dataset_bytes} for _ in rates]
-        results["torch.utils.data.DataLoader"] = {"rates": rates, "epochs": per_epoch, "stats": {}}
+        results["torch"] = {"rates": rates, "epochs": per_epoch, "stats": {}}
         torch.manual_seed(0)
         with coordl.DataLoader(
             ds, batch_size=batch_size, shuffle=True, num_workers=workers, cache_bytes=dataset_bytes // 2
         ) as loader:
             rates = _run_epochs(loader, epochs)
-            results["coordl.DataLoader (cache 50%)"] = {
+            results["coordl, cache 50%"] = {
                 "rates": rates,
                 "epochs": loader.epoch_stats(),
                 "stats": loader.stats(),
@@ -130,15 +130,15 @@ def _print(results: dict[str, dict[str, Any]], storage_mb_s: float, workers: int
     meta = results.pop("_meta")
     console = Console()
     table = Table(
-        title=f"{meta['n']} images, {meta['dataset_bytes'] / 1e6:.0f} MB, storage {storage_mb_s:g} MB/s "
-        f"(simulated), {workers} workers"
+        title=f"torch.utils.data.DataLoader vs coordl.DataLoader: {meta['n']} images, "
+        f"{meta['dataset_bytes'] / 1e6:.0f} MB, storage {storage_mb_s:g} MB/s (simulated), {workers} workers"
     )
-    table.add_column("loader")
+    table.add_column("loader", no_wrap=True)
     table.add_column("epoch", justify="right")
     table.add_column("samples/s", justify="right")
     table.add_column("vs torch", justify="right")
     table.add_column("hit ratio", justify="right")
-    table.add_column("storage MB read", justify="right")
+    table.add_column("storage MB", justify="right")
     base_rates = next(iter(results.values()))["rates"]
     for name, res in results.items():
         for e, (rate, ep) in enumerate(zip(res["rates"], res["epochs"], strict=True)):
@@ -151,7 +151,7 @@ def _print(results: dict[str, dict[str, Any]], storage_mb_s: float, workers: int
                 f"{ep['storage_bytes_read'] / 1e6:.1f}",
             )
     console.print(table)
-    stats = results["coordl.DataLoader (cache 50%)"]["stats"]
+    stats = results["coordl, cache 50%"]["stats"]
     console.print("coordl loader.stats():", stats)
 
 
@@ -171,9 +171,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--root", default=None, help="dataset directory (default: ~/.cache/coordl/demo-synth-N)")
     p.add_argument("--n", type=int, default=1000, help="images to synthesise (default 1000)")
     p.add_argument(
-        "--storage-mb-s", type=float, default=25.0, help="simulated storage bandwidth (default 25)"
+        "--storage-mb-s",
+        type=float,
+        default=10.0,
+        help="simulated storage bandwidth, MB/s (default 10: slower than prep on 2 cores, so fetch-bound)",
     )
-    p.add_argument("--workers", type=int, default=4, help="loader worker processes (default 4)")
+    p.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 2, help="loader worker processes (default: cores)"
+    )
     p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader (default 3)")
     p.set_defaults(func=_run)

@@ -89,7 +89,7 @@ def test_demo_runs_on_a_synthetic_dataset(tmp_path, capsys):
     results = demo.run_demo(tmp_path / "demo", n=24, storage_mb_s=500.0, workers=0, batch_size=8, epochs=2)
     meta = results.pop("_meta")
     assert meta["n"] == 24
-    coordl_run = results["coordl.DataLoader (cache 50%)"]
+    coordl_run = results["coordl, cache 50%"]
     assert [round(e["hit_ratio"], 1) for e in coordl_run["epochs"]] == [0.0, 0.5]
     assert coordl_run["epochs"][1]["storage_bytes_read"] < meta["dataset_bytes"] * 0.6
     assert all(r > 0 for res in results.values() for r in res["rates"])
