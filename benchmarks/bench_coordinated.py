@@ -81,8 +81,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--jobs", type=int, nargs="+", default=[2, 3, 4])
-    ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "coordl-bench-coord"))
+    ap.add_argument("--root", default=None, help="dataset directory (default: under the temp dir)")
     args = ap.parse_args()
+    args.root = args.root or os.path.join(tempfile.gettempdir(), f"coordl-bench-coord-{args.images}")
 
     from coordl.synth import make_dataset
 
