@@ -14,7 +14,7 @@ share one batch sequence:
   bounds memory: a fast job waits instead of memory growing.
 * Nobody busy-waits: each process binds an abstract Unix datagram socket (a doorbell); whoever
   publishes a batch or advances a cursor rings the others. Waits wake at least every
-  ``_SWEEP_S`` to sweep dead members and producers (pid + start time), and give up after the group
+  half a second to sweep dead members and producers (pid + start time), and give up after the group
   timeout with :class:`~coordl.errors.CoordlTimeoutError`.
 * A late job joins at the next epoch boundary that no producer has started.
 
@@ -33,7 +33,6 @@ import mmap
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,39 +42,11 @@ import numpy as np
 import torch
 
 from coordl import batchcodec
+from coordl import group_control as gc
 from coordl.errors import CoordlError, CoordlTimeoutError
-from coordl.shm import DEFAULT_DIR, _owner_alive, _start_ticks
+from coordl.shm import DEFAULT_DIR, _start_ticks
 
 __all__ = ["BatchMaker", "Group", "GroupMember", "join_for_loader"]
-
-_MAGIC, _VERSION = 0xC00D1C0, 1
-_HDR = 16
-_MEMBERS, _MW = 64, 4  # pid, start ticks, first batch it needs, cursor
-_PRODUCERS, _PW = 256, 3  # pid, start ticks, member pid
-_SW = 5  # batch g, state, producer pid, producer start ticks, nbytes
-_EMPTY, _CLAIMED, _READY, _REDO = 0, 1, 2, 3
-_SWEEP_S = 0.5
-# header fields
-(
-    _H_MAGIC,
-    _H_VER,
-    _H_SLOTS,
-    _H_SLOTBYTES,
-    _H_BATCHES,
-    _H_ITEMS,
-    _H_BS,
-    _H_SEED,
-    _H_SHUFFLE,
-    _H_DROP,
-    _H_NEXT,
-) = range(11)
-_PARAMS = {
-    "num_items": _H_ITEMS,
-    "batch_size": _H_BS,
-    "seed": _H_SEED,
-    "shuffle": _H_SHUFFLE,
-    "drop_last": _H_DROP,
-}
 
 
 @dataclass(frozen=True)
@@ -100,97 +71,13 @@ class Group:
     directory: str = DEFAULT_DIR
 
 
-def _ctl_size(slots: int) -> int:
-    return 8 * (_HDR + _MEMBERS * _MW + _PRODUCERS * _PW + slots * _SW)
-
-
-class _Control:
-    """Typed views of the control block, plus the lock and the doorbells."""
-
-    def __init__(self, base: str, slots: int) -> None:
-        self.base = base
-        self._lock_fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        self._fd = os.open(base + ".ctl", os.O_RDWR)
-        self._map = mmap.mmap(self._fd, _ctl_size(slots))
-        self._mm = np.frombuffer(self._map, dtype=np.int64)
-        o = _HDR
-        self.hdr = self._mm[:_HDR]
-        self.members = self._mm[o : o + _MEMBERS * _MW].reshape(_MEMBERS, _MW)
-        o += _MEMBERS * _MW
-        self.producers = self._mm[o : o + _PRODUCERS * _PW].reshape(_PRODUCERS, _PW)
-        o += _PRODUCERS * _PW
-        self.slots = self._mm[o : o + slots * _SW].reshape(slots, _SW)
-        self._sock: socket.socket | None = None
-        self._sock_pid = -1
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    def _bell_name(self, pid: int) -> bytes:
-        return b"\0" + os.path.basename(self.base).encode() + b"-" + str(pid).encode()
-
-    def doorbell(self) -> socket.socket:
-        if self._sock is None or self._sock_pid != os.getpid():
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._sock.bind(self._bell_name(os.getpid()))
-            self._sock_pid = os.getpid()
-        return self._sock
-
-    def ring_all(self) -> None:
-        sender = self.doorbell()
-        pids = {int(p) for p in self.members[:, 0]} | {int(p) for p in self.producers[:, 0]}
-        for pid in pids - {0, os.getpid()}:
-            with contextlib.suppress(OSError):
-                sender.sendto(b"!", socket.MSG_DONTWAIT, self._bell_name(pid))
-
-    def wait_bell(self, timeout_s: float) -> None:
-        sock = self.doorbell()
-        sock.settimeout(max(timeout_s, 0.001))
-        with contextlib.suppress(TimeoutError, BlockingIOError):
-            sock.recv(16)
-            sock.setblocking(False)
-            while True:  # drain: one wake-up per wait is enough
-                sock.recv(16)
-
-    def sweep(self) -> None:
-        """Forget dead members and producers; batches claimed by dead producers are redone."""
-        for table in (self.members, self.producers):
-            for row in table:
-                if row[0] and not _owner_alive(int(row[0]), int(row[1])):
-                    row[:] = 0
-        live = {int(p) for p in self.producers[:, 0]}
-        for slot in self.slots:
-            if slot[1] == _CLAIMED and int(slot[2]) not in live:
-                slot[1] = _REDO
-
-    def consumed_by_all(self, g: int) -> bool:
-        m = self.members
-        waiting = (m[:, 0] != 0) & (m[:, 2] <= g) & (m[:, 3] <= g)
-        return not waiting.any()
-
-    def close(self) -> None:
-        if self._sock is not None and self._sock_pid == os.getpid():
-            self._sock.close()
-        self._sock = None
-        del self.hdr, self.members, self.producers, self.slots, self._mm
-        with contextlib.suppress(BufferError):
-            self._map.close()
-        os.close(self._fd)
-        os.close(self._lock_fd)
-
-
 def _epoch_batches(g: int, hdr: np.ndarray, cache: dict[int, torch.Tensor]) -> list[int]:
-    nbatches, n, bs = int(hdr[_H_BATCHES]), int(hdr[_H_ITEMS]), int(hdr[_H_BS])
+    nbatches, n, bs = int(hdr[gc.H_BATCHES]), int(hdr[gc.H_ITEMS]), int(hdr[gc.H_BS])
     epoch, b = divmod(g, nbatches)
     if epoch not in cache:
         cache.clear()
-        if hdr[_H_SHUFFLE]:
-            gen = torch.Generator().manual_seed(int(hdr[_H_SEED]) * 1_000_003 + epoch)
+        if hdr[gc.H_SHUFFLE]:
+            gen = torch.Generator().manual_seed(int(hdr[gc.H_SEED]) * 1_000_003 + epoch)
             cache[epoch] = torch.randperm(n, generator=gen)
         else:
             cache[epoch] = torch.arange(n)
@@ -207,13 +94,13 @@ def _producer_main(
     base: str, slots: int, make_batch: Callable[[list[int]], Any], member_pid: int, stop
 ) -> None:
     _set_parent_death_signal()
-    ctl = _Control(base, slots)
+    ctl = gc.Control(base, slots)
     data_fd = os.open(base + ".data", os.O_RDWR)
-    slot_bytes = int(ctl.hdr[_H_SLOTBYTES])
+    slot_bytes = int(ctl.hdr[gc.H_SLOTBYTES])
     data = mmap.mmap(data_fd, slots * slot_bytes)
     me, start = os.getpid(), _start_ticks(os.getpid())
     with ctl.locked():
-        row = next(r for r in range(_PRODUCERS) if ctl.producers[r, 0] == 0)
+        row = next(r for r in range(gc.PRODUCERS) if ctl.producers[r, 0] == 0)
         ctl.producers[row] = (me, start, member_pid)
     perm_cache: dict[int, torch.Tensor] = {}
     try:
@@ -222,21 +109,21 @@ def _producer_main(
             with ctl.locked():
                 if not ctl.members[:, 0].any():
                     return
-                redo = np.nonzero(ctl.slots[:, 1] == _REDO)[0]
+                redo = np.nonzero(ctl.slots[:, 1] == gc.REDO)[0]
                 if len(redo):
                     s = int(redo[0])
                     g = int(ctl.slots[s, 0])
                 else:
-                    g_next = int(ctl.hdr[_H_NEXT])
+                    g_next = int(ctl.hdr[gc.H_NEXT])
                     s = g_next % slots
                     state, held = int(ctl.slots[s, 1]), int(ctl.slots[s, 0])
-                    if state == _EMPTY or (state == _READY and ctl.consumed_by_all(held)):
+                    if state == gc.EMPTY or (state == gc.READY and ctl.consumed_by_all(held)):
                         g = g_next
-                        ctl.hdr[_H_NEXT] = g_next + 1
+                        ctl.hdr[gc.H_NEXT] = g_next + 1
                 if g is not None:
-                    ctl.slots[s, :4] = (g, _CLAIMED, me, start)
+                    ctl.slots[s, :4] = (g, gc.CLAIMED, me, start)
             if g is None:
-                ctl.wait_bell(_SWEEP_S)
+                ctl.wait_bell(gc.SWEEP_S)
                 with ctl.locked():
                     ctl.sweep()
                 continue
@@ -246,7 +133,7 @@ def _producer_main(
             view.release()
             with ctl.locked():
                 ctl.slots[s, 4] = nbytes
-                ctl.slots[s, 1] = _READY
+                ctl.slots[s, 1] = gc.READY
             ctl.ring_all()
     finally:
         with ctl.locked():
@@ -292,7 +179,7 @@ class GroupMember:
         params = {"num_items": num_items, "batch_size": batch_size, "seed": group.seed,
                   "shuffle": int(shuffle), "drop_last": int(drop_last)}  # fmt: skip
         self._ctl = self._join(params, make_batch)
-        slot_bytes = int(self._ctl.hdr[_H_SLOTBYTES])
+        slot_bytes = int(self._ctl.hdr[gc.H_SLOTBYTES])
         self._data_fd = os.open(self.base + ".data", os.O_RDONLY)
         self._data = mmap.mmap(self._data_fd, group.slots * slot_bytes, prot=mmap.PROT_READ)
         self._slot_bytes = slot_bytes
@@ -306,7 +193,7 @@ class GroupMember:
         for p in self._producers:
             p.start()
 
-    def _join(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> _Control:
+    def _join(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> gc.Control:
         g = self.group
         os.makedirs(g.directory, exist_ok=True)
         lock_fd = os.open(self.base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -320,7 +207,7 @@ class GroupMember:
                     ctl = None  # every member died: start the group afresh
             if ctl is None:
                 ctl = self._create(params, make_batch)
-            for name, field in _PARAMS.items():
+            for name, field in gc.PARAMS.items():
                 theirs = int(ctl.hdr[field])
                 if theirs != params[name]:
                     ctl.close()
@@ -331,7 +218,7 @@ class GroupMember:
             free = np.nonzero(ctl.members[:, 0] == 0)[0]
             if not len(free):
                 ctl.close()
-                raise CoordlError(f"coordinate group {g.name!r} is full ({_MEMBERS} jobs)")
+                raise CoordlError(f"coordinate group {g.name!r} is full ({gc.MEMBERS} jobs)")
             first = self._first_batch(ctl)
             self._row = int(free[0])
             ctl.members[self._row] = (os.getpid(), _start_ticks(os.getpid()), first, first)
@@ -340,14 +227,14 @@ class GroupMember:
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
             os.close(lock_fd)
 
-    def _first_batch(self, ctl: _Control) -> int:
+    def _first_batch(self, ctl: gc.Control) -> int:
         """The first batch a joining job can see whole epochs from (called under the lock).
 
         The earliest epoch start whose batches produced so far are all still in the ring (jobs
         launched together share from the start, even if a producer already ran into the next
         epoch); otherwise the next epoch boundary nobody has started.
         """
-        nb, slots, claimed = self.batches_per_epoch, self.group.slots, int(ctl.hdr[_H_NEXT])
+        nb, slots, claimed = self.batches_per_epoch, self.group.slots, int(ctl.hdr[gc.H_NEXT])
         first = -(-claimed // nb) * nb
         start = claimed // nb * nb
         while start >= 0 and claimed - start <= slots:
@@ -356,26 +243,26 @@ class GroupMember:
             first, start = start, start - nb
         return first
 
-    def _open_existing(self, slots: int) -> _Control | None:
+    def _open_existing(self, slots: int) -> gc.Control | None:
         try:
-            if os.path.getsize(self.base + ".ctl") != _ctl_size(slots):
+            if os.path.getsize(self.base + ".ctl") != gc.ctl_size(slots):
                 raise ValueError(f"coordinate group {self.group.name!r} uses a different number of slots")
-            ctl = _Control(self.base, slots)
+            ctl = gc.Control(self.base, slots)
         except FileNotFoundError:
             return None
-        if int(ctl.hdr[_H_MAGIC]) != _MAGIC or int(ctl.hdr[_H_VER]) != _VERSION:
+        if int(ctl.hdr[gc.H_MAGIC]) != gc.MAGIC or int(ctl.hdr[gc.H_VER]) != gc.VERSION:
             ctl.close()
             return None
         return ctl
 
-    def _create(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> _Control:
+    def _create(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> gc.Control:
         g = self.group
         slot_bytes = g.slot_bytes
         if slot_bytes is None:
             probe = make_batch([0] * params["batch_size"])
             slot_bytes = int(batchcodec.encoded_size(probe) * 1.05) + 4096
         with open(self.base + ".ctl", "wb") as f:
-            f.truncate(_ctl_size(g.slots))
+            f.truncate(gc.ctl_size(g.slots))
         with open(self.base + ".data", "wb") as f:
             f.truncate(g.slots * slot_bytes)
             # Reserve the ring now: a full /dev/shm must fail here, not with SIGBUS mid-epoch.
@@ -386,14 +273,14 @@ class GroupMember:
                     f"coordinate group {g.name!r}: cannot reserve {g.slots} x {slot_bytes} bytes in "
                     f"{g.directory} ({e.strerror}); use fewer slots or Group(directory=...) with room"
                 ) from None
-        ctl = _Control(self.base, g.slots)
+        ctl = gc.Control(self.base, g.slots)
         hdr = ctl.hdr
         hdr[:] = 0
-        hdr[_H_SLOTS], hdr[_H_SLOTBYTES], hdr[_H_BATCHES] = g.slots, slot_bytes, self.batches_per_epoch
-        for name, field in _PARAMS.items():
+        hdr[gc.H_SLOTS], hdr[gc.H_SLOTBYTES], hdr[gc.H_BATCHES] = g.slots, slot_bytes, self.batches_per_epoch
+        for name, field in gc.PARAMS.items():
             hdr[field] = params[name]
-        hdr[_H_VER] = _VERSION
-        hdr[_H_MAGIC] = _MAGIC  # last: a half-initialised block is never taken as valid
+        hdr[gc.H_VER] = gc.VERSION
+        hdr[gc.H_MAGIC] = gc.MAGIC  # last: a half-initialised block is never taken as valid
         return ctl
 
     def __len__(self) -> int:
@@ -421,7 +308,7 @@ class GroupMember:
         ctl, s = self._ctl, g % self.group.slots
         deadline = time.monotonic() + self.group.timeout_s
         while True:
-            if ctl.slots[s, 1] == _READY and ctl.slots[s, 0] == g:
+            if ctl.slots[s, 1] == gc.READY and ctl.slots[s, 0] == g:
                 n = int(ctl.slots[s, 4])
                 return batchcodec.decode(
                     memoryview(self._data)[s * self._slot_bytes : s * self._slot_bytes + n]
@@ -438,7 +325,7 @@ class GroupMember:
                     f"coordinate group {self.group.name!r}: waited {self.group.timeout_s:.0f}s for batch "
                     f"{g % nb} of group epoch {g // nb} (slot {s} state {int(ctl.slots[s, 1])})"
                 )
-            ctl.wait_bell(min(left, _SWEEP_S))
+            ctl.wait_bell(min(left, gc.SWEEP_S))
             with ctl.locked():
                 ctl.sweep()
 

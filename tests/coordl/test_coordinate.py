@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from coordl import group_control as gc
 from coordl.coordinate import Group, GroupMember
 from coordl.counters import SharedCounters
 from coordl.errors import CoordlTimeoutError
@@ -168,9 +169,9 @@ def test_joiner_shares_the_current_epoch_while_it_is_still_in_the_ring(tmp_path)
     first = GroupMember(Group("g", slots=8, seed=1, directory=str(tmp_path)), num_items=16, batch_size=BS,
                         drop_last=False, shuffle=True, make_batch=_MakeBatch(counters))  # fmt: skip
     deadline = time.monotonic() + 30
-    while int(first._ctl.hdr[10]) < 6 and time.monotonic() < deadline:  # header field: next claim
+    while int(first._ctl.hdr[gc.H_NEXT]) < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert int(first._ctl.hdr[10]) >= 6
+    assert int(first._ctl.hdr[gc.H_NEXT]) >= 6
     q = mp.get_context("fork").Queue()
     p = mp.get_context("fork").Process(target=_join_and_report_first, args=(str(tmp_path), counters, q))
     p.start()
