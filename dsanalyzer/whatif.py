@@ -368,8 +368,9 @@ def advice_sentence(report: dict) -> str:
             )
         if cpus <= max(1, model.workers):
             return (
-                f"prep-bound as measured, though prep on {model.workers} workers should reach "
-                f"{target:.0f} samples/s: other processes probably took CPU time; profile on a quiet machine."
+                f"prep-bound as measured, though the model says {model.workers} workers keep up with the step "
+                f"({target:.0f} samples/s): other processes probably took CPU time during the runs; "
+                "profile on a quiet machine."
             )
         if cpus <= model.cpus:
             return f"prep-bound: num_workers={cpus} (this machine has {model.cpus} cores) makes it compute-bound."
