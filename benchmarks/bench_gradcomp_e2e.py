@@ -5,8 +5,8 @@
 
 Each run is ``gradcomp train`` on ``--ranks`` network namespaces (one rank each) joined by a bridge whose links are
 limited with tc tbf to the given rate (``none``: unthrottled veth), built by ``coordl.testing.netns``. Data are
-in-memory tensors, so the numbers isolate compute and communication. Prints, per (model, rate), the median
-iteration time of each method (after warm-up), its speed-up over DDP allreduce measured in the same network, the
+in-memory tensors, so the numbers isolate compute and communication. Prints, per (model, rate), the median over
+``--repeat`` runs of each method's median iteration time (after warm-up), its speed-up over DDP allreduce measured in the same network, the
 exposed communication time, and the running training accuracy at the end. Needs root (network namespaces).
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,6 +73,7 @@ def main() -> None:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--repeat", type=int, default=3, help="runs per method (medians of the per-run medians)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--ratio", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
@@ -82,30 +84,49 @@ def main() -> None:
     results = []
     out_dir = Path(tempfile.mkdtemp(prefix="gradcomp-e2e-"))
     print(
-        "| model | link | method | iteration ms | vs DDP | comm exposed ms | compressed buckets | acc@end |"
+        "| model | link | method | iteration ms | vs DDP | comm exposed ms | compressed buckets | acc@end | runs |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for rate_text in args.rates.split(","):
             rate = None if rate_text == "none" else float(rate_text)
             link = "unthrottled" if rate is None else f"{rate:g} Mbit/s"
+            methods = args.methods.split(",")
+            runs: dict[str, list[dict]] = {m: [] for m in methods}
             with VirtualNetwork(args.ranks, rate_mbit=rate, prefix="grad") as net:
-                base = None
-                for method in args.methods.split(","):
-                    rep = run_one(net, method, model, args, out_dir, f"{model}-{rate_text}")
-                    if rep is None:
-                        continue
-                    s = rep["summary"]
-                    base = s["iter_s"] if method == "ddp" else base
-                    speed = f"{base / s['iter_s']:.2f}x" if base else "-"
-                    results.append(
-                        {"model": model, "link": link, "method": method, **s, "planner": rep["planner"]}
-                    )
-                    print(
-                        f"| {model} | {link} | {method} | {s['iter_s'] * 1e3:.0f} | {speed} | "
-                        f"{s['comm_exposed_s'] * 1e3:.0f} | {s['compressed_buckets']:g} | {s['final_acc']:.2f} |",
-                        flush=True,
-                    )
+                # Rounds interleave the methods, so slow drifts of the shared machine hit them all alike.
+                for rnd in range(args.repeat):
+                    for method in methods:
+                        rep = run_one(net, method, model, args, out_dir, f"{model}-{rate_text}-{rnd}")
+                        if rep is not None:
+                            runs[method].append(rep)
+            base = None
+            for method in methods:
+                if not runs[method]:
+                    continue
+                per_run = [r["summary"] for r in runs[method]]
+                s = dict(per_run[0])
+                for key in (
+                    "iter_s",
+                    "comm_exposed_s",
+                    "compute_s",
+                    "comm_s",
+                    "final_acc",
+                    "compressed_buckets",
+                ):
+                    s[key] = statistics.median(x[key] for x in per_run)
+                base = s["iter_s"] if method == "ddp" else base
+                speed = f"{base / s['iter_s']:.2f}x" if base else "-"
+                results.append({
+                    "model": model, "link": link, "method": method, "runs": len(per_run), **s,
+                    "iter_s_runs": [x["iter_s"] for x in per_run], "planner": runs[method][0]["planner"],
+                })  # fmt: skip
+                print(
+                    f"| {model} | {link} | {method} | {s['iter_s'] * 1e3:.0f} | {speed} | "
+                    f"{s['comm_exposed_s'] * 1e3:.0f} | {s['compressed_buckets']:g} | {s['final_acc']:.2f} | "
+                    f"{len(per_run)} |",
+                    flush=True,
+                )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
 

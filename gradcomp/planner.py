@@ -120,8 +120,10 @@ class Planner:
     def predict(self, numel: int, partitions: int) -> float:
         """Predicted compressed time with K pipelined partitions: part i+1 encodes while part i is on the wire."""
         part = numel / partitions
-        enc = self.encode(part)
-        comm = max(self.sync(part) - enc, 0.0)
+        # The sync timing includes encoding; on a noisy machine the encode-only fit can come out above it, and
+        # then K=1 must still predict the measured sync time, not the encode time.
+        enc = min(self.encode(part), self.sync(part))
+        comm = self.sync(part) - enc
         return enc + (partitions - 1) * max(enc, comm) + comm
 
     def decide(self, numel: int) -> Decision:

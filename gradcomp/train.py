@@ -162,7 +162,14 @@ def train(args) -> dict:
     torch.manual_seed(args.seed)
     dataset = _dataset(args, rank)
     model = build_model(args.model, args.classes).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+    bucket_cap_mb = args.bucket_cap_mb
+    if args.baseline == "torch-powersgd" and args.backend == "gloo":
+        # PyTorch's PowerSGD hook waits on collectives inside gloo's callback threads; with two buckets in
+        # flight both gloo threads block and training deadlocks (seen with torch 2.13). One bucket avoids it.
+        bucket_cap_mb = max(
+            bucket_cap_mb, sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20 + 1
+        )
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
     t_reg = time.perf_counter()
     sync = _install_sync(ddp, args)
     register_s = time.perf_counter() - t_reg

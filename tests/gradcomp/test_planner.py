@@ -52,3 +52,10 @@ def test_partition_by_size_balances_and_is_deterministic() -> None:
     load = [sum(n for n, o in zip([100, 10, 90, 5, 5], owner, strict=True) if o == r) for r in range(2)]
     assert max(load) - min(load) <= 10
     assert owner == partition_by_size([100, 10, 90, 5, 5], 2)
+
+
+def test_one_partition_predicts_the_measured_sync_even_when_encode_fit_is_noisier() -> None:
+    # Encode-only fit above the full sync fit (measurement noise): K=1 must still predict sync(n).
+    planner = Planner(dense=Line(1e-3, 29e-9), sync=Line(4e-3, 21e-9), encode=Line(0.4e-3, 38e-9))
+    assert planner.predict(6_000_000, 1) == pytest.approx(4e-3 + 21e-9 * 6_000_000)
+    assert planner.decide(6_000_000).compress
