@@ -94,6 +94,7 @@ class GradcompState(HookTimer):
         self.node_groups = node_groups
         self.partitions = partitions
         self.planner: Planner | None = None
+        self.hooked = False
         super().__init__()
 
     # ---- decisions -------------------------------------------------------------------------------------------
@@ -111,9 +112,8 @@ class GradcompState(HookTimer):
     ) -> torch.futures.Future:
         """Sum over ranks of flat ``x`` (already divided by the world size), as a Future."""
         if not decision.compress:
-            return (
-                dist.all_reduce(x, group=self.group, async_op=True).get_future().then(lambda f: f.value()[0])
-            )
+            # The collective's own future (its value is a one-element list; the hook unwraps it).
+            return dist.all_reduce(x, group=self.group, async_op=True).get_future()
         if self.name == "powersgd":
             assert self.powersgd is not None
             return _done(self.powersgd.reduce(x, shapes or [x.shape], key, self.group))
@@ -183,7 +183,9 @@ def gradcomp_hook(state: GradcompState, bucket: dist.GradBucket) -> torch.future
 
     def stamp(f: torch.futures.Future) -> torch.Tensor:
         state._record(t0, decision.compress)
-        return f.value()
+        value = f.value()
+        # A collective's own future holds a list of tensors; the compressed paths' futures hold one tensor.
+        return value[0] if isinstance(value, list) else value
 
     return fut.then(stamp)
 

@@ -68,6 +68,10 @@ def register(
         error_feedback: keep what was dropped and add it to the next gradient (needed by biased methods).
         plan: ``"auto"`` fits a cost model now (a few timed collectives) and compresses a bucket only when it is
             predicted to be clearly faster; ``"always"`` compresses every bucket; ``"never"`` sends all dense.
+    Returns:
+        The hook state. ``state.hooked`` is False when plan="auto" found that no bucket would be compressed on
+        this link: then no hook is installed and DDP keeps its built-in all-reduce.
+
         options: ``partitions`` (plan="always"), ``rounds`` (MSTopK), ``levels`` (QSGD), ``seed`` (random-k),
             ``powersgd_rank``, ``start_iter`` (PowerSGD warm-up steps), ``local_size`` (hitopk: ranks per node,
             default ``$LOCAL_WORLD_SIZE``), ``margin`` (auto: required predicted gain).
@@ -114,5 +118,12 @@ def register(
         state.planner = fit_planner(state, total, _model_device(model))
         if "margin" in options:
             state.planner.margin = float(options["margin"])
+        # When no bucket size this model can produce would be compressed, DDP's own C++ all-reduce is the
+        # fastest dense path: install nothing, so plan="auto" costs nothing on a fast link.
+        sizes = [total >> s for s in range(0, 12)] + [4096]
+        if not any(state.planner.decide(max(n, 1)).compress for n in sizes):
+            state.hooked = False
+            return state
     model.register_comm_hook(state, gradcomp_hook)
+    state.hooked = True
     return state

@@ -85,17 +85,24 @@ def _dataset(args, rank: int) -> Dataset:
 
 
 def _install_sync(model: torch.nn.parallel.DistributedDataParallel, args):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
     from gradcomp.hooks import timed_hook
 
     if args.baseline is None:
         import gradcomp
 
-        return gradcomp.register(
+        state = gradcomp.register(
             model, compressor=args.compressor, ratio=args.ratio, error_feedback=not args.no_error_feedback,
             plan=args.plan, powersgd_rank=args.powersgd_rank, start_iter=args.warmup_iters,
         )  # fmt: skip
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
+        if state.hooked:
+            return state
+        # plan="auto" left DDP's own all-reduce in place; time it the way the "ddp" baseline is timed.
+        timer, hook = timed_hook(None, default_hooks.allreduce_hook)
+        timer.planner = state.planner
+        model.register_comm_hook(timer, hook)
+        return timer
     if args.baseline == "ddp":
         state, hook = timed_hook(None, default_hooks.allreduce_hook)
     elif args.baseline == "torch-fp16":
