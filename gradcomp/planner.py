@@ -102,6 +102,8 @@ class Planner:
         margin: compress only if predicted time < (1 - margin) x dense; when unsure, stay dense.
         max_partitions: largest K tried (SeCoPa); 1 disables partitioning.
         min_numel: buckets smaller than this always go dense (start-up latency dominates).
+        min_saving_s: and so do buckets whose predicted saving is below this: timing noise on a loaded machine
+            is about that large, so a smaller predicted gain is no evidence of a gain.
     """
 
     def __init__(
@@ -112,9 +114,11 @@ class Planner:
         margin: float = 0.15,
         max_partitions: int = 4,
         min_numel: int = 4096,
+        min_saving_s: float = 1e-3,
     ) -> None:
         self.dense, self.sync, self.encode = dense, sync, encode
         self.margin, self.max_partitions, self.min_numel = margin, max_partitions, min_numel
+        self.min_saving_s = min_saving_s
         self._cache: dict[int, Decision] = {}
 
     def predict(self, numel: int, partitions: int) -> float:
@@ -139,7 +143,11 @@ class Planner:
             if s < best_s:
                 best_k, best_s = k, s
             k *= 2
-        ok = numel >= self.min_numel and best_s < (1 - self.margin) * dense_s
+        ok = (
+            numel >= self.min_numel
+            and best_s < (1 - self.margin) * dense_s
+            and dense_s - best_s >= self.min_saving_s
+        )
         d = Decision(ok, best_k if ok else 1, dense_s, best_s)
         self._cache[numel] = d
         return d

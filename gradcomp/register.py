@@ -29,7 +29,8 @@ def fit_planner(state: GradcompState, max_numel: int, device: torch.device, reps
 
     Probes use their own keys and no error-feedback memory, so training state is untouched.
     """
-    sizes = sorted({n for n in (4096, 65536, 1 << 20) if n <= max(max_numel, 4096)})
+    # At least two sizes even for a tiny model: a line through one point has no intercept to speak of.
+    sizes = sorted({n for n in (1024, 16384, 262144, 1 << 20) if n <= max(max_numel, 16384)})
     probe_memory, state.memory = state.memory, NoMemory()
     try:
         dense = time_at_sizes(
