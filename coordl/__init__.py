@@ -9,8 +9,7 @@ Names are imported lazily so that ``import coordl`` stays cheap (no torch import
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from coordl.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -28,18 +27,4 @@ _LAZY = {
     "synth": "coordl.synth",
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'coordl' has no attribute {name!r}")
-    mod = importlib.import_module(module)
-    value = mod if module.endswith("." + name) else getattr(mod, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports("coordl", globals(), _LAZY, eager=["__version__"])

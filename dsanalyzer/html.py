@@ -13,7 +13,6 @@ import base64
 import html
 import io
 import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -22,6 +21,7 @@ matplotlib.use("Agg")  # no display: render to PNG bytes only
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from dsanalyzer.report import atomic_write_text  # noqa: E402
 from dsanalyzer.whatif import Model, format_bytes  # noqa: E402
 
 __all__ = ["write_html", "render_html"]
@@ -250,13 +250,5 @@ def write_html(report: dict, path: str | os.PathLike) -> Path:
     """Write the self-contained report page to ``path`` (atomically) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render_html(report)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".report-", suffix=".html")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, render_html(report))
     return path

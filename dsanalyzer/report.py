@@ -86,7 +86,8 @@ def load_report(path: str | os.PathLike) -> dict:
     return validate_report(report, str(path))
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file and a rename: readers never see half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -124,7 +125,7 @@ def write_report(report: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     validate_report(report, str(out / "report.json"))
     json_path = out / "report.json"
-    _atomic_write(json_path, json.dumps(report, indent=1, allow_nan=True) + "\n")
+    atomic_write_text(json_path, json.dumps(report, indent=1, allow_nan=True) + "\n")
     html_path = out / "report.html"
     from dsanalyzer.html import write_html
 

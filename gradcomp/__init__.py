@@ -9,11 +9,11 @@ and a lazy lookup would hand back the module once anything imported it. The rest
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from gradcomp.mstopk import mstopk, recall, topk
-from gradcomp.register import register
+from coordl.lazy import lazy_exports
+from gradcomp.mstopk import mstopk as mstopk
+from gradcomp.mstopk import recall as recall
+from gradcomp.mstopk import topk as topk
+from gradcomp.register import register as register
 
 _LAZY = {
     "get_compressor": "gradcomp.compressors",
@@ -28,18 +28,6 @@ _LAZY = {
     "planner": "gradcomp.planner",
 }
 
-__all__ = sorted(_LAZY) + ["mstopk", "recall", "register", "topk"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gradcomp' has no attribute {name!r}")
-    mod = importlib.import_module(module)
-    value = mod if module.endswith("." + name) else getattr(mod, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports(
+    "gradcomp", globals(), _LAZY, eager=["mstopk", "recall", "register", "topk"]
+)
