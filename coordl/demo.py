@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from coordl.datasets import ImageFolder
+from coordl.shm import flock_timeout
 
 __all__ = ["ThrottledImageFolder", "run_demo", "add_parser"]
 
@@ -58,17 +59,7 @@ class ThrottledImageFolder(ImageFolder):
     def _read(self, index: int) -> bytes:
         data = super()._read(index)
         with open(self.lock_path, "a+b") as lock:
-            deadline = time.monotonic() + LOCK_TIMEOUT_S
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(
-                            f"simulated storage link {self.lock_path} busy for over {LOCK_TIMEOUT_S} s"
-                        ) from None
-                    time.sleep(0.0005)
+            flock_timeout(lock.fileno(), LOCK_TIMEOUT_S, f"lock on simulated storage link {self.lock_path}")
             try:
                 time.sleep(len(data) / self.bandwidth_bytes_per_s)
             finally:

@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import atexit
 import errno
+import fcntl
 import mmap
 import os
 import re
 import secrets
+import time
 import weakref
 from pathlib import Path
 
 import numpy as np
 import psutil
 
-__all__ = ["DEFAULT_DIR", "Segment", "free_bytes", "reclaim_stale", "owner_tag"]
+__all__ = ["DEFAULT_DIR", "Segment", "flock_timeout", "free_bytes", "reclaim_stale", "owner_tag"]
 
 DEFAULT_DIR = "/dev/shm"
 _NAME_RE = re.compile(r"^coordl-(?P<kind>[a-z0-9_]+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<token>[0-9a-f]+)$")
@@ -55,6 +57,22 @@ def free_bytes(directory: str | os.PathLike = DEFAULT_DIR) -> int:
     """Bytes still available to an unprivileged writer in ``directory``'s file system."""
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
+
+
+def flock_timeout(fd: int, timeout_s: float, what: str) -> None:
+    """Take an exclusive ``flock`` on ``fd``, polling, or raise TimeoutError naming ``what``.
+
+    ``flock`` is dropped by the kernel when its holder dies, so a wait only outlasts a live holder.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not acquired in {timeout_s:.0f} s") from None
+            time.sleep(0.0005)
 
 
 def reclaim_stale(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:

@@ -26,12 +26,11 @@ import hashlib
 import os
 import re
 import threading
-import time
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from coordl.shm import DEFAULT_DIR, Segment, _owner_alive, _start_ticks
+from coordl.shm import DEFAULT_DIR, Segment, _owner_alive, _start_ticks, flock_timeout
 from memcache.codec import CodecError, decode, encode_header, payload_view
 
 __all__ = ["LocalStore"]
@@ -55,17 +54,7 @@ def _digest(key: str) -> tuple[int, int]:
 
 
 def _lock(fd: int, path: str, timeout_s: float = _LOCK_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"LocalStore {path}: writer lock not acquired in {timeout_s:.0f} s"
-                ) from None
-            time.sleep(0.0005)
+    flock_timeout(fd, timeout_s, f"LocalStore {path}: writer lock")
 
 
 def _live_pids(header: np.ndarray) -> list[int]:
