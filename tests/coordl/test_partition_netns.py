@@ -92,7 +92,19 @@ def _launch(net: VirtualNetwork, script: Path, n_items: int, epochs: int, mode: 
 
 
 def _records(out: str) -> list[dict]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    """JSON records from the output of one or more processes sharing a pipe.
+
+    Two ranks of one torchrun node write to the same pipe, so a record may share a line with another's.
+    """
+    dec = json.JSONDecoder()
+    recs = []
+    for line in out.splitlines():
+        pos = line.find("{")
+        while pos != -1:
+            obj, end = dec.raw_decode(line, pos)
+            recs.append(obj)
+            pos = line.find("{", end)
+    return recs
 
 
 @pytest.fixture
@@ -239,7 +251,7 @@ def test_dataloader_partitioned_across_namespaces(tmp_path: Path) -> None:
 
 
 TORCHRUN_SCRIPT = r"""
-import datetime, json
+import datetime, json, os
 import torch.distributed as dist
 import coordl
 
@@ -257,8 +269,10 @@ for epoch in range(2):
     loader.sampler.set_epoch(epoch)
     n = sum(len(b) for b in loader)
     dist.barrier()
-    print(json.dumps({"epoch": epoch, "n": n, "reads": loader.epoch_stats()[-1]["storage_items_read"]}))
-print(json.dumps({"remote_errors": loader.stats()["remote_errors"]}), flush=True)
+    # One write(2) per record: both ranks of this node share the pipe.
+    os.write(1, (json.dumps({"epoch": epoch, "n": n,
+                             "reads": loader.epoch_stats()[-1]["storage_items_read"]}) + "\n").encode())
+os.write(1, (json.dumps({"remote_errors": loader.stats()["remote_errors"]}) + "\n").encode())
 loader.close()
 dist.destroy_process_group()
 """
