@@ -6,6 +6,8 @@ workers, pinning, timeouts and persistent workers behave exactly as in torch) an
 * ``cache_bytes``: raw fetched bytes of items stay in shared memory for all workers, filled once and
   never evicted, so from the second epoch the hit ratio equals the cached fraction (:mod:`coordl.minio`);
 * ``on_error="skip"``: items whose files are corrupt are dropped, logged and counted, never zero-filled;
+* ``batch_ring``: workers collate into reused shared-memory slots, not fresh memory per batch
+  (:mod:`coordl.batch_ring`);
 * a worker that dies raises :class:`~coordl.errors.WorkerDiedError` naming the item it was on;
 * ``stats()`` / ``epoch_stats()``: hits, misses and bytes read from storage, summed over all workers.
 """
@@ -19,6 +21,7 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data.dataloader import default_collate
 
+from coordl.batch_ring import BatchRing
 from coordl.counters import SharedCounters
 from coordl.datasets import as_item_source
 from coordl.errors import CoordlTimeoutError
@@ -48,6 +51,10 @@ class DataLoader:
         sample_cache: a memcache store for the deterministic part of prep (needs a split-prep source).
         partitioned: share the cache across the nodes of a distributed job (``coordl.partition``).
         coordinate: coordinated prep across jobs on one server (``coordl.coordinate``).
+        batch_ring: with workers and torch's default collate, each worker stacks batches into a
+            ring of reused shared-memory slots and the batch's tensors view the slot (no copy); a
+            slot is reused once the batch's tensors are freed. ``"copy"``: hand out private copies
+            instead (the slot is reused at once). False: torch's collate into fresh shared memory.
     """
 
     def __init__(
@@ -76,10 +83,14 @@ class DataLoader:
         sample_cache: Any = None,
         partitioned: bool = False,
         coordinate: Any = None,
+        batch_ring: bool | str = True,
     ) -> None:
         self._torch: torch.utils.data.DataLoader | None = None
         self._closed = False
+        self._ring: BatchRing | None = None
         self._validate(cache_bytes, on_error, batch_size, batch_sampler, timeout)
+        if batch_ring not in (True, False, "copy"):
+            raise ValueError(f"batch_ring must be True, False or 'copy', got {batch_ring!r}")
         self.dataset = dataset
         self.cache_bytes = int(cache_bytes)
         self.cache_dir = cache_dir
@@ -119,6 +130,10 @@ class DataLoader:
                 sample_cache_tier=self._build_sample_cache_tier(),
                 watch=self._watch,
             )
+        auto_collation = batch_size is not None or batch_sampler is not None
+        if batch_ring and collate_fn is None and num_workers > 0 and auto_collation and coordinate is None:
+            self._ring = BatchRing(prefetch_factor, batch_size, copy=batch_ring == "copy")
+            collate_fn = self._ring.collate
         if on_error == "skip":
             collate_fn = _SkipAwareCollate(collate_fn or default_collate)
         self._member = None
@@ -219,7 +234,10 @@ class DataLoader:
         self._epoch_start = self._counters.snapshot()
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
             return _EpochIterator(self, _Sized(self._member.epoch(), len(self._member)))
-        return _EpochIterator(self, iter(self._torch))
+        torch_iter = iter(self._torch)
+        if self._ring is not None:
+            self._ring.start_epoch(torch_iter)
+        return _EpochIterator(self, torch_iter)
 
     def __len__(self) -> int:
         return len(self._member) if self._member is not None else len(self._torch)
@@ -256,7 +274,9 @@ class DataLoader:
 
         Keys: ``cache_hits``, ``cache_misses``, ``storage_bytes_read``, ``storage_items_read``,
         ``items_loaded``, ``skipped_items``, ``cached_items``, ``cached_bytes``, ``capacity_bytes``,
-        ``cache_backend``, plus the dataset's own ``stats()`` and each fetch tier's.
+        ``cache_backend``, plus the dataset's own ``stats()`` and each fetch tier's; with the batch
+        ring, ``ring_batches`` (batches handed out from it), ``ring_fallbacks`` (collated by torch
+        instead) and ``ring_slots`` (distinct slots used).
         """
         if self._closed:
             return dict(self._final_stats or {})
@@ -272,6 +292,8 @@ class DataLoader:
         sc = self._torch.dataset.sample_cache_tier if isinstance(self._torch.dataset, LoaderSource) else None
         if sc is not None and callable(getattr(sc, "stats", None)):
             out.update(sc.stats())
+        if self._ring is not None:
+            out.update(self._ring.stats())
         return out
 
     def epoch_stats(self) -> list[dict[str, Any]]:
@@ -300,7 +322,7 @@ class DataLoader:
             if callable(getattr(tier, "close", None)):
                 tier.close()
         inner = self._torch.dataset if isinstance(self._torch.dataset, LoaderSource) else None
-        for obj in (self._member, self._minio, self._counters, self._watch, inner):
+        for obj in (self._member, self._minio, self._counters, self._watch, inner, self._ring):
             if obj is not None:
                 obj.close()
 
@@ -345,7 +367,8 @@ class _EpochIterator:
                     raise
                 raise translated from e
             if not isinstance(batch, EmptyBatch):
-                return batch
+                ring = self._loader._ring
+                return batch if ring is None else ring.unwrap(batch)
 
     def __len__(self) -> int:
         return len(self._it)
