@@ -35,9 +35,15 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pto", action="store_true", help="partition the optimizer step across ranks")
     p.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--signal", type=float, default=0.5,
+                   help="--data tensors: class-pattern amplitude over unit noise (lower is harder)")  # fmt: skip
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate on a held-out set every N iterations (0: off; 10 when --target-acc is set)")  # fmt: skip
     p.add_argument(
-        "--target-acc", type=float, default=None, help="report the time the running accuracy hits this"
+        "--eval-samples", type=int, default=512, help="size of the held-out set (split across ranks)"
     )
+    p.add_argument("--target-acc", type=float, default=None,
+                   help="stop (all ranks) when held-out accuracy first reaches this; --iters is the cap")  # fmt: skip
     p.add_argument("--warmup-report", type=int, default=5, help="iterations left out of the medians")
     p.add_argument("--report", default="reports/runs/gradcomp-train.json", help="JSON report path (rank 0)")
     p.add_argument("--quiet", action="store_true")

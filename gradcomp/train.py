@@ -36,14 +36,28 @@ BASELINES = ("ddp", "torch-fp16", "torch-powersgd")
 
 
 class TensorImages(Dataset):
-    """In-memory synthetic images (class-dependent mean colour and pattern plus noise): no decode cost,
-    for measuring communication without data stalls."""
+    """In-memory synthetic images, for measuring communication without data stalls: a smooth class pattern
+    (a random 4x4 image per class, upsampled, unit variance) times ``signal`` plus unit Gaussian noise.
 
-    def __init__(self, n: int, classes: int, size: int, seed: int = 0) -> None:
+    The pattern is low-frequency so that it survives the CNNs' pooling (a per-pixel pattern would average out
+    and leave the VGG-like net on a long plateau). ``split="eval"`` draws fresh noise over the same class
+    patterns: a held-out set from the same distribution.
+    """
+
+    def __init__(
+        self, n: int, classes: int, size: int, seed: int = 0, signal: float = 0.5, split: str = "train"
+    ) -> None:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         gen = torch.Generator().manual_seed(seed)
+        coarse = torch.randn(classes, 3, 4, 4, generator=gen)
+        base = torch.nn.functional.interpolate(
+            coarse, size=(size, size), mode="bilinear", align_corners=False
+        )
+        base = base / base.std()
+        noise = torch.Generator().manual_seed(seed * 2 + (1 if split == "train" else 2) + 1000)
         self.labels = torch.arange(n) % classes
-        base = torch.randn(classes, 3, size, size, generator=gen)
-        self.images = base[self.labels] * 0.6 + torch.randn(n, 3, size, size, generator=gen)
+        self.images = base[self.labels] * signal + torch.randn(n, 3, size, size, generator=noise)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -69,11 +83,17 @@ def _init_dist(backend: str) -> tuple[int, int, torch.device]:
     return rank, dist.get_world_size(), device
 
 
-def _dataset(args, rank: int) -> Dataset:
+def _datasets(args, rank: int) -> tuple[Dataset, Dataset | None]:
+    """(training set, held-out evaluation set or None when evaluation is off)."""
+    evaluate = args.eval_every > 0
     if args.data == "tensors":
-        return TensorImages(args.samples, args.classes, args.image_size, seed=args.seed)
+
+        def make(n: int, split: str) -> TensorImages:
+            return TensorImages(n, args.classes, args.image_size, args.seed, args.signal, split)
+
+        return make(args.samples, "train"), make(args.eval_samples, "eval") if evaluate else None
     import coordl
-    from coordl.transforms import train_transform
+    from coordl.transforms import eval_transform, train_transform
 
     root = args.data
     if root is None:
@@ -81,7 +101,40 @@ def _dataset(args, rank: int) -> Dataset:
         if rank == 0:  # one writer; make_dataset is idempotent, the others wait at the barrier
             coordl.synth.make_dataset(root, args.samples, args.classes, width=64, height=48, workers=1)
         dist.barrier()
-    return coordl.ImageFolder(root, transform=train_transform(args.image_size))
+    train_set = coordl.ImageFolder(root, transform=train_transform(args.image_size))
+    if not evaluate:
+        return train_set, None
+    # Hold out every k-th file (a fixed, class-balanced-enough subset) and train on the rest.
+    items = train_set.items
+    n_eval = min(args.eval_samples, len(items) // 2)
+    held = set(range(0, len(items), max(len(items) // max(n_eval, 1), 1))[:n_eval])
+    eval_set = coordl.ImageFolder(root, transform=eval_transform(args.image_size, resize=args.image_size))
+    eval_set.items = [it for i, it in enumerate(items) if i in held]
+    train_set.items = [it for i, it in enumerate(items) if i not in held]
+    return train_set, eval_set
+
+
+class HeldOut:
+    """A fixed held-out set split across ranks. ``accuracy(model)`` sums (correct, seen) over ranks in one
+    all-reduce of exact integer counts, so every rank gets the same accuracy and takes the same stop decision."""
+
+    def __init__(self, dataset: Dataset, rank: int, world: int, device: torch.device) -> None:
+        samples = [dataset[i] for i in range(rank, len(dataset), world)]
+        self.x = torch.stack([torch.as_tensor(x) for x, _ in samples]).to(device)
+        self.y = torch.tensor([int(y) for _, y in samples], dtype=torch.long, device=device)
+        self.device = device
+
+    def accuracy(self, model: torch.nn.Module, chunk: int = 256) -> float:
+        was_training = model.training
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for i in range(0, len(self.y), chunk):
+                correct += int((model(self.x[i : i + chunk]).argmax(1) == self.y[i : i + chunk]).sum())
+        model.train(was_training)
+        counts = torch.tensor([correct, len(self.y)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts)
+        return float(counts[0] / counts[1])
 
 
 def _install_sync(model: torch.nn.parallel.DistributedDataParallel, args):
@@ -131,7 +184,7 @@ def _loader(dataset: Dataset, args, rank: int, world: int):
     return loader, sampler
 
 
-def _summary(rows: list[dict], batch: int, warmup: int, target_acc: float | None) -> dict:
+def _summary(rows: list[dict], batch: int, warmup: int) -> dict:
     from dsanalyzer.timeline import summarize
 
     body = rows[warmup:] or rows
@@ -143,9 +196,6 @@ def _summary(rows: list[dict], batch: int, warmup: int, target_acc: float | None
         return statistics.median(r[key] for r in body)
 
     tail = rows[-min(len(rows), 20) :]
-    reached = next(
-        (r["t_s"] for r in rows if target_acc is not None and r["running_acc"] >= target_acc), None
-    )
     return {
         "iters": len(rows),
         "data_wait_s": timeline.wait_s,
@@ -158,7 +208,6 @@ def _summary(rows: list[dict], batch: int, warmup: int, target_acc: float | None
         "compressed_buckets": med("compressed_buckets"),
         "final_loss": statistics.fmean(r["loss"] for r in tail),
         "final_acc": statistics.fmean(r["acc"] for r in tail),
-        "time_to_target_s": reached,
         "total_s": rows[-1]["t_s"] if rows else 0.0,
     }
 
@@ -167,7 +216,9 @@ def train(args) -> dict:
     """Train for ``args.iters`` iterations; returns the report (rank 0 also writes it to ``args.report``)."""
     rank, world, device = _init_dist(args.backend)
     torch.manual_seed(args.seed)
-    dataset = _dataset(args, rank)
+    if args.target_acc is not None and args.eval_every <= 0:
+        args.eval_every = 10  # a target needs evaluations to be reached
+    dataset, eval_set = _datasets(args, rank)
     model = build_model(args.model, args.classes).to(device)
     bucket_cap_mb = args.bucket_cap_mb
     if args.baseline == "torch-powersgd" and args.backend == "gloo":
@@ -187,6 +238,10 @@ def train(args) -> dict:
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loader, sampler = _loader(dataset, args, rank, world)
+    held_out = HeldOut(eval_set, rank, world, device) if eval_set is not None else None
+    eval_curve: list[tuple[int, float, float]] = []  # (iterations done, training wall s, held-out accuracy)
+    eval_s = 0.0  # time spent evaluating: left out of t_s, so time to accuracy counts training only
+    reached: tuple[int, float] | None = None
     from dsanalyzer.timeline import Timeline
 
     timeline = Timeline(sync=torch.cuda.synchronize if device.type == "cuda" else None)
@@ -218,17 +273,28 @@ def train(args) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t_end = time.perf_counter()
+        t_s = t_end - t_start - eval_s
         stats = sync.take_stats()
         exposed = max(0.0, t_bwd - stats["last_ready"]) if stats["buckets"] else 0.0
         acc = float((out.argmax(1) == y).float().mean())
         acc_window = (acc_window + [acc])[-20:]
         step_s = t_end - t_got
         rows.append({
-            "iter": len(rows), "t_s": t_end - t_start, "data_wait_s": timeline.wait_s[-1], "step_s": step_s,
+            "iter": len(rows), "t_s": t_s, "data_wait_s": timeline.wait_s[-1], "step_s": step_s,
             "compute_s": max(step_s - exposed, 0.0), "comm_s": stats["comm_s"], "comm_exposed_s": exposed,
             "compressed_buckets": stats["compressed_buckets"], "buckets": stats["buckets"],
             "loss": loss.item(), "acc": acc, "running_acc": statistics.fmean(acc_window),
         })  # fmt: skip
+        if held_out is not None and (len(rows) % args.eval_every == 0 or len(rows) == args.iters):
+            t_eval = time.perf_counter()
+            eval_acc = held_out.accuracy(ddp.module)
+            eval_s += time.perf_counter() - t_eval
+            eval_curve.append((len(rows), t_s, eval_acc))
+            # eval_acc is identical on every rank (one all-reduce of integer counts), so all ranks stop here
+            # together: this is the broadcast of the decision.
+            if args.target_acc is not None and eval_acc >= args.target_acc:
+                reached = (len(rows), t_s)
+                break
     timeline.next_started()  # closes the last step
     method = args.baseline or f"gradcomp:{args.compressor}"
     report = {
@@ -238,7 +304,13 @@ def train(args) -> dict:
         "device": str(device),
         "register_s": register_s,
         "planner": getattr(getattr(sync, "planner", None), "describe", lambda: None)(),
-        "summary": _summary(rows, args.batch_size, args.warmup_report, args.target_acc),
+        "summary": _summary(rows, args.batch_size, args.warmup_report),
+        "target_acc": args.target_acc,
+        "iters_to_accuracy": reached[0] if reached else None,
+        "time_to_accuracy_s": reached[1] if reached else None,
+        "eval_acc": eval_curve[-1][2] if eval_curve else None,
+        "eval_s": eval_s,
+        "eval_curve": eval_curve,
         "iterations": rows,
     }
     if rank == 0 and args.report:
@@ -260,6 +332,19 @@ def format_summary(report: dict) -> str:
         f"| {ms(s['data_wait_s'])} | {ms(s['compute_s'])} | {ms(s['comm_s'])} | {ms(s['comm_exposed_s'])} "
         f"| {ms(s['iter_s'])} | {s['samples_per_s_per_rank']:.1f} | {s['final_acc']:.3f} |",
     ]
+    if report.get("eval_curve"):
+        it, wall, acc = report["eval_curve"][-1]
+        if report.get("target_acc") is None:
+            lines.append(f"held-out accuracy {acc:.3f} after {it} iterations")
+        elif report["iters_to_accuracy"] is None:
+            lines.append(
+                f"target {report['target_acc']:g} not reached in {it} iterations (held-out {acc:.3f})"
+            )
+        else:
+            lines.append(
+                f"target {report['target_acc']:g} reached: held-out {acc:.3f} after {it} iterations, "
+                f"{wall:.1f} s of training"
+            )
     if report.get("planner"):
         lines.append(f"planner fit: {report['planner']}")
     return "\n".join(lines)
