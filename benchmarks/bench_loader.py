@@ -29,11 +29,13 @@ from the blkio counter of the loop device (only the dataset lives there); hit ra
 seconds per sample: user+system time of the child and its workers over items. Configurations
 alternate within each of ``--runs`` rounds; tables show medians.
 
-Then the prep-bound check: storage unthrottled, (b) and (d) against the machine's decode limit,
-i.e. ``cores`` processes each running a tight decode+augment loop over bytes in memory, at once,
-rates summed; measured alternately in the same run. On a machine shared with other work the wall
-rates depend on the load, so CPU seconds per sample are reported too: ``limit CPU / loader CPU``
-is the fraction of the loader's CPU spent on the prep itself.
+Then the prep-bound check: storage unthrottled, (b), (d) and coordl with its batch ring off (e),
+copying out of it (f) or without its worker heap setting (g) against the machine's decode limit, i.e. ``cores`` processes each running a
+tight decode+augment loop over bytes in memory, at once, rates summed; measured alternately in the
+same run (``--prep-configs``). On a machine shared with other work the wall rates depend on the load,
+so CPU seconds per sample are reported too: ``limit CPU / loader CPU`` is the fraction of the
+loader's CPU spent on the prep itself. A second table splits CPU time and minor page faults per
+sample between the main process and the workers (``getrusage`` and ``/proc/<pid>/stat``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,11 @@ CONFIGS = {
     "b": "torch DataLoader + simplejpeg",
     "c": "DALI CPU pipeline",
     "d": "coordl.DataLoader, cache 50%",
+    "e": "coordl.DataLoader, cache 50%, batch_ring=False",
+    "f": "coordl.DataLoader, cache 50%, batch_ring='copy'",
+    "g": "coordl.DataLoader, cache 50%, ring without the workers' heap setting",
 }
+COORDL = {"d": True, "e": False, "f": "copy", "g": True}  # config -> batch_ring
 RESIZE, CROP = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # Page cache every run gets on top of its budget: file-system metadata and reads in flight. Without
@@ -99,21 +105,33 @@ class PillowFolder:
         return t.sub_(mean).div_(std), target
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process, its reaped children and its live children (workers)."""
+def _usage() -> dict[str, float]:
+    """CPU seconds and minor page faults of this process (main) and of its workers, reaped or live."""
     import psutil
 
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        r = resource.getrusage(who)
-        total += r.ru_utime + r.ru_stime
+    me, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = {
+        "main_cpu_s": me.ru_utime + me.ru_stime,
+        "main_minflt": float(me.ru_minflt),
+        "workers_cpu_s": reaped.ru_utime + reaped.ru_stime,
+        "workers_minflt": float(reaped.ru_minflt),
+    }
     for child in psutil.Process().children(recursive=True):
         try:
             t = child.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
+            with open(f"/proc/{child.pid}/stat") as f:
+                minflt = int(f.read().rsplit(")", 1)[1].split()[7])
+        except (psutil.Error, OSError):
+            continue
+        out["workers_cpu_s"] += t.user + t.system
+        out["workers_minflt"] += minflt
+    return out
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process, its reaped children and its live children (workers)."""
+    u = _usage()
+    return u["main_cpu_s"] + u["workers_cpu_s"]
 
 
 def _blkio_read(path: str, device: str) -> int:
@@ -178,23 +196,29 @@ def child(args: argparse.Namespace) -> None:
         loader = _dali_loader(args.root, args.batch_size, args.workers, args.seed)
     else:
         ds = coordl.ImageFolder(args.root, train_transform(CROP, RESIZE))
-        loader = coordl.DataLoader(ds, cache_bytes=args.cache_bytes, **common)
+        if args.child == "g":  # attribution only: the ring without its mallopt in the workers
+            import coordl.batch_ring
+
+            coordl.batch_ring._keep_freed_heap = lambda batch_bytes: None
+        loader = coordl.DataLoader(ds, cache_bytes=args.cache_bytes, batch_ring=COORDL[args.child], **common)
     epochs = []
     for _ in range(args.epochs):
-        read0, cpu0, t0 = _blkio_read(args.blkio, args.device), _cpu_s(), time.perf_counter()
+        read0, use0, t0 = _blkio_read(args.blkio, args.device), _usage(), time.perf_counter()
         n = 0
         for batch in loader:
             n += len(batch[0]["label"]) if args.child == "c" else len(batch[1])
         elapsed = time.perf_counter() - t0
+        use = {k: v - use0[k] for k, v in _usage().items()}
         epochs.append(
             {
                 "time_s": elapsed,
                 "items": n,
                 "disk_bytes": _blkio_read(args.blkio, args.device) - read0,
-                "cpu_s": _cpu_s() - cpu0,
+                "cpu_s": use["main_cpu_s"] + use["workers_cpu_s"],
+                **use,
             }
         )
-    if args.child == "d":
+    if args.child in COORDL:
         for e, st in zip(epochs, loader.epoch_stats(), strict=False):
             e["hit_ratio"] = st["hit_ratio"]
         loader.close()
@@ -214,13 +238,16 @@ def _decode_worker(root: str, count: int, queue) -> None:
     for r in raws[:20]:  # warm up (first-touch memory is slow on this VM)
         tf(r)
     t, cpu = time.perf_counter(), time.process_time()
+    minflt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for i in range(count):
         tf(raws[i % len(raws)])
-    queue.put((count / (time.perf_counter() - t), (time.process_time() - cpu) / count))
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - minflt) / count
+    queue.put((count / (time.perf_counter() - t), (time.process_time() - cpu) / count, faults))
 
 
-def decode_limit(root: str, cores: int, count: int) -> tuple[float, float]:
-    """(sum of the rates, mean CPU s/sample) of ``cores`` simultaneous tight decode+augment loops."""
+def decode_limit(root: str, cores: int, count: int) -> tuple[float, float, float]:
+    """(sum of the rates, mean CPU s/sample, mean minor faults/sample) of ``cores`` simultaneous
+    tight decode+augment loops."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
@@ -231,7 +258,11 @@ def decode_limit(root: str, cores: int, count: int) -> tuple[float, float]:
     results = [q.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    return sum(r for r, _ in results), statistics.mean(c for _, c in results)
+    return (
+        sum(r[0] for r in results),
+        statistics.mean(r[1] for r in results),
+        statistics.mean(r[2] for r in results),
+    )
 
 
 # -- parent side -----------------------------------------------------------------------------------
@@ -256,7 +287,7 @@ def _run_child(
     ]
     cmd += ["--cache-bytes", str(cache_bytes), "--device", store.device]
     cmd += ["--blkio", f"/sys/fs/cgroup/blkio/{store.name}/blkio.throttle.io_service_bytes"]
-    page_cache = max(page_budget - cache_bytes, 0) if config == "d" else page_budget
+    page_cache = max(page_budget - cache_bytes, 0) if config in COORDL else page_budget
     store.set_page_cache_bytes(page_cache + METADATA_ALLOWANCE_BYTES)
     store.evict()
     return json.loads(store.run(cmd).strip().splitlines()[-1])
@@ -280,7 +311,7 @@ def print_fetch_table(results: dict, dataset_bytes: int, args: argparse.Namespac
             rate = _med(r["epochs"][e]["items"] / r["epochs"][e]["time_s"] for r in runs)
             disk = _med(r["epochs"][e]["disk_bytes"] for r in runs)
             cpu = _med(r["epochs"][e]["cpu_s"] / max(r["epochs"][e]["items"], 1) for r in runs)
-            if cfg == "d":
+            if cfg in COORDL:
                 hit = _med(r["epochs"][e]["hit_ratio"] for r in runs)
             else:
                 hit = max(0.0, 1 - disk / dataset_bytes)
@@ -296,20 +327,43 @@ def print_fetch_table(results: dict, dataset_bytes: int, args: argparse.Namespac
         print(f"\nNote: {note}")
 
 
+def _prep_summary(res: dict) -> dict[str, float]:
+    """Rate and per-sample CPU / faults over epochs 2.. (epoch 1 fills coordl's cache and the page cache)."""
+    later = res["epochs"][1:]
+    items = sum(e["items"] for e in later)
+    out = {"rate": items / sum(e["time_s"] for e in later)}
+    for key in ("cpu_s", "main_cpu_s", "workers_cpu_s", "main_minflt", "workers_minflt"):
+        out[key] = sum(e[key] for e in later) / items
+    return out
+
+
 def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
-    lim_rate, lim_cpu = _med(r for r, _ in prep["limit"]), _med(c for _, c in prep["limit"])
+    lim_rate, lim_cpu = _med(r[0] for r in prep["limit"]), _med(r[1] for r in prep["limit"])
     print(f"\n### Prep-bound (storage unthrottled, epochs 2-{args.epochs}), median of {args.runs}\n")
-    print("| | samples/s | % of limit | CPU s/sample | limit CPU / loader CPU |")
+    print("| | samples/s (runs) | % of limit | CPU s/sample | limit CPU / loader CPU |")
     print("|---|---|---|---|---|")
+    runs = ", ".join(f"{r[0]:.0f}" for r in prep["limit"])
     print(
-        f"| decode limit: {os.cpu_count()} processes x tight decode+augment loop | {lim_rate:.0f} | 100% | "
-        f"{lim_cpu * 1000:.2f} ms | 1.00 |"
+        f"| decode limit: {os.cpu_count()} processes x tight decode+augment loop | {lim_rate:.0f} ({runs}) | "
+        f"100% | {lim_cpu * 1000:.2f} ms | 1.00 |"
     )
-    for cfg in ("b", "d"):
-        rate, cpu = _med(r for r, _ in prep[cfg]), _med(c for _, c in prep[cfg])
+    for cfg in args.prep_configs:
+        rate, cpu = _med(r["rate"] for r in prep[cfg]), _med(r["cpu_s"] for r in prep[cfg])
+        runs = ", ".join(f"{r['rate']:.0f}" for r in prep[cfg])
         print(
-            f"| ({cfg}) {CONFIGS[cfg]} | {rate:.0f} | {rate / lim_rate:.0%} | {cpu * 1000:.2f} ms | "
+            f"| ({cfg}) {CONFIGS[cfg]} | {rate:.0f} ({runs}) | {rate / lim_rate:.0%} | {cpu * 1000:.2f} ms | "
             f"{lim_cpu / cpu:.2f} |"
+        )
+    print("\nWhere the loader's time goes, per sample (median):\n")
+    print("| | main CPU | workers CPU | main minor faults | workers minor faults |")
+    print("|---|---|---|---|---|")
+    lim_faults = _med(r[2] for r in prep["limit"])
+    print(f"| decode limit (one loop) | - | {lim_cpu * 1000:.2f} ms | - | {lim_faults:.0f} |")
+    for cfg in args.prep_configs:
+        m = {k: _med(r[k] for r in prep[cfg]) for k in prep[cfg][0]}
+        print(
+            f"| ({cfg}) | {m['main_cpu_s'] * 1000:.2f} ms | {m['workers_cpu_s'] * 1000:.2f} ms | "
+            f"{m['main_minflt']:.0f} | {m['workers_minflt']:.0f} |"
         )
 
 
@@ -329,7 +383,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--configs", default="abcd", help="which loaders (default abcd)")
+    p.add_argument("--configs", default="abcd", help="which loaders, fetch-bound (default abcd)")
+    p.add_argument("--prep-configs", default="bdefg", help="which loaders, prep-bound (default bdefg)")
     p.add_argument("--skip-prep-bound", action="store_true")
     p.add_argument("--skip-fetch-bound", action="store_true")
     p.add_argument(
@@ -357,7 +412,7 @@ def main() -> None:
         notes.append("(c) DALI skipped: nvidia-dali-cuda130 is not installed (pip install -e '.[dali]').")
     image_bytes = int(dataset_bytes * 1.6) + (128 << 20)
     results: dict[str, list[dict]] = {c: [] for c in configs}
-    prep: dict[str, list] = {"limit": [], "b": [], "d": []}
+    prep: dict[str, list] = {"limit": [], **{c: [] for c in args.prep_configs}}
     with SlowStore(image_bytes, int(args.read_mb_s * 1e6), page_cache_bytes=cache_bytes) as store:
         root = os.path.join(store.mount, "data")
         copy_tree(src, root)
@@ -372,15 +427,15 @@ def main() -> None:
             store.set_read_bps(None)
             for run in range(args.runs):
                 prep["limit"].append(decode_limit(root, os.cpu_count() or 1, 300))
-                for cfg in ("b", "d"):
-                    res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes)
-                    later = res["epochs"][1:]  # epoch 1 fills coordl's cache and the page cache
-                    rate = sum(e["items"] for e in later) / sum(e["time_s"] for e in later)
-                    cpu = sum(e["cpu_s"] for e in later) / sum(e["items"] for e in later)
-                    prep[cfg].append((rate, cpu))
-                print(
-                    f"prep-bound run {run}: limit {prep['limit'][-1]}, (b) {prep['b'][-1]}, (d) {prep['d'][-1]}"
+                order = (
+                    args.prep_configs[run % len(args.prep_configs) :]
+                    + args.prep_configs[: run % len(args.prep_configs)]
                 )
+                for cfg in order:
+                    res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes)
+                    prep[cfg].append(_prep_summary(res))
+                rates = ", ".join(f"({c}) {prep[c][-1]['rate']:.0f}/s" for c in args.prep_configs)
+                print(f"prep-bound run {run}: limit {prep['limit'][-1][0]:.0f}/s, {rates}", flush=True)
     if args.json:
         args.json.write_text(
             json.dumps({"fetch": results, "prep": prep, "dataset_bytes": dataset_bytes}, indent=1)

@@ -14,6 +14,9 @@ Rules that keep it safe:
   main process sets 0, so no lock is needed;
 * no free slot (the user holds many batches), a structure it cannot hold, or no room in ``/dev/shm``:
   that batch goes through ``default_collate`` as before. Never a wait, never a bus error;
+* the worker's own heap: a batch keeps its samples alive until they are stacked, and glibc then
+  returns that freed memory to the OS, so each batch's samples would fault in fresh pages again.
+  A worker with a ring keeps freed memory for the next batch (``mallopt``, glibc only);
 * the main process unlinks the segment's name as soon as it has mapped it, so nothing stays in
   ``/dev/shm`` if a worker is killed later; the worker unlinks it at exit if the main process never
   mapped it, and :func:`coordl.shm.reclaim_stale` removes it after a ``kill -9`` of both.
@@ -21,6 +24,7 @@ Rules that keep it safe:
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import multiprocessing.util
 import os
@@ -339,7 +343,26 @@ class RingCollate:
         if ring.capped:  # not even the header fits: no ring in this worker
             ring.segment.close()
             return None
+        _keep_freed_heap(2 * ring.slot_bytes)
         return ring
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit
+
+
+def _keep_freed_heap(batch_bytes: int) -> None:
+    """Keep up to ``batch_bytes`` (at least 64 MiB) of freed heap in this process instead of trimming.
+
+    Setting one threshold turns off glibc's own adaptation of both, so both are set: blocks up to
+    32 MiB come from the heap (not a fresh mmap each), and the heap top is trimmed only beyond.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):  # not glibc
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+    mallopt(_M_TRIM_THRESHOLD, min(max(batch_bytes, 64 << 20), 1 << 30))
 
 
 # -- main side -------------------------------------------------------------------------------------
