@@ -329,23 +329,33 @@ class VirtualNetwork:
         self._names.clear()
 
     # -- helpers for distributed jobs ------------------------------------------------------------
-    def dist_env(self, rank: int, world_size: int | None = None, master_port: int | None = None) -> dict:
-        """torch.distributed env for one process per host: rank ``rank`` runs on ``hosts[rank]``.
+    def dist_env(
+        self,
+        rank: int,
+        world_size: int | None = None,
+        master_port: int | None = None,
+        ranks_per_host: int = 1,
+    ) -> dict:
+        """torch.distributed env for rank ``rank``, which runs on ``hosts[rank // ranks_per_host]``.
 
         Sets ``GLOO_SOCKET_IFNAME`` (gloo otherwise picks an interface from the hostname, which resolves
-        outside the namespace), ``MASTER_ADDR`` = host 0's address, and the torchrun variables that
-        describe one rank per node (``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``, ``GROUP_RANK=rank``).
+        outside the namespace), ``MASTER_ADDR`` = host 0's address, and the torchrun variables of a node
+        with ``ranks_per_host`` ranks (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` = host index).
+        Ranks on one host reach each other over that namespace's own address (loopback: not rate-limited).
         """
-        world = self.n_hosts if world_size is None else world_size
+        if ranks_per_host < 1:
+            raise ValueError(f"ranks_per_host must be >= 1, got {ranks_per_host}")
+        world = self.n_hosts * ranks_per_host if world_size is None else world_size
+        host = rank // ranks_per_host
         env = {
-            "GLOO_SOCKET_IFNAME": self.hosts[rank].ifname,
+            "GLOO_SOCKET_IFNAME": self.hosts[host].ifname,
             "MASTER_ADDR": self.hosts[0].ip,
             "RANK": str(rank),
             "WORLD_SIZE": str(world),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-            "GROUP_RANK": str(rank),
-            "NODE_RANK": str(rank),
+            "LOCAL_RANK": str(rank % ranks_per_host),
+            "LOCAL_WORLD_SIZE": str(ranks_per_host),
+            "GROUP_RANK": str(host),
+            "NODE_RANK": str(host),
         }
         if master_port is not None:
             env["MASTER_PORT"] = str(master_port)

@@ -67,6 +67,10 @@ def test_hosts_have_own_addresses_and_exchange_data() -> None:
         assert ips[2] in addr
         env = net.dist_env(2, master_port=1234)
         assert env["MASTER_ADDR"] == ips[0] and env["GLOO_SOCKET_IFNAME"] == net.hosts[2].ifname
+        # Two ranks per host: rank 5 is the second rank on host 2.
+        env = net.dist_env(5, master_port=1234, ranks_per_host=2)
+        assert env["WORLD_SIZE"] == "6" and env["GLOO_SOCKET_IFNAME"] == net.hosts[2].ifname
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == ("1", "2", "2")
 
 
 def test_rate_limit_limits_throughput() -> None:
