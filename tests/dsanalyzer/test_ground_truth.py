@@ -32,6 +32,28 @@ def truth(step_s: float, prep_run: dict, real_run: dict) -> dict:
     }
 
 
+def _loaded() -> bool:
+    return os.getloadavg()[0] > (os.cpu_count() or 1)
+
+
+def _on_a_shared_machine(check, tmp_path) -> None:
+    """``check(dir)``, retried once when the machine was overloaded, skipped if it stays so.
+
+    The truth is timed on the machine: a CI box running other jobs at once delays the loader's worker and the
+    main loop by amounts the workload cannot record. A failure on a machine that is not overloaded is real.
+    """
+    for attempt in range(2):
+        try:
+            d = tmp_path / f"attempt{attempt}"
+            d.mkdir()
+            check(d)
+            return
+        except AssertionError:
+            if not _loaded():
+                raise
+    pytest.skip(f"machine too loaded for a timed truth (load {os.getloadavg()[0]:.1f}), twice")
+
+
 def _check(tmp_path, prep_spins: bool) -> None:
     sources: list[TimedSource] = []
     steps: list[float] = []
@@ -58,14 +80,14 @@ def _check(tmp_path, prep_spins: bool) -> None:
 
 @pytest.mark.slow
 def test_stalls_match_the_truth_within_5_percent(tmp_path):
-    _check(tmp_path, prep_spins=False)
+    _on_a_shared_machine(lambda d: _check(d, prep_spins=False), tmp_path)
 
 
 @pytest.mark.slow
 def test_stalls_match_the_truth_with_cpu_burning_prep(tmp_path):
-    if os.getloadavg()[0] > (os.cpu_count() or 1):
+    if _loaded():
         pytest.skip(f"machine too loaded for a CPU-timed truth (load {os.getloadavg()[0]:.1f})")
-    _check(tmp_path, prep_spins=True)
+    _on_a_shared_machine(lambda d: _check(d, prep_spins=True), tmp_path)
 
 
 SCRIPT = """
@@ -94,6 +116,10 @@ for epoch in range(100):
 
 @pytest.mark.slow
 def test_cli_profile_of_an_unmodified_script_matches_the_truth(tmp_path):
+    _on_a_shared_machine(_check_cli, tmp_path)
+
+
+def _check_cli(tmp_path) -> None:
     import json
     import sys
 
