@@ -426,22 +426,20 @@ class BatchRing:
             self._slots_seen.add(key)
             self.counts["ring_slots"] += 1
         self.counts["ring_batches"] += 1
-        batch._held = False  # from here the slot is freed by the batch's tensors, not the descriptor
         slot = np.frombuffer(mapping.mmap, dtype=np.uint8, count=batch.nbytes, offset=batch.offset)
+        # The tensors' storage keeps ``slot`` alive; when the last of them dies, the slot goes back.
+        weakref.finalize(slot, _give_back, mapping.states, batch.slot).atexit = False
+        batch._held = False  # from here the slot is freed by the batch's tensors, not the descriptor
         storage = torch.from_numpy(slot).untyped_storage()
-        views = [
+        del slot
+        tensors = [
             torch.empty(0, dtype=dtype).set_(storage, off // dtype.itemsize, shape)
             for off, dtype, shape in batch.leaves
         ]
+        del storage
         if batch.pin or self.copy:
-            # Copies (pinned when torch's pin thread asked): the slot is free as soon as they exist.
-            tensors = [_copy(v, batch.pin) for v in views]
-            del views, storage, slot
-            mapping.states[batch.slot] = _FREE
-        else:
-            # The storage keeps ``slot`` alive; when its last tensor dies, the slot goes back.
-            weakref.finalize(slot, _give_back, mapping.states, batch.slot).atexit = False
-            tensors = views
+            # Copies (pinned when torch's pin thread asked): dropping the views frees the slot now.
+            tensors = [_copy(v, batch.pin) for v in tensors]
         scalars = [_collate_scalar(v, batch.pin) for v in batch.scalars]
         return _build(batch.spec, iter(tensors), iter(scalars))
 
