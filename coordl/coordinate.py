@@ -19,15 +19,15 @@ share one batch sequence:
 * A late job joins at the next epoch boundary that no producer has started.
 
 The control block and the ring live in ``<dir>/coordl-grp-<digest>.{ctl,data}``; a lock file
-serialises changes to the control block. The last member to leave removes them; if every member died,
-the next job to join re-initialises the group.
+``.lock`` serialises changes to the control block. The last member to leave removes all three; if every
+member died, the next job to join re-initialises the group, and any job that joins a group removes the
+files of other groups in the directory whose processes all died.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import hashlib
 import mmap
 import multiprocessing as mp
@@ -104,7 +104,7 @@ def _producer_main(
         ctl.producers[row] = (me, start, member_pid)
     perm_cache: dict[int, torch.Tensor] = {}
     try:
-        while not stop.is_set() and os.getppid() == member_pid:
+        while not stop.value and os.getppid() == member_pid:
             g = None
             with ctl.locked():
                 if not ctl.members[:, 0].any():
@@ -178,35 +178,48 @@ class GroupMember:
             raise ValueError(f"coordinate: batch_size={batch_size} with drop_last leaves no batch")
         params = {"num_items": num_items, "batch_size": batch_size, "seed": group.seed,
                   "shuffle": int(shuffle), "drop_last": int(drop_last)}  # fmt: skip
+        self._ctl: gc.Control | None = None
+        self._data: mmap.mmap | None = None
+        self._stop: Any = None
+        self._producers: list[Any] = []
+        os.makedirs(group.directory, exist_ok=True)
+        gc.reclaim_dead_groups(group.directory)  # leftovers of jobs that were all killed
         self._ctl = self._join(params, make_batch)
+        try:
+            self._start(group, make_batch, num_producers, mp_context)
+        except BaseException:
+            self.close()  # leave at once: the others must not wait for a job that never started
+            raise
+
+    def _start(
+        self, group: Group, make_batch: Callable[[list[int]], Any], num_producers: int, mp_context: Any
+    ) -> None:
+        """Map the ring and start this job's producers (after joining)."""
         slot_bytes = int(self._ctl.hdr[gc.H_SLOTBYTES])
         self._data_fd = os.open(self.base + ".data", os.O_RDONLY)
         self._data = mmap.mmap(self._data_fd, group.slots * slot_bytes, prot=mmap.PROT_READ)
         self._slot_bytes = slot_bytes
         ctx = mp_context or mp.get_context()
-        self._stop = ctx.Event()
-        self._producers = [
-            ctx.Process(target=_producer_main, daemon=True, name=f"coordl-producer-{i}",
-                        args=(self.base, group.slots, make_batch, os.getpid(), self._stop))
-            for i in range(max(1, num_producers))
-        ]  # fmt: skip
-        for p in self._producers:
+        # A lock-free flag, not an Event: a producer killed inside Event.is_set() (the SIGTERM that
+        # multiprocessing sends daemons at exit) leaves its lock held and the job's close() hanging.
+        self._stop = ctx.RawValue("b", 0)
+        for i in range(max(1, num_producers)):
+            p = ctx.Process(target=_producer_main, daemon=True, name=f"coordl-producer-{i}",
+                            args=(self.base, group.slots, make_batch, os.getpid(), self._stop))  # fmt: skip
+            self._producers.append(p)
             p.start()
 
     def _join(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> gc.Control:
         g = self.group
-        os.makedirs(g.directory, exist_ok=True)
-        lock_fd = os.open(self.base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        lock_fd = gc.lock_group(self.base)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
             ctl = self._open_existing(g.slots)
-            if ctl is not None:
-                ctl.sweep()
-                if not ctl.members[:, 0].any() and not ctl.producers[:, 0].any():
-                    ctl.close()
-                    ctl = None  # every member died: start the group afresh
             if ctl is None:
-                ctl = self._create(params, make_batch)
+                try:
+                    ctl = self._create(params, make_batch)
+                except BaseException:
+                    gc.remove_group_files(self.base)  # no half-made group outlives a failed start
+                    raise
             for name, field in gc.PARAMS.items():
                 theirs = int(ctl.hdr[field])
                 if theirs != params[name]:
@@ -224,8 +237,7 @@ class GroupMember:
             ctl.members[self._row] = (os.getpid(), _start_ticks(os.getpid()), first, first)
             return ctl
         finally:
-            fcntl.flock(lock_fd, fcntl.LOCK_UN)
-            os.close(lock_fd)
+            os.close(lock_fd)  # releases the lock
 
     def _first_batch(self, ctl: gc.Control) -> int:
         """The first batch a joining job can see whole epochs from (called under the lock).
@@ -244,15 +256,24 @@ class GroupMember:
         return first
 
     def _open_existing(self, slots: int) -> gc.Control | None:
+        """The group's live control block (under the lock), or None to create it afresh."""
         try:
-            if os.path.getsize(self.base + ".ctl") != gc.ctl_size(slots):
-                raise ValueError(f"coordinate group {self.group.name!r} uses a different number of slots")
-            ctl = gc.Control(self.base, slots)
+            theirs = gc.slots_for_size(os.path.getsize(self.base + ".ctl"))
         except FileNotFoundError:
             return None
+        if theirs is None:
+            return None
+        ctl = gc.Control(self.base, theirs)
         if int(ctl.hdr[gc.H_MAGIC]) != gc.MAGIC or int(ctl.hdr[gc.H_VER]) != gc.VERSION:
             ctl.close()
             return None
+        ctl.sweep()
+        if ctl.all_dead():
+            ctl.close()
+            return None  # every member died: start the group afresh (whatever its slot count was)
+        if theirs != slots:
+            ctl.close()
+            raise ValueError(f"coordinate group {self.group.name!r} uses a different number of slots")
         return ctl
 
     def _create(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> gc.Control:
@@ -330,28 +351,31 @@ class GroupMember:
                 ctl.sweep()
 
     def close(self) -> None:
-        """Leave the group; the last member removes the shared files."""
+        """Leave the group; the last member removes the shared files (lock file included)."""
         if self._ctl is None:
             return
-        self._stop.set()
+        if self._stop is not None:
+            self._stop.value = 1
         ctl = self._ctl
         with ctl.locked():
             ctl.members[self._row] = 0
             last = not ctl.members[:, 0].any()
         ctl.ring_all()
         for p in self._producers:
+            if p.pid is None:
+                continue  # its start failed
             p.join(5)
             if p.is_alive():
                 p.kill()
                 p.join(5)
         with ctl.locked():
             ctl.sweep()
-            if last and not ctl.members[:, 0].any():
-                for ext in (".ctl", ".data"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(self.base + ext)
-        self._data.close()
-        os.close(self._data_fd)
+            # is_current: if the group was removed and made afresh meanwhile, those paths are not ours.
+            if last and not ctl.members[:, 0].any() and ctl.is_current():
+                gc.remove_group_files(self.base)
+        if self._data is not None:
+            self._data.close()
+            os.close(self._data_fd)
         ctl.close()
         self._ctl = None
 

@@ -5,6 +5,11 @@ One file ``<dir>/coordl-grp-<digest>.ctl`` of int64 words shared by every job of
 jobs (pid, start ticks, first batch needed, cursor), a table of producer processes, and one row per
 staging slot (batch, state, producer, bytes). Changes happen under an fcntl lock on
 ``<base>.lock``; wake-ups are datagrams on abstract Unix sockets named after the group and the pid.
+
+No file outlives the group: the last member to leave unlinks the lock file too, while holding it. A
+process that was waiting on that lock then holds a lock on a name nobody will open again, so
+:func:`lock_group` checks after ``flock`` that the path still names the file it locked, and retries.
+:func:`reclaim_dead_groups` removes the files of groups whose every process died (``kill -9``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import fcntl
 import mmap
 import os
+import re
 import socket
 from collections.abc import Iterator
 
@@ -50,8 +56,107 @@ PARAMS = {
 }
 
 
+_GROUP_FILE_RE = re.compile(r"^(coordl-grp-[0-9a-f]{16})\.(?:lock|ctl|data)$")
+
+
 def ctl_size(slots: int) -> int:
     return 8 * (HDR + MEMBERS * MW + PRODUCERS * PW + slots * SW)
+
+
+def slots_for_size(size: int) -> int | None:
+    """The slot count of a control block of ``size`` bytes, or None if no layout has that size."""
+    slots, rest = divmod(size - ctl_size(0), 8 * SW)
+    return slots if slots > 0 and rest == 0 else None
+
+
+def _names(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (not once it is unlinked or re-created)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (fst.st_ino, fst.st_dev)
+
+
+def lock_group(base: str, *, blocking: bool = True) -> int | None:
+    """Lock the group ``base`` (creating ``<base>.lock``); return the fd, whose close releases it.
+
+    Args:
+        base: ``<dir>/coordl-grp-<digest>``.
+        blocking: wait for the holder; with False, return None while another process holds it.
+
+    The lock file is unlinked by whoever removes the group, while holding it: a lock taken on a file
+    the path no longer names excludes nobody, so that case is retried with the current file.
+    """
+    path = base + ".lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _names(fd, path):
+                return fd
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def remove_group_files(base: str) -> None:
+    """Unlink the group's ring, control block and lock file; only while holding the group's lock."""
+    for ext in (".data", ".ctl", ".lock"):  # the lock last: a crash in between leaves a lockable group
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(base + ext)
+
+
+def _group_is_dead(base: str) -> bool:
+    """Under the group's lock: whether no process of the group is alive (or it was never finished)."""
+    try:
+        with open(base + ".ctl", "rb") as f:
+            head = np.frombuffer(f.read(16).ljust(16, b"\0"), dtype=np.int64)
+            slots = slots_for_size(os.fstat(f.fileno()).st_size)
+    except FileNotFoundError:
+        return True  # a lock or ring without control block: left by a crash while removing the group
+    if int(head[0]) != MAGIC:
+        return True  # its creator died before finishing it (creating happens under this lock)
+    if int(head[1]) != VERSION or slots is None:
+        return False  # another coordl version's layout: not ours to judge
+    ctl = Control(base, slots)
+    try:
+        ctl.sweep()
+        return ctl.all_dead()
+    finally:
+        ctl.close()
+
+
+def reclaim_dead_groups(directory: str) -> list[str]:
+    """Remove the files of groups in ``directory`` whose processes all died; return their bases.
+
+    A group whose lock is held (in use right now) or that has a live member or producer is kept.
+    """
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in sorted({m[1] for m in map(_GROUP_FILE_RE.match, names) if m}):
+        base = os.path.join(directory, name)
+        try:
+            fd = lock_group(base, blocking=False)
+        except OSError:
+            continue  # e.g. another user's group
+        if fd is None:
+            continue
+        try:
+            if _group_is_dead(base):
+                remove_group_files(base)
+                removed.append(base)
+        finally:
+            os.close(fd)
+    return removed
 
 
 class Control:
@@ -59,7 +164,9 @@ class Control:
 
     def __init__(self, base: str, slots: int) -> None:
         self.base = base
-        self._lock_fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        # No O_CREAT: the lock file exists while the group does; re-creating it after the group was
+        # removed (a late producer) would leave a file nobody removes.
+        self._lock_fd = os.open(base + ".lock", os.O_RDWR)
         self._fd = os.open(base + ".ctl", os.O_RDWR)
         self._map = mmap.mmap(self._fd, ctl_size(slots))
         self._mm = np.frombuffer(self._map, dtype=np.int64)
@@ -117,6 +224,14 @@ class Control:
         for slot in self.slots:
             if slot[1] == CLAIMED and int(slot[2]) not in live:
                 slot[1] = REDO
+
+    def all_dead(self) -> bool:
+        """After a sweep: whether the group has no member and no producer left."""
+        return not self.members[:, 0].any() and not self.producers[:, 0].any()
+
+    def is_current(self) -> bool:
+        """Whether the group's paths still name this block and its lock (it was not removed or re-made)."""
+        return _names(self._lock_fd, self.base + ".lock") and _names(self._fd, self.base + ".ctl")
 
     def consumed_by_all(self, g: int) -> bool:
         m = self.members

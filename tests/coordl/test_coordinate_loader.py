@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 
 import pytest
 import torch
@@ -44,6 +45,7 @@ def test_two_jobs_receive_identical_batches(tiny_dataset, tmp_path):
         assert p.exitcode == 0
     assert results[0] == results[1]  # same augmented pixels: each batch was prepped once
     assert len(results[0]) == 12
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("coordl-grp-")]  # the group left nothing
 
 
 def test_coordinate_rejects_a_sampler(tiny_dataset, tmp_path):
