@@ -26,14 +26,17 @@ files of other groups in the directory whose processes all died.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import functools
 import hashlib
 import mmap
 import multiprocessing as mp
 import os
 import signal
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -182,9 +185,14 @@ class GroupMember:
         self._data: mmap.mmap | None = None
         self._stop: Any = None
         self._producers: list[Any] = []
+        self._pid = os.getpid()
         os.makedirs(group.directory, exist_ok=True)
         gc.reclaim_dead_groups(group.directory)  # leftovers of jobs that were all killed
         self._ctl = self._join(params, make_batch)
+        # Leave at exit while the interpreter still works: __del__ during shutdown fails (numpy can
+        # no longer import), which left the group's files behind.
+        self._exit_hook = functools.partial(_close_if_alive, weakref.ref(self))
+        atexit.register(self._exit_hook)
         try:
             self._start(group, make_batch, num_producers, mp_context)
         except BaseException:
@@ -352,8 +360,9 @@ class GroupMember:
 
     def close(self) -> None:
         """Leave the group; the last member removes the shared files (lock file included)."""
-        if self._ctl is None:
-            return
+        if self._ctl is None or os.getpid() != self._pid:
+            return  # a forked child's copy is not a member
+        atexit.unregister(self._exit_hook)
         if self._stop is not None:
             self._stop.value = 1
         ctl = self._ctl
@@ -382,6 +391,12 @@ class GroupMember:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _close_if_alive(ref: weakref.ref[GroupMember]) -> None:
+    member = ref()
+    if member is not None:
+        member.close()
 
 
 class BatchMaker:

@@ -7,6 +7,8 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -64,6 +66,36 @@ def test_finished_jobs_leave_no_file_of_the_group(tmp_path):
 def test_a_job_failing_without_close_leaves_no_file(tmp_path):
     assert _run([(_job, (tmp_path, 1, True)), (_job, (tmp_path, 1, False))]) == [1, 0]
     assert _group_files(tmp_path, "g") == []
+
+
+_EXIT_WITHOUT_CLOSE = """
+import sys, torch
+from coordl.coordinate import Group, GroupMember
+m = GroupMember(Group("g", slots=4, directory=sys.argv[1]), num_items=40, batch_size=4, drop_last=False,
+                shuffle=False, make_batch=lambda ix: torch.tensor(ix, dtype=torch.float32))
+next(m.epoch())
+print("member", flush=True)
+"""
+
+
+def test_a_job_exiting_without_close_leaves_no_file(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _EXIT_WITHOUT_CLOSE, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and "member" in done.stdout, done.stderr
+    assert _group_files(tmp_path) == []
+
+
+def _close_in_child(m: GroupMember) -> None:
+    m.close()
+
+
+def test_a_forked_childs_close_does_not_end_the_parents_membership(tmp_path):
+    m = _member(tmp_path)
+    assert _run([(_close_in_child, (m,))]) == [0]
+    assert int(m._ctl.members[m._row, 0]) == os.getpid()
+    assert len(_group_files(tmp_path, "g")) == 3
+    m.close()
+    assert _group_files(tmp_path) == []
 
 
 def _failing_probe(indices: list[int]):
