@@ -29,13 +29,14 @@ from the blkio counter of the loop device (only the dataset lives there); hit ra
 seconds per sample: user+system time of the child and its workers over items. Configurations
 alternate within each of ``--runs`` rounds; tables show medians.
 
-Then the prep-bound check: storage unthrottled, (b), (d) and coordl with its batch ring off (e),
-copying out of it (f) or without its worker heap setting (g) against the machine's decode limit, i.e. ``cores`` processes each running a
-tight decode+augment loop over bytes in memory, at once, rates summed; measured alternately in the
-same run (``--prep-configs``). On a machine shared with other work the wall rates depend on the load,
-so CPU seconds per sample are reported too: ``limit CPU / loader CPU`` is the fraction of the
-loader's CPU spent on the prep itself. A second table splits CPU time and minor page faults per
-sample between the main process and the workers (``getrusage`` and ``/proc/<pid>/stat``).
+Then the prep-bound check: storage unthrottled; (b), (d), and coordl with its batch ring off (e),
+copying out of it (f), without its worker heap setting (g) or with persistent workers (h), against
+the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
+bytes in memory, at once, rates summed; measured alternately in the same run (``--prep-configs``).
+On a machine shared with other work the wall rates depend on the load, so CPU seconds per sample
+are reported too: ``limit CPU / loader CPU`` is the fraction of the loader's CPU spent on the prep
+itself. A second table splits CPU time and minor page faults per sample between the main process
+and the workers (``getrusage`` and ``/proc/<pid>/stat``).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ CONFIGS = {
     "e": "coordl.DataLoader, cache 50%, batch_ring=False",
     "f": "coordl.DataLoader, cache 50%, batch_ring='copy'",
     "g": "coordl.DataLoader, cache 50%, ring without the workers' heap setting",
+    "h": "coordl.DataLoader, cache 50%, persistent_workers=True",
 }
-COORDL = {"d": True, "e": False, "f": "copy", "g": True}  # config -> batch_ring
+COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True}  # config -> batch_ring
 RESIZE, CROP = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # Page cache every run gets on top of its budget: file-system metadata and reads in flight. Without
@@ -200,7 +202,10 @@ def child(args: argparse.Namespace) -> None:
             import coordl.batch_ring
 
             coordl.batch_ring._keep_freed_heap = lambda batch_bytes: None
-        loader = coordl.DataLoader(ds, cache_bytes=args.cache_bytes, batch_ring=COORDL[args.child], **common)
+        ring, persistent = COORDL[args.child], args.child == "h"
+        loader = coordl.DataLoader(
+            ds, cache_bytes=args.cache_bytes, batch_ring=ring, persistent_workers=persistent, **common
+        )
     epochs = []
     for _ in range(args.epochs):
         read0, use0, t0 = _blkio_read(args.blkio, args.device), _usage(), time.perf_counter()
@@ -384,7 +389,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", default="abcd", help="which loaders, fetch-bound (default abcd)")
-    p.add_argument("--prep-configs", default="bdefg", help="which loaders, prep-bound (default bdefg)")
+    p.add_argument("--prep-configs", default="bdefgh", help="which loaders, prep-bound (default bdefgh)")
     p.add_argument("--skip-prep-bound", action="store_true")
     p.add_argument("--skip-fetch-bound", action="store_true")
     p.add_argument(
