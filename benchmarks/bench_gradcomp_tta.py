@@ -30,7 +30,7 @@ TTA_METHODS = ["ddp", "torch-fp16", "torch-powersgd", "topk", "mstopk", "gtopk",
 
 
 def _row(link: str, method: str, reps: list[dict], base_s: float | None) -> tuple[dict, str]:
-    """Medians over repeats (a run that missed the target counts as not reached)."""
+    """Medians over repeats (a run that missed the target counts as not reached); ``base_s``: DDP's time."""
     reached = [r for r in reps if r["time_to_accuracy_s"] is not None]
     row = {
         "link": link,
@@ -49,6 +49,7 @@ def _row(link: str, method: str, reps: list[dict], base_s: float | None) -> tupl
         row["tta_iters"] = statistics.median(r["iters_to_accuracy"] or float("inf") for r in reps)
         tta = f"{row['tta_s']:.1f}"
         iters = f"{row['tta_iters']:g}"
+        base_s = row["tta_s"] if method == "ddp" else base_s
         ratio = f"{base_s / row['tta_s']:.2f}x" if base_s else "-"
     else:
         row["tta_s"] = row["tta_iters"] = None
