@@ -345,7 +345,8 @@ def _prep_summary(res: dict) -> dict[str, float]:
 def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
     lim_rate, lim_cpu = _med(r[0] for r in prep["limit"]), _med(r[1] for r in prep["limit"])
     print(f"\n### Prep-bound (storage unthrottled, epochs 2-{args.epochs}), median of {args.runs}\n")
-    print("| | samples/s (runs) | % of limit | CPU s/sample | limit CPU / loader CPU |")
+    print("% of limit and the CPU ratio: medians of each run's ratio to the limit measured just before it.\n")
+    print("| | samples/s (runs) | % of limit (runs) | CPU s/sample | limit CPU / loader CPU |")
     print("|---|---|---|---|---|")
     runs = ", ".join(f"{r[0]:.0f}" for r in prep["limit"])
     print(
@@ -355,9 +356,11 @@ def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
     for cfg in args.prep_configs:
         rate, cpu = _med(r["rate"] for r in prep[cfg]), _med(r["cpu_s"] for r in prep[cfg])
         runs = ", ".join(f"{r['rate']:.0f}" for r in prep[cfg])
+        shares = [r["rate"] / r["limit_rate"] for r in prep[cfg]]
+        cpu_ratio = _med(r["limit_cpu_s"] / r["cpu_s"] for r in prep[cfg])
         print(
-            f"| ({cfg}) {CONFIGS[cfg]} | {rate:.0f} ({runs}) | {rate / lim_rate:.0%} | {cpu * 1000:.2f} ms | "
-            f"{lim_cpu / cpu:.2f} |"
+            f"| ({cfg}) {CONFIGS[cfg]} | {rate:.0f} ({runs}) | {_med(shares):.0%} "
+            f"({', '.join(f'{x:.0%}' for x in shares)}) | {cpu * 1000:.2f} ms | {cpu_ratio:.2f} |"
         )
     print("\nWhere the loader's time goes, per sample (median):\n")
     print("| | main CPU | workers CPU | main minor faults | workers minor faults |")
@@ -365,7 +368,10 @@ def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
     lim_faults = _med(r[2] for r in prep["limit"])
     print(f"| decode limit (one loop) | - | {lim_cpu * 1000:.2f} ms | - | {lim_faults:.0f} |")
     for cfg in args.prep_configs:
-        m = {k: _med(r[k] for r in prep[cfg]) for k in prep[cfg][0]}
+        m = {
+            k: _med(r[k] for r in prep[cfg])
+            for k in ("main_cpu_s", "workers_cpu_s", "main_minflt", "workers_minflt")
+        }
         print(
             f"| ({cfg}) | {m['main_cpu_s'] * 1000:.2f} ms | {m['workers_cpu_s'] * 1000:.2f} ms | "
             f"{m['main_minflt']:.0f} | {m['workers_minflt']:.0f} |"
@@ -431,16 +437,22 @@ def main() -> None:
         if not args.skip_prep_bound:
             store.set_read_bps(None)
             for run in range(args.runs):
-                prep["limit"].append(decode_limit(root, os.cpu_count() or 1, 300))
                 order = (
                     args.prep_configs[run % len(args.prep_configs) :]
                     + args.prep_configs[: run % len(args.prep_configs)]
                 )
                 for cfg in order:
+                    # The limit is measured right before each loader: the machine's load drifts.
+                    prep["limit"].append(decode_limit(root, os.cpu_count() or 1, 600))
                     res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes)
-                    prep[cfg].append(_prep_summary(res))
-                rates = ", ".join(f"({c}) {prep[c][-1]['rate']:.0f}/s" for c in args.prep_configs)
-                print(f"prep-bound run {run}: limit {prep['limit'][-1][0]:.0f}/s, {rates}", flush=True)
+                    summary = _prep_summary(res)
+                    summary["limit_rate"], summary["limit_cpu_s"] = prep["limit"][-1][:2]
+                    prep[cfg].append(summary)
+                rates = ", ".join(
+                    f"({c}) {prep[c][-1]['rate']:.0f}/s vs limit {prep[c][-1]['limit_rate']:.0f}/s"
+                    for c in args.prep_configs
+                )
+                print(f"prep-bound run {run}: {rates}", flush=True)
     if args.json:
         args.json.write_text(
             json.dumps({"fetch": results, "prep": prep, "dataset_bytes": dataset_bytes}, indent=1)
