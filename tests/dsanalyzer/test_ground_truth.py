@@ -37,10 +37,10 @@ def _loaded() -> bool:
 
 
 def _on_a_shared_machine(check, tmp_path) -> None:
-    """``check(dir)``, retried once when the machine was overloaded, skipped if it stays so.
+    """``check(dir)``, retried once; skipped if both attempts failed on an overloaded machine.
 
     The truth is timed on the machine: a CI box running other jobs at once delays the loader's worker and the
-    main loop by amounts the workload cannot record. A failure on a machine that is not overloaded is real.
+    main loop by amounts the workload cannot record. Two failures on a machine not overloaded are real.
     """
     for attempt in range(2):
         try:
@@ -49,7 +49,9 @@ def _on_a_shared_machine(check, tmp_path) -> None:
             check(d)
             return
         except AssertionError:
-            if not _loaded():
+            # One more attempt whatever the load: a CPU-timed truth on a 2-core box can miss 5% by a hair
+            # when the test runner itself takes a core for a moment. Twice on a machine not overloaded fails.
+            if attempt == 1 and not _loaded():
                 raise
     pytest.skip(f"machine too loaded for a timed truth (load {os.getloadavg()[0]:.1f}), twice")
 
