@@ -357,6 +357,17 @@ def _exchange_records(topo: NodeTopology, record: str) -> list[str]:
     return [bytes(t.numpy()).rstrip(b"\0").decode() for t in out]
 
 
+def _barrier(server: Any) -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+
+
 def build_partitioned_tier(
     num_items: int,
     cache_bytes: int,
@@ -419,6 +430,11 @@ def build_partitioned_tier(
         addresses, weights = [None], [int(cache_bytes)]
     owners = OwnerMap(num_items, weights, seed=seed)
     owners_ref.append(owners)
+    if topo.world_size > 1:
+        # A rank can leave the exchange before its peers have built their maps; a PUT that reached
+        # a server without one was answered and dropped (an extra storage read next epoch). No rank
+        # returns, and so none pushes, until every server admits its items.
+        _barrier(server)
     client = PeerClient(addresses, timeout_s=timeout_s, backoff_s=backoff_s)
     tier = PartitionedTier(owners, topo.node, client, counters, local_cache=local_cache, push=push)
     tier.server = server
