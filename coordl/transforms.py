@@ -83,11 +83,22 @@ class Compose(Stage):
         self.stages = list(stages)
         self.deterministic = all(getattr(s, "deterministic", False) for s in self.stages)
         self.array_output = bool(self.stages) and getattr(self.stages[-1], "array_output", False)
+        self._plan: list[Callable[[Any], Any]] = []
+        self._plan_key: tuple[int, ...] = ()
 
     def __call__(self, x: Any) -> Any:
-        for stage in self.stages:
+        key = tuple(map(id, self.stages))  # ``stages`` is a public list: re-plan if it was edited
+        if key != self._plan_key:
+            self._plan, self._plan_key = _fuse(self.stages), key
+        for stage in self._plan:
             x = stage(x)
         return x
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_plan", "_plan_key")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _plan=[], _plan_key=())
 
     def __len__(self) -> int:
         return len(self.stages)
@@ -297,7 +308,11 @@ class RandomHorizontalFlip(Stage):
 
     def __call__(self, arr: np.ndarray) -> np.ndarray:
         if _uniform(self.generator, 1)[0] < self.p:
-            return arr[:, ::-1]
+            if all(st >= 0 for st in arr.strides):
+                # A contiguous mirrored copy: ~15x faster than NumPy copying the ``[:, ::-1]`` view of
+                # 3-byte pixels later (0.02 vs 0.39 ms for 224x224x3 here), and torch needs positive strides.
+                return torch.from_numpy(arr).flip(1).numpy()
+            return np.ascontiguousarray(arr[:, ::-1])
         return arr
 
 
@@ -311,10 +326,10 @@ class ToTensor(Stage):
     array_output = False
 
     def __call__(self, arr: np.ndarray) -> torch.Tensor:
-        if arr.ndim == 2:
-            arr = arr[:, :, None]
-        t = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)
-        return t.to(torch.float32).div_(255.0)
+        x = _chw_view(arr)
+        # One pass that converts, scales and transposes into a contiguous CHW tensor (``.to()`` of
+        # the permuted view would keep the HWC layout, and every later op would pay for the strides).
+        return torch.div(x, 255.0, out=torch.empty(x.shape, dtype=torch.float32))
 
 
 class Normalize(Stage):
@@ -334,7 +349,48 @@ class Normalize(Stage):
         return {"mean": self.mean, "std": self.std}
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        return t.sub_(self._mean_t).div_(self._std_t)
+        # x * (1/std) - mean/std in one pass, in place (it differs from (x - mean) / std by float rounding).
+        scale, shift = self._affine(t.shape[0], 1.0)
+        return torch.addcmul(shift, t, scale, out=t)
+
+    def _affine(self, channels: int, input_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, shift) with ``normalize(x * input_scale) == x * scale + shift``, per channel."""
+        if channels != len(self.mean) and len(self.mean) != 1:
+            raise ValueError(f"Normalize: {len(self.mean)} means for an input with {channels} channels")
+        scale = input_scale / self._std_t
+        return scale, -self._mean_t / self._std_t
+
+
+class _ToTensorNormalize:
+    """ToTensor then Normalize, fused by :class:`Compose`: one pass from HWC uint8 to normalized CHW."""
+
+    def __init__(self, normalize: Normalize) -> None:
+        self.normalize = normalize
+
+    def __call__(self, arr: np.ndarray) -> torch.Tensor:
+        x = _chw_view(arr)
+        scale, shift = self.normalize._affine(x.shape[0], 1 / 255.0)
+        return torch.addcmul(shift, x, scale, out=torch.empty(x.shape, dtype=torch.float32))
+
+
+def _chw_view(arr: np.ndarray) -> torch.Tensor:
+    """A CHW torch view of an HWC (or HW) array; copies only an array torch cannot view."""
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if any(st < 0 for st in arr.strides):
+        arr = np.ascontiguousarray(arr)
+    return torch.from_numpy(arr).permute(2, 0, 1)
+
+
+def _fuse(stages: list[Callable[[Any], Any]]) -> list[Callable[[Any], Any]]:
+    """``stages`` with each ToTensor directly followed by a Normalize replaced by the fused stage."""
+    out: list[Callable[[Any], Any]] = []
+    for stage in stages:
+        if type(stage) is Normalize and out and type(out[-1]) is ToTensor:
+            out[-1] = _ToTensorNormalize(stage)
+        else:
+            out.append(stage)
+    return out
 
 
 def train_transform(size: int = 224, resize: int | None = None) -> Compose:

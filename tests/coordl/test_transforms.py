@@ -113,6 +113,44 @@ def test_to_tensor_and_normalize():
         T.Normalize(std=(1, 0, 1))
 
 
+def test_flip_of_a_view_and_of_a_negative_stride_array():
+    arr = _pixels()
+    crop = arr[5:50, 10:70]  # a view, as CenterCrop returns
+    assert np.array_equal(T.RandomHorizontalFlip(1.0)(crop), crop[:, ::-1])
+    assert np.array_equal(T.RandomHorizontalFlip(1.0)(arr[::-1]), arr[::-1, ::-1])
+
+
+def test_to_tensor_is_contiguous_chw_and_normalize_matches_the_textbook_formula():
+    arr = _pixels()
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    ref = (
+        torch.from_numpy(arr.astype(np.float32) / 255.0).permute(2, 0, 1) - torch.tensor(mean)[:, None, None]
+    )
+    ref = ref / torch.tensor(std)[:, None, None]
+    t = T.ToTensor()(arr)
+    assert t.is_contiguous() and t.shape == (3, 60, 80)
+    assert torch.allclose(T.Normalize(mean, std)(t), ref, atol=1e-5)
+    gray = T.ToTensor()(arr[:, :, 0])
+    assert gray.shape == (1, 60, 80)
+    with pytest.raises(ValueError, match="3 means for an input with 1 channels"):
+        T.Normalize(mean, std)(gray)
+
+
+def test_compose_fuses_to_tensor_and_normalize_with_the_same_result():
+    arr = _pixels()
+    stages = [T.RandomHorizontalFlip(1.0), T.ToTensor(), T.Normalize()]
+    fused = T.Compose(stages)(arr)
+    unfused = arr
+    for stage in stages:
+        unfused = stage(unfused)
+    assert fused.is_contiguous() and torch.allclose(fused, unfused, atol=1e-5)
+    comp = T.Compose([T.ToTensor(), T.Normalize()])
+    comp(arr)
+    comp.stages.pop()  # editing the public list re-plans: no stale fused stage
+    assert torch.allclose(comp(arr), T.ToTensor()(arr))
+    assert repr(comp) == "Compose([ToTensor()])"
+
+
 def test_train_transform_split_and_identity():
     tr = T.train_transform(64)
     det, rest = tr.split()
