@@ -134,6 +134,8 @@ class DataLoader:
         if batch_ring and collate_fn is None and num_workers > 0 and auto_collation and coordinate is None:
             self._ring = BatchRing(prefetch_factor, batch_size, copy=batch_ring == "copy")
             collate_fn = self._ring.collate
+            if isinstance(inner, LoaderSource):
+                inner.ring = self._ring.collate
         if on_error == "skip":
             collate_fn = _SkipAwareCollate(collate_fn or default_collate)
         self._member = None
@@ -275,8 +277,9 @@ class DataLoader:
         Keys: ``cache_hits``, ``cache_misses``, ``storage_bytes_read``, ``storage_items_read``,
         ``items_loaded``, ``skipped_items``, ``cached_items``, ``cached_bytes``, ``capacity_bytes``,
         ``cache_backend``, plus the dataset's own ``stats()`` and each fetch tier's; with the batch
-        ring, ``ring_batches`` (batches handed out from it), ``ring_fallbacks`` (collated by torch
-        instead) and ``ring_slots`` (distinct slots used).
+        ring, ``ring_batches`` (batches handed out from it), ``ring_stacked`` (of those, stacked sample
+        by sample as the worker made them), ``ring_fallbacks`` (collated by torch instead) and
+        ``ring_slots`` (distinct slots used).
         """
         if self._closed:
             return dict(self._final_stats or {})

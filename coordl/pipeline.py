@@ -10,7 +10,7 @@ of prep is looked up in / stored to a sample cache (memcache) first.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -107,6 +107,8 @@ class LoaderSource(torch.utils.data.Dataset):
         self.on_error = on_error
         self.sample_cache_tier = sample_cache_tier
         self.watch = watch
+        # The batch ring's collate (set by the loader): samples are stacked into a slot as they are made.
+        self.ring: Any = None
         # One flag byte per item, shared by all workers: a bad file is logged once, not once per
         # worker or epoch (non-persistent workers are new processes every epoch).
         self._skip_log = Segment.create("skiplog", len(source)) if on_error == "skip" else None
@@ -117,26 +119,47 @@ class LoaderSource(torch.utils.data.Dataset):
         return len(self.source)
 
     def __getitem__(self, index: int) -> Any:
-        out = self.__getitems__([index])
+        out = self._get_many([index], stack=False)
         if not out:
             # Only reachable without batching, which the loader refuses with on_error="skip".
             raise CorruptItemError(f"{describe_item(self.source, index)} was skipped", index=index)
         return out[0]
 
-    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        return self._get_many(indices, stack=True)
+
+    def _get_many(self, indices: Sequence[int], stack: bool) -> Any:
+        """The batch's samples (skipped ones left out), or, with the batch ring, the stacked batch."""
         worker = torch.utils.data.get_worker_info()
         worker_id = worker.id if worker is not None and self.watch is not None else None
+        stacker = self.ring.stacker(len(indices)) if stack and self.ring is not None else None
+        kept: list[Any] = []
+        n_kept = n_skipped = 0
         try:
             if self.sample_cache_tier is not None:
                 samples = self._load_split(indices, worker_id)
             else:
-                samples = [self._load_one(int(i), worker_id) for i in indices]
+                samples = (self._load_one(int(i), worker_id) for i in indices)
+            for sample in samples:
+                if sample is _SKIPPED:
+                    n_skipped += 1
+                    continue
+                n_kept += 1
+                if stacker is None:
+                    kept.append(sample)
+                    continue
+                rest = stacker.add(sample)
+                if rest is not None:  # did not fit the slot's layout: plain samples from here on
+                    kept, stacker = rest, None
+        except BaseException:
+            if stacker is not None:
+                stacker.abort()  # the slot goes back to the ring
+            raise
         finally:
             if worker_id is not None:
                 self.watch.idle(worker_id)
-        kept = [s for s in samples if s is not _SKIPPED]
-        self.counters.add_many({"items_loaded": len(kept), "skipped_items": len(samples) - len(kept)})
-        return kept
+        self.counters.add_many({"items_loaded": n_kept, "skipped_items": n_skipped})
+        return stacker.finish() if stacker is not None else kept
 
     # -- fetch -------------------------------------------------------------------------------------
 
@@ -167,11 +190,10 @@ class LoaderSource(torch.utils.data.Dataset):
         except CorruptItemError as e:
             return self._skip_or_raise(e, index)
 
-    def _load_split(self, indices: Sequence[int], worker_id: int | None) -> list[Any]:
+    def _load_split(self, indices: Sequence[int], worker_id: int | None) -> Iterator[Any]:
         indices = [int(i) for i in indices]
         arrays = self.sample_cache_tier.get_many(indices)
         fresh = {}
-        out: list[Any] = []
         for index in indices:
             if worker_id is not None:
                 self.watch.on_item(worker_id, index)
@@ -180,12 +202,12 @@ class LoaderSource(torch.utils.data.Dataset):
                 if arr is None:
                     arr = self.source.prep_deterministic(self.fetch(index), index)
                     fresh[index] = arr
-                out.append(self.source.prep_random(arr, index))
+                sample = self.source.prep_random(arr, index)
             except CorruptItemError as e:
-                out.append(self._skip_or_raise(e, index))
+                sample = self._skip_or_raise(e, index)
+            yield sample
         if fresh:
             self.sample_cache_tier.put_many(fresh)
-        return out
 
     def _skip_or_raise(self, error: CorruptItemError, index: int) -> Any:
         if error.index is None:

@@ -344,6 +344,7 @@ class Normalize(Stage):
             raise ValueError(f"Normalize: std must be non-zero, got {self.std}")
         self._mean_t = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
         self._std_t = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
+        self._affine_cache: dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _params(self) -> dict[str, Any]:
         return {"mean": self.mean, "std": self.std}
@@ -355,10 +356,14 @@ class Normalize(Stage):
 
     def _affine(self, channels: int, input_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, shift) with ``normalize(x * input_scale) == x * scale + shift``, per channel."""
+        cached = self._affine_cache.get((channels, input_scale))
+        if cached is not None:
+            return cached
         if channels != len(self.mean) and len(self.mean) != 1:
             raise ValueError(f"Normalize: {len(self.mean)} means for an input with {channels} channels")
-        scale = input_scale / self._std_t
-        return scale, -self._mean_t / self._std_t
+        out = (input_scale / self._std_t, -self._mean_t / self._std_t)
+        self._affine_cache[(channels, input_scale)] = out
+        return out
 
 
 class _ToTensorNormalize:

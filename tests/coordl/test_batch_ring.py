@@ -100,7 +100,61 @@ def test_same_batches_as_torch(kind: str, persistent: bool) -> None:
             assert len(got) == len(want) == 6
             for a, b in zip(got, want, strict=True):
                 assert_same(a, b)
-        assert ours.stats()["ring_batches"] > 0
+        s = ours.stats()
+        # Each worker's first batch makes its ring at collate; later ones are stacked as they are made.
+        assert s["ring_batches"] > 0 and s["ring_stacked"] > 0
+
+
+def test_spawned_workers_stack_too() -> None:
+    # The dataset and the collate function are pickled into each worker: they must still share the ring.
+    src = StructSource(24, "tuple")
+    kw = dict(batch_size=4, num_workers=2)
+    with coordl.DataLoader(src, multiprocessing_context="spawn", **kw) as ours:
+        for a, b in zip(list(ours), list(torch.utils.data.DataLoader(Reference(src), **kw)), strict=True):
+            assert_same(a, b)
+        assert ours.stats()["ring_stacked"] == 4
+
+
+class OddSampleSource(StructSource):
+    """Dict samples; item ``odd`` differs (key order, or image shape) from the rest of its batch."""
+
+    def __init__(self, n: int, odd: int, how: str) -> None:
+        super().__init__(n, "dict")
+        self.odd, self.how = odd, how
+
+    def prep(self, raw: bytes, index: int):
+        sample = super().prep(raw, index)
+        if index == self.odd and self.how == "key order":
+            return dict(reversed(list(sample.items())))
+        if index == self.odd and self.how == "shape":
+            sample["image"] = torch.zeros(3, 5, dtype=torch.bfloat16)
+        return sample
+
+
+def test_a_sample_unlike_the_others_mid_batch_gives_torchs_result() -> None:
+    # Item 14 is the third of the fourth batch: two samples are already in the slot when it comes.
+    src = OddSampleSource(24, odd=14, how="key order")
+    kw = dict(batch_size=4, num_workers=2, persistent_workers=True)
+    with coordl.DataLoader(src, **kw) as ours:
+        for _ in range(2):
+            for a, b in zip(list(ours), list(torch.utils.data.DataLoader(Reference(src), **kw)), strict=True):
+                assert_same(a, b)
+        s = ours.stats()
+    # 12 batches: each worker's first (it makes the ring) and the odd batch (twice) are collated whole.
+    assert (s["ring_batches"], s["ring_stacked"], s["ring_fallbacks"]) == (12, 8, 0)
+    src = OddSampleSource(24, odd=14, how="shape")
+    with coordl.DataLoader(src, **kw) as ours, pytest.raises(RuntimeError, match="stack expects each tensor"):
+        list(ours)  # torch's own error for tensors of different sizes, as with torch's loader
+
+
+def test_skipped_items_leave_no_gap_in_a_stacked_batch() -> None:
+    src = MemorySource(40, bad=(5, 6, 9, 12, 13, 14, 15))  # batch 3 (items 12-15) is all bad
+    with coordl.DataLoader(src, batch_size=4, num_workers=2, on_error="skip", persistent_workers=True) as dl:
+        for _ in range(2):
+            got = [b[:, 0].tolist() for b in dl]
+            assert got[:3] == [[0, 1, 2, 3], [4, 7], [8, 10, 11]] and [16, 17, 18, 19] in got
+            assert sorted(i for b in got for i in b) == sorted(set(range(40)) - src.bad)
+        assert dl.stats()["ring_stacked"] > 0
 
 
 def test_unsupported_structure_falls_back_to_torch() -> None:
