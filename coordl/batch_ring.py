@@ -359,7 +359,13 @@ class Stacker:
         leaves = [(off, dtype, (self.count, *shape)) for off, dtype, shape, _k, _r in self._leaves]
         self._leaves = []  # the row views must not outlive the batch in this process
         batch = RingBatch(
-            self.ring.segment.path, self.slot, self.base, self.ring.slot_bytes, leaves, self._scalars, self.ring.spec
+            self.ring.segment.path,
+            self.slot,
+            self.base,
+            self.ring.slot_bytes,
+            leaves,
+            self._scalars,
+            self.ring.spec,
         )
         batch.stacked = True
         return Stacked(batch)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from collections.abc import Iterable
 
 import numpy as np
@@ -45,6 +46,7 @@ class SharedCounters:
         self._table = self._segment.array(np.int64, 0, _ROWS * width).reshape(_ROWS, width)
         self._row: np.ndarray | None = None
         self._row_pid = -1
+        self._thread_lock = threading.Lock()
 
     def _my_row(self) -> np.ndarray:
         pid = os.getpid()
@@ -75,13 +77,15 @@ class SharedCounters:
                 self._table[r, :] = 0
 
     def add(self, name: str, amount: int = 1) -> None:
-        """Add ``amount`` to counter ``name`` (lock-free after the first call in a process)."""
-        self._my_row()[_HEADER + self._index[name]] += amount
+        """Add ``amount`` to counter ``name`` (no file lock after the first call in a process)."""
+        with self._thread_lock:  # += on a row element is read-modify-write: a worker's fetch threads
+            self._my_row()[_HEADER + self._index[name]] += amount
 
     def add_many(self, amounts: dict[str, int]) -> None:
-        row = self._my_row()
-        for name, amount in amounts.items():
-            row[_HEADER + self._index[name]] += amount
+        with self._thread_lock:
+            row = self._my_row()
+            for name, amount in amounts.items():
+                row[_HEADER + self._index[name]] += amount
 
     def snapshot(self) -> dict[str, int]:
         """Current totals over all processes, by name."""

@@ -36,6 +36,11 @@ _SAMPLE_CACHE_COUNTERS = ("sample_cache_hits", "sample_cache_misses", "sample_ca
 _EPOCH_KEYS = BASE_COUNTERS
 
 
+# Reads in flight per worker by default: enough to hide a local disk's or NFS server's latency behind
+# prep; each holds one raw item.
+DEFAULT_FETCH_AHEAD = 4
+
+
 class DataLoader:
     """Iterate batches of a dataset, like ``torch.utils.data.DataLoader``, through a MinIO cache.
 
@@ -55,6 +60,11 @@ class DataLoader:
             ring of reused shared-memory slots and the batch's tensors view the slot (no copy); a
             slot is reused once the batch's tensors are freed. ``"copy"``: hand out private copies
             instead (the slot is reused at once). False: torch's collate into fresh shared memory.
+        fetch_ahead: in each worker, how many items of its batch background threads fetch ahead
+            while it preps, so its core does not idle during storage reads. Default (None):
+            :data:`DEFAULT_FETCH_AHEAD` for sources that declare ``thread_safe_fetch = True``
+            (``coordl.ImageFolder``, ``FileListDataset``), else 0 (fetch and prep in turn). Set it
+            only for a source whose ``fetch`` may run in several threads at once.
     """
 
     def __init__(
@@ -84,6 +94,7 @@ class DataLoader:
         partitioned: bool = False,
         coordinate: Any = None,
         batch_ring: bool | str = True,
+        fetch_ahead: int | None = None,
     ) -> None:
         self._torch: torch.utils.data.DataLoader | None = None
         self._closed = False
@@ -91,6 +102,8 @@ class DataLoader:
         self._validate(cache_bytes, on_error, batch_size, batch_sampler, timeout)
         if batch_ring not in (True, False, "copy"):
             raise ValueError(f"batch_ring must be True, False or 'copy', got {batch_ring!r}")
+        if fetch_ahead is not None and (not isinstance(fetch_ahead, int) or fetch_ahead < 0):
+            raise ValueError(f"fetch_ahead must be an int >= 0 or None, got {fetch_ahead!r}")
         self.dataset = dataset
         self.cache_bytes = int(cache_bytes)
         self.cache_dir = cache_dir
@@ -129,6 +142,7 @@ class DataLoader:
                 on_error=on_error,
                 sample_cache_tier=self._build_sample_cache_tier(),
                 watch=self._watch,
+                fetch_ahead=self._fetch_ahead(fetch_ahead),
             )
         auto_collation = batch_size is not None or batch_sampler is not None
         if batch_ring and collate_fn is None and num_workers > 0 and auto_collation and coordinate is None:
@@ -167,6 +181,11 @@ class DataLoader:
         )
 
     # -- construction steps (each in one method, so that other features extend one place) ----------
+
+    def _fetch_ahead(self, fetch_ahead: int | None) -> int:
+        if fetch_ahead is not None:
+            return fetch_ahead
+        return DEFAULT_FETCH_AHEAD if getattr(self.source, "thread_safe_fetch", False) is True else 0
 
     @staticmethod
     def _validate(cache_bytes: Any, on_error: str, batch_size: Any, batch_sampler: Any, timeout: Any) -> None:

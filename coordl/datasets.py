@@ -49,6 +49,10 @@ class _FileSource:
             if len(det):
                 self._det, self._rand = det, rand
 
+    # fetch() opens, reads and closes a file (or a staged copy, under nfs_cache's flock locks): safe
+    # to call from several threads, so coordl.DataLoader reads ahead of prep by default.
+    thread_safe_fetch = True
+
     # Subclasses provide these.
     items: list[tuple[str, Any]]
 
@@ -283,6 +287,8 @@ class TorchvisionStyleSource:
     if it rejects that (it calls ``open()`` or reads the name), a temporary file in /dev/shm holding
     the bytes. Then the user's ``transform``/``target_transform`` run unchanged.
     """
+
+    thread_safe_fetch = True  # fetch only reads the file at the sample's path
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset

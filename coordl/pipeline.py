@@ -9,7 +9,11 @@ of prep is looked up in / stored to a sample cache (memcache) first.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import itertools
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -89,6 +93,8 @@ class LoaderSource(torch.utils.data.Dataset):
         on_error: "raise" or "skip" (drop items whose prep raises :class:`CorruptItemError`).
         sample_cache_tier: optional memcache tier (``get_many`` / ``put_many``) for split-prep sources.
         watch: optional worker table, updated with the item each worker is on.
+        fetch_ahead: in a loader worker, items of the batch fetched ahead by background threads while
+            the worker preps (0: fetch and prep in turn). ``source.fetch`` must be thread-safe.
     """
 
     def __init__(
@@ -100,6 +106,7 @@ class LoaderSource(torch.utils.data.Dataset):
         on_error: str = "raise",
         sample_cache_tier: Any = None,
         watch: WorkerWatch | None = None,
+        fetch_ahead: int = 0,
     ) -> None:
         self.source = source
         self.tiers = list(tiers)
@@ -109,6 +116,9 @@ class LoaderSource(torch.utils.data.Dataset):
         self.watch = watch
         # The batch ring's collate (set by the loader): samples are stacked into a slot as they are made.
         self.ring: Any = None
+        self.fetch_ahead = int(fetch_ahead)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_pid = -1
         # One flag byte per item, shared by all workers: a bad file is logged once, not once per
         # worker or epoch (non-persistent workers are new processes every epoch).
         self._skip_log = Segment.create("skiplog", len(source)) if on_error == "skip" else None
@@ -138,6 +148,8 @@ class LoaderSource(torch.utils.data.Dataset):
         try:
             if self.sample_cache_tier is not None:
                 samples = self._load_split(indices, worker_id)
+            elif self.fetch_ahead > 0 and worker is not None and len(indices) > 1:
+                samples = self._load_ahead([int(i) for i in indices], worker_id)
             else:
                 samples = (self._load_one(int(i), worker_id) for i in indices)
             for sample in samples:
@@ -190,6 +202,44 @@ class LoaderSource(torch.utils.data.Dataset):
         except CorruptItemError as e:
             return self._skip_or_raise(e, index)
 
+    def _load_ahead(self, indices: list[int], worker_id: int | None) -> Iterator[Any]:
+        """Prep each item while background threads fetch the next ``fetch_ahead`` ones.
+
+        A worker that fetches and preps in turn leaves its core idle during every storage read;
+        with the reads in flight ahead of it, the core preps while the disk (or the network) works.
+        Results come back in the batch's order, whatever order the reads finish in.
+        """
+        pool = self._fetch_pool()
+        pending: collections.deque = collections.deque()
+        todo = iter(indices)
+        for index in itertools.islice(todo, self.fetch_ahead):
+            pending.append((index, pool.submit(self.fetch, index)))
+        try:
+            while pending:
+                index, future = pending.popleft()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(self.fetch, nxt)))
+                if worker_id is not None:
+                    self.watch.on_item(worker_id, index)
+                try:
+                    yield self.source.prep(future.result(), index)
+                except CorruptItemError as e:
+                    yield self._skip_or_raise(e, index)
+        finally:
+            for _index, future in pending:
+                future.cancel()  # an error or a closed generator: reads not started are dropped
+
+    def _fetch_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        pid = os.getpid()
+        if self._pool is None or self._pool_pid != pid:
+            # One pool per worker process (a forked copy of another process's pool has no threads).
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.fetch_ahead, thread_name_prefix="coordl-fetch"
+            )
+            self._pool_pid = pid
+        return self._pool
+
     def _load_split(self, indices: Sequence[int], worker_id: int | None) -> Iterator[Any]:
         indices = [int(i) for i in indices]
         arrays = self.sample_cache_tier.get_many(indices)
@@ -223,6 +273,11 @@ class LoaderSource(torch.utils.data.Dataset):
             logged[index] = 1
             log.warning("coordl: skipping %s: %s", error.path or f"item {index}", error)
         return _SKIPPED
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"], state["_pool_pid"] = None, -1  # threads do not cross into a spawned worker
+        return state
 
     def close(self) -> None:
         """Free the skip log (the loader closes its counters, cache and worker table itself)."""

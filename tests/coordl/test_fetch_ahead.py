@@ -1,0 +1,118 @@
+"""Fetch-ahead: a worker's reads run in background threads while it preps; results and errors as before."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+import coordl
+from coordl.errors import CorruptItemError, WorkerDiedError
+from tests.coordl.ldr_sources import MemorySource
+
+
+class SlowFetchSource(MemorySource):
+    """MemorySource whose fetch takes ``delay_s`` and records how many fetches overlap (across threads)."""
+
+    thread_safe_fetch = True
+
+    def __init__(self, n: int, delay_s: float = 0.02, **kw) -> None:
+        super().__init__(n, **kw)
+        self.delay_s = delay_s
+        self.active = multiprocessing.Value("i", 0)
+        self.peak = multiprocessing.Value("i", 0)
+
+    def fetch(self, index: int) -> bytes:
+        with self.active.get_lock():
+            self.active.value += 1
+            self.peak.value = max(self.peak.value, self.active.value)
+        try:
+            time.sleep(self.delay_s)
+            return super().fetch(index)
+        finally:
+            with self.active.get_lock():
+                self.active.value -= 1
+
+
+def _ids(loader) -> list[list[int]]:
+    return [b[:, 0].tolist() for b in loader]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_same_batches_in_the_same_order(persistent: bool) -> None:
+    src = SlowFetchSource(37, delay_s=0.0)
+    want = [list(range(i, min(i + 4, 37))) for i in range(0, 37, 4)]
+    with coordl.DataLoader(
+        src, batch_size=4, num_workers=2, fetch_ahead=3, persistent_workers=persistent
+    ) as dl:
+        assert _ids(dl) == want and _ids(dl) == want
+        assert dl._torch.dataset.fetch_ahead == 3
+
+
+def test_reads_overlap_in_a_worker_and_not_without_fetch_ahead() -> None:
+    src = SlowFetchSource(16, delay_s=0.05)
+    with coordl.DataLoader(src, batch_size=8, num_workers=1, fetch_ahead=4) as dl:
+        assert sum(len(b) for b in dl) == 16
+    assert src.peak.value >= 2  # several reads of the batch were in flight at once
+    src = SlowFetchSource(16, delay_s=0.05)
+    with coordl.DataLoader(src, batch_size=8, num_workers=1, fetch_ahead=0) as dl:
+        assert sum(len(b) for b in dl) == 16
+    assert src.peak.value == 1
+
+
+def test_default_follows_the_sources_declaration(tmp_path) -> None:
+    from coordl.synth import make_dataset
+
+    root = make_dataset(tmp_path / "imgs", n=4, classes=2, width=32, height=24, workers=1)
+    with coordl.DataLoader(coordl.ImageFolder(str(root)), batch_size=2, num_workers=1) as dl:
+        assert dl._torch.dataset.fetch_ahead == coordl.dataloader.DEFAULT_FETCH_AHEAD
+    with coordl.DataLoader(MemorySource(4), batch_size=2, num_workers=1) as dl:
+        assert dl._torch.dataset.fetch_ahead == 0  # fetch not declared thread-safe: one at a time
+    with pytest.raises(ValueError, match="fetch_ahead"):
+        coordl.DataLoader(MemorySource(4), fetch_ahead=-1)
+
+
+def test_corrupt_items_raise_or_skip_as_without_it() -> None:
+    src = SlowFetchSource(20, delay_s=0.0, bad=(5, 6, 9))
+    dl = coordl.DataLoader(src, batch_size=4, num_workers=2, fetch_ahead=4)
+    with dl, pytest.raises(CorruptItemError, match=r"mem://item-5\.bin"):
+        list(dl)
+    with coordl.DataLoader(src, batch_size=4, num_workers=2, fetch_ahead=4, on_error="skip") as dl:
+        assert _ids(dl)[:3] == [[0, 1, 2, 3], [4, 7], [8, 10, 11]]
+        assert dl.stats()["skipped_items"] == 3
+
+
+def test_a_failing_read_raises_its_own_error() -> None:
+    class Broken(SlowFetchSource):
+        def fetch(self, index: int) -> bytes:
+            if index == 6:
+                raise OSError(f"storage error reading item {index}")
+            return super().fetch(index)
+
+    dl = coordl.DataLoader(Broken(12, delay_s=0.0), batch_size=4, num_workers=2, fetch_ahead=4)
+    with dl, pytest.raises(OSError, match="storage error reading item 6"):
+        list(dl)
+
+
+@pytest.mark.timeout(60)
+def test_killed_worker_names_the_item_it_was_prepping() -> None:
+    src = SlowFetchSource(40, delay_s=0.0, kill=13)
+    dl = coordl.DataLoader(src, batch_size=4, num_workers=2, fetch_ahead=4)
+    with dl, pytest.raises(WorkerDiedError, match=r"mem://item-13\.bin"):
+        list(dl)
+
+
+def test_cache_counts_stay_exact_with_threads() -> None:
+    src = SlowFetchSource(64, delay_s=0.0, size=1000)
+    with coordl.DataLoader(
+        src, batch_size=8, num_workers=2, fetch_ahead=4, shuffle=True, cache_bytes=32 * 1000
+    ) as dl:
+        for _ in range(3):
+            assert sum(len(b) for b in dl) == 64
+        epochs = dl.epoch_stats()
+    assert [e["storage_items_read"] for e in epochs] == [64, 32, 32]
+    assert [e["cache_hits"] for e in epochs] == [0, 32, 32]
+    assert all(e["items_loaded"] == 64 for e in epochs)
+    assert torch.tensor([e["cache_hits"] + e["cache_misses"] for e in epochs]).eq(64).all()
