@@ -32,7 +32,8 @@ alternate within each of ``--runs`` rounds; tables show medians.
 Then the prep-bound check: storage unthrottled; (b), (d), and coordl with its batch ring off (e),
 copying out of it (f), without its worker heap setting (g) or with persistent workers (h), against
 the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
-bytes in memory, at once, rates summed; measured alternately in the same run (``--prep-configs``).
+bytes in memory, at once, rates summed; measured alternately in the same run (``--prep-configs``),
+in the same cgroups and under the same page-cache controller as the loaders (which costs CPU too).
 On a machine shared with other work the wall rates depend on the load, so CPU seconds per sample
 are reported too: ``limit CPU / loader CPU`` is the fraction of the loader's CPU spent on the prep
 itself. A second table splits CPU time and minor page faults per sample between the main process
@@ -298,6 +299,21 @@ def _run_child(
     return json.loads(store.run(cmd).strip().splitlines()[-1])
 
 
+def _run_limit(store, args: argparse.Namespace, root: str, page_budget: int) -> tuple[float, float, float]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "limit",
+        "--root",
+        root,
+        "--workers",
+        str(os.cpu_count() or 1),
+    ]
+    store.set_page_cache_bytes(page_budget + METADATA_ALLOWANCE_BYTES)
+    return tuple(json.loads(store.run(cmd).strip().splitlines()[-1]))
+
+
 def _med(values) -> float:
     return statistics.median(values)
 
@@ -346,21 +362,23 @@ def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
     lim_rate, lim_cpu = _med(r[0] for r in prep["limit"]), _med(r[1] for r in prep["limit"])
     print(f"\n### Prep-bound (storage unthrottled, epochs 2-{args.epochs}), median of {args.runs}\n")
     print("% of limit and the CPU ratio: medians of each run's ratio to the limit measured just before it.\n")
-    print("| | samples/s (runs) | % of limit (runs) | CPU s/sample | limit CPU / loader CPU |")
-    print("|---|---|---|---|---|")
+    print("| | samples/s (runs) | % of limit (runs) | CPU s/sample | limit CPU / loader CPU | cores busy |")
+    print("|---|---|---|---|---|---|")
     runs = ", ".join(f"{r[0]:.0f}" for r in prep["limit"])
+    busy = _med(r[0] * r[1] for r in prep["limit"])
     print(
         f"| decode limit: {os.cpu_count()} processes x tight decode+augment loop | {lim_rate:.0f} ({runs}) | "
-        f"100% | {lim_cpu * 1000:.2f} ms | 1.00 |"
+        f"100% | {lim_cpu * 1000:.2f} ms | 1.00 | {busy:.2f} |"
     )
     for cfg in args.prep_configs:
         rate, cpu = _med(r["rate"] for r in prep[cfg]), _med(r["cpu_s"] for r in prep[cfg])
         runs = ", ".join(f"{r['rate']:.0f}" for r in prep[cfg])
         shares = [r["rate"] / r["limit_rate"] for r in prep[cfg]]
         cpu_ratio = _med(r["limit_cpu_s"] / r["cpu_s"] for r in prep[cfg])
+        busy = _med(r["rate"] * r["cpu_s"] for r in prep[cfg])
         print(
             f"| ({cfg}) {CONFIGS[cfg]} | {rate:.0f} ({runs}) | {_med(shares):.0%} "
-            f"({', '.join(f'{x:.0%}' for x in shares)}) | {cpu * 1000:.2f} ms | {cpu_ratio:.2f} |"
+            f"({', '.join(f'{x:.0%}' for x in shares)}) | {cpu * 1000:.2f} ms | {cpu_ratio:.2f} | {busy:.2f} |"
         )
     print("\nWhere the loader's time goes, per sample (median):\n")
     print("| | main CPU | workers CPU | main minor faults | workers minor faults |")
@@ -380,7 +398,7 @@ def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", choices=sorted(CONFIGS))
+    p.add_argument("--child", choices=[*sorted(CONFIGS), "limit"])
     p.add_argument("--root", default="")
     p.add_argument("--device", default="")
     p.add_argument("--blkio", default="")
@@ -403,6 +421,9 @@ def main() -> None:
     )
     p.add_argument("--json", type=Path, help="also write raw results here")
     args = p.parse_args()
+    if args.child == "limit":
+        print(json.dumps(decode_limit(args.root, args.workers, 600)))
+        return
     if args.child:
         child(args)
         return
@@ -442,8 +463,9 @@ def main() -> None:
                     + args.prep_configs[: run % len(args.prep_configs)]
                 )
                 for cfg in order:
-                    # The limit is measured right before each loader: the machine's load drifts.
-                    prep["limit"].append(decode_limit(root, os.cpu_count() or 1, 600))
+                    # The limit is measured right before each loader (the machine's load drifts), in the
+                    # same cgroups under the same page-cache controller as the loaders.
+                    prep["limit"].append(_run_limit(store, args, root, cache_bytes))
                     res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes)
                     summary = _prep_summary(res)
                     summary["limit_rate"], summary["limit_cpu_s"] = prep["limit"][-1][:2]
