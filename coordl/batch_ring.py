@@ -186,11 +186,15 @@ class _WorkerRing:
         return RingBatch(self.segment.path, slot, base, self.slot_bytes, leaves, scalars, self.spec)
 
     def _stack(self, values: list, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple) -> None:
+        out = self.rows(offset, nbytes, dtype, shape, values[0])
+        (np.stack if type(out) is np.ndarray else torch.stack)(values, out=out)
+
+    def rows(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple, like: Any) -> Any:
+        """Segment bytes at ``offset`` as a batch of ``shape``: a NumPy array for array leaves, else a tensor."""
         raw = self.segment.array(np.uint8, offset, nbytes)
-        if type(values[0]) is np.ndarray:
-            np.stack(values, out=raw.view(values[0].dtype).reshape(shape))
-        else:
-            torch.stack(values, out=torch.from_numpy(raw).view(dtype).view(shape))
+        if type(like) is np.ndarray:
+            return raw.view(like.dtype).reshape(shape)
+        return torch.from_numpy(raw).view(dtype).view(shape)
 
 
 class RingCollate:
@@ -330,11 +334,7 @@ class Stacker:
                 self._leaves = []
                 return False
             dtype, shape, per_sample = layout
-            raw = self.ring.segment.array(np.uint8, self.base + offset, self.n * per_sample)
-            if type(value) is torch.Tensor:
-                rows: Any = torch.from_numpy(raw).view(dtype).view((self.n, *shape))
-            else:
-                rows = raw.view(value.dtype).reshape((self.n, *shape))
+            rows = self.ring.rows(self.base + offset, self.n * per_sample, dtype, (self.n, *shape), value)
             self._leaves.append((offset, dtype, tuple(shape), type(value), rows))
             offset = align(offset + self.n * per_sample, ALIGN)
         return bool(self._leaves)
