@@ -109,22 +109,31 @@ def _producer_main(
     try:
         while not stop.value and os.getppid() == member_pid:
             g = None
-            with ctl.locked():
-                if not ctl.members[:, 0].any():
-                    return
-                redo = np.nonzero(ctl.slots[:, 1] == gc.REDO)[0]
-                if len(redo):
-                    s = int(redo[0])
-                    g = int(ctl.slots[s, 0])
-                else:
-                    g_next = int(ctl.hdr[gc.H_NEXT])
-                    s = g_next % slots
-                    state, held = int(ctl.slots[s, 1]), int(ctl.slots[s, 0])
-                    if state == gc.EMPTY or (state == gc.READY and ctl.consumed_by_all(held)):
-                        g = g_next
-                        ctl.hdr[gc.H_NEXT] = g_next + 1
-                if g is not None:
-                    ctl.slots[s, :4] = (g, gc.CLAIMED, me, start)
+            # The job's exit terminates its producers (SIGTERM): hold that signal while a claim is
+            # half written, or batch g_next is counted as taken while no slot says who has it, and
+            # every job waits for it forever.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                with ctl.locked():
+                    if not ctl.members[:, 0].any():
+                        return
+                    redo = np.nonzero(ctl.slots[:, 1] == gc.REDO)[0]
+                    if len(redo):
+                        s = int(redo[0])
+                        g = int(ctl.slots[s, 0])
+                        ctl.slots[s, :4] = (g, gc.CLAIMED, me, start)
+                    else:
+                        g_next = int(ctl.hdr[gc.H_NEXT])
+                        s = g_next % slots
+                        state, held = int(ctl.slots[s, 1]), int(ctl.slots[s, 0])
+                        if state == gc.EMPTY or (state == gc.READY and ctl.consumed_by_all(held)):
+                            g = g_next
+                            # The claim first: a SIGKILL between the two writes leaves a claim by a
+                            # dead producer, which sweep() gives back (REDO), never a lost batch.
+                            ctl.slots[s, :4] = (g, gc.CLAIMED, me, start)
+                            ctl.hdr[gc.H_NEXT] = g_next + 1
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             if g is None:
                 ctl.wait_bell(gc.SWEEP_S)
                 with ctl.locked():
