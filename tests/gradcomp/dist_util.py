@@ -31,6 +31,24 @@ def _worker(rank: int, world: int, port: int, fn, args: tuple) -> None:
         raise
     finally:
         dist.destroy_process_group()
+    _leave_cleanly()
+
+
+def _leave_cleanly() -> None:
+    """Exit a rank that passed without libtorch's exit-time C++ destructors.
+
+    A passing rank sometimes aborted at interpreter exit ("terminate called without an active exception",
+    SIGABRT; once in CI, in test_tta) after ``fn`` had returned: a C++ thread object torn down during
+    finalisation, the same thing ``gradcomp.cli._exit`` avoids for ``gradcomp train``. Python's atexit
+    handlers still run.
+    """
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _timeout():
