@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 
 import pytest
 import torch
 
 import coordl
+from coordl.counters import SharedCounters
 from coordl.errors import CorruptItemError, WorkerDiedError
-from tests.coordl.ldr_sources import MemorySource
+from coordl.pipeline import BASE_COUNTERS, LoaderSource
+from tests.coordl.ldr_sources import MemorySource, item_bytes
 
 
 class SlowFetchSource(MemorySource):
@@ -116,3 +119,46 @@ def test_cache_counts_stay_exact_with_threads() -> None:
     assert [e["cache_hits"] for e in epochs] == [0, 32, 32]
     assert all(e["items_loaded"] == 64 for e in epochs)
     assert torch.tensor([e["cache_hits"] + e["cache_misses"] for e in epochs]).eq(64).all()
+
+
+class _RecordingTier:
+    """A fetch tier holding ``have``; records the thread each lookup ran in and what it was offered."""
+
+    def __init__(self, name: str, have: set[int], in_memory: bool) -> None:
+        self.name, self.have, self.in_memory = name, have, in_memory
+        self.threads: list[str] = []
+        self.offered: list[int] = []
+
+    def get(self, index: int):
+        self.threads.append(threading.current_thread().name)
+        return item_bytes(index) if index in self.have else None
+
+    def offer(self, index: int, raw) -> None:
+        self.offered.append(index)
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+
+def test_in_memory_hits_are_taken_in_the_prep_thread_and_the_rest_in_read_threads() -> None:
+    # Handing a memory copy to a thread costs more than the copy (and GIL hand-offs slow the prep
+    # thread): only what needs I/O (a peer, storage) goes to the read-ahead threads.
+    near = _RecordingTier("near", set(range(0, 4)), in_memory=True)
+    far = _RecordingTier("far", set(range(4, 8)), in_memory=False)
+    src = SlowFetchSource(12, delay_s=0.0)
+    stored: list[str] = []
+    fetch = src.fetch
+    src.fetch = lambda i: stored.append(threading.current_thread().name) or fetch(i)
+    counters = SharedCounters(BASE_COUNTERS)
+    ls = LoaderSource(src, [near, far], counters, fetch_ahead=3)
+    try:
+        got = [int(t[0]) for t in ls._load_ahead(list(range(12)), None)]
+        assert got == list(range(12))
+        assert set(near.threads) == {threading.current_thread().name} and len(near.threads) == 12
+        assert len(far.threads) == 8 and all(t.startswith("coordl-fetch") for t in far.threads)
+        assert len(stored) == 4 and all(t.startswith("coordl-fetch") for t in stored)
+        assert sorted(near.offered) == list(range(4, 12)) and sorted(far.offered) == list(range(8, 12))
+        assert counters.snapshot()["storage_items_read"] == 4
+    finally:
+        ls.close()
+        counters.close()
