@@ -106,7 +106,11 @@ def lock_group(base: str, *, blocking: bool = True) -> int | None:
 
 
 def remove_group_files(base: str) -> None:
-    """Unlink the group's ring, control block and lock file; only while holding the group's lock."""
+    """Unlink the group's ring, control block and lock file; only while holding the group's lock.
+
+    It must be the last thing done under that lock: once the lock file is unlinked, a newcomer can
+    create and lock a fresh one, so the lock no longer excludes anyone.
+    """
     for ext in (".data", ".ctl", ".lock"):  # the lock last: a crash in between leaves a lockable group
         with contextlib.suppress(FileNotFoundError):
             os.unlink(base + ext)

@@ -126,9 +126,11 @@ def _locker(directory, rounds: int, seed: int, errors) -> None:
                 n = int(f.read())
             with open(counter, "w") as f:
                 f.write(str(n + 1))
+            os.unlink(held)
+            # Removing is the last thing a holder does under the lock (as in GroupMember.close): from
+            # the moment the lock file is unlinked, a newcomer may lock a fresh one.
             if rng.random() < 0.5 or r == rounds - 1:
                 gc.remove_group_files(base)
-            os.unlink(held)
         finally:
             os.close(fd)
 
