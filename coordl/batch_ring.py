@@ -37,9 +37,10 @@ import torch.utils.data
 from torch.utils.data.dataloader import default_collate
 
 from coordl.batch_layout import ALIGN, align, build, gather, has_ring_leaf, leaf_layout, spec_of
-from coordl.shm import DEFAULT_DIR, Segment, free_bytes
+from coordl.shm import _NAME_RE as _SEGMENT_OWNER
+from coordl.shm import DEFAULT_DIR, Segment, _owner_alive, _start_ticks, free_bytes
 
-__all__ = ["BatchRing", "RingBatch", "RingCollate", "Stacked", "Stacker", "EXTRA_SLOTS"]
+__all__ = ["BatchRing", "RingBatch", "RingCollate", "Stacked", "EXTRA_SLOTS"]
 
 # Slots beyond prefetch_factor: the batch the user holds, the one being unpacked, reordering slack.
 EXTRA_SLOTS = 3
@@ -108,7 +109,8 @@ def _release_unbuilt(path: str, slot: int) -> None:
         os.close(fd)
 
 
-def _give_back(states: np.ndarray, slot: int) -> None:
+def _give_back(states: np.ndarray, slot: int, held: set[int]) -> None:
+    held.discard(slot)
     states[slot] = _FREE
 
 
@@ -118,12 +120,17 @@ def _give_back(states: np.ndarray, slot: int) -> None:
 class _WorkerRing:
     """One worker's segment: ``num_slots`` slots of ``slot_bytes``, reserved as first needed."""
 
-    def __init__(self, spec: tuple, slot_bytes: int, num_slots: int, directory: str) -> None:
+    def __init__(
+        self, spec: tuple, slot_bytes: int, num_slots: int, directory: str, segment: Segment | None = None
+    ) -> None:
         self.spec, self.slot_bytes, self.num_slots = spec, slot_bytes, num_slots
-        self.segment = Segment.create("ring", _HEADER_BYTES + num_slots * slot_bytes, directory)
+        self.adopted = segment is not None
+        if segment is None:
+            segment = Segment.create("ring", _HEADER_BYTES + num_slots * slot_bytes, directory)
+            # The worker exits through multiprocessing, which skips atexit: unlink there if never mapped.
+            multiprocessing.util.Finalize(None, segment.unlink, exitpriority=0)
+        self.segment = segment
         self.directory = directory
-        # The worker exits through multiprocessing, which skips atexit: unlink there if never mapped.
-        multiprocessing.util.Finalize(None, self.segment.unlink, exitpriority=0)
         self.usable = 0  # slots reserved so far
         self.capped = not self._reserve(0, _HEADER_BYTES)
         self.states = self.segment.array(np.int32, 0, num_slots)
@@ -143,19 +150,21 @@ class _WorkerRing:
                 self.states[slot] = _LENT
                 self.next = slot + 1
                 return slot
-        if self.capped or self.usable == self.num_slots:
-            return None
-        # Leave room for a batch of torch's own fallback, so taking a slot never starves it.
-        if free_bytes(self.directory) < 2 * self.slot_bytes or not self._reserve(
-            _HEADER_BYTES + self.usable * self.slot_bytes, self.slot_bytes
-        ):
-            self.capped = True
-            return None
-        slot = self.usable
-        self.usable += 1
-        self.states[slot] = _LENT
-        self.next = slot + 1
-        return slot
+        while not self.capped and self.usable < self.num_slots:
+            # Leave room for a batch of torch's own fallback, so taking a slot never starves it.
+            # (An adopted segment's slots already have their pages: reserving them takes nothing.)
+            if (not self.adopted and free_bytes(self.directory) < 2 * self.slot_bytes) or not self._reserve(
+                _HEADER_BYTES + self.usable * self.slot_bytes, self.slot_bytes
+            ):
+                self.capped = True
+                return None
+            slot = self.usable
+            self.usable += 1
+            if self.states[slot] == _FREE:  # an adopted slot may still hold a batch the user keeps
+                self.states[slot] = _LENT
+                self.next = slot + 1
+                return slot
+        return None
 
     def collate(self, batch: list) -> RingBatch | None:
         rings: list[list] = []
@@ -212,6 +221,9 @@ class RingCollate:
 
     def __init__(self, num_slots: int, batch_size: int | None, directory: str = DEFAULT_DIR) -> None:
         self.num_slots, self.batch_size, self.directory = int(num_slots), batch_size, directory
+        # Set by the main process just before it forks an epoch's workers: worker id -> a segment of
+        # the previous epoch's workers (path, fd, mapping) to stack into instead of a new one.
+        self.adopt: dict[int, tuple[str, int, mmap.mmap]] = {}
         self._ring: _WorkerRing | None = None
         self._disabled = False
         self._pid = -1
@@ -235,16 +247,32 @@ class RingCollate:
         out = self._ring.collate(batch) if self._ring is not None else None
         return out if out is not None else default_collate(batch)
 
-    def stacker(self, n: int) -> Stacker | None:
+    def stacker(self, n: int) -> Any:
         """In a worker whose ring exists: a free slot to stack ``n`` samples into as they are made.
 
         None before the worker's first batch (it goes through ``__call__``, which makes the ring),
-        outside a worker, or when no slot is free. The dataset calls this; see :class:`Stacker`.
+        outside a worker, or when no slot is free. The dataset calls this; see
+        :class:`coordl.stacker.Stacker`.
         """
         if self._pid != os.getpid() or self._ring is None:
             return None
         slot = self._ring.take_slot()
-        return None if slot is None else Stacker(self._ring, slot, n)
+        if slot is None:
+            return None
+        from coordl.stacker import Stacker  # its own module; it imports this one
+
+        return Stacker(self._ring, slot, n)
+
+    def _adoptable(self, slot_bytes: int) -> Segment | None:
+        """The segment the main process offered this worker, if its slots have this size."""
+        offer = self.adopt.get(getattr(torch.utils.data.get_worker_info(), "id", None))
+        self.adopt = {}
+        if offer is None:
+            return None
+        path, fd, mapping = offer
+        if len(mapping) != _HEADER_BYTES + self.num_slots * slot_bytes:
+            return None
+        return Segment.inherited(path, fd, mapping)
 
     def _make_ring(self, batch: list) -> _WorkerRing | None:
         spec = spec_of(batch[0])
@@ -260,8 +288,9 @@ class RingCollate:
             if layout is None:
                 return None
             slot_bytes = align(slot_bytes + capacity * layout[2], ALIGN)
+        slot_bytes = align(max(slot_bytes, 1), _PAGE)
         try:
-            ring = _WorkerRing(spec, align(max(slot_bytes, 1), _PAGE), self.num_slots, self.directory)
+            ring = _WorkerRing(spec, slot_bytes, self.num_slots, self.directory, self._adoptable(slot_bytes))
         except OSError:
             return None
         if ring.capped:  # not even the header fits: no ring in this worker
@@ -278,101 +307,6 @@ class Stacked:
 
     def __init__(self, batch: RingBatch) -> None:
         self.batch = batch
-
-
-class Stacker:
-    """Stacks one batch's samples into a slot as each is made, instead of holding them all.
-
-    A worker that keeps its batch's samples until collate holds ``batch_size`` fresh tensors (19 MB for
-    32 ImageNet crops) and then stacks them out of cold memory; copying each sample into its row while
-    it is still in the CPU cache, and freeing it, lets the allocator hand the same hot memory to the
-    next sample. ``add`` returns None while samples fit the slot's layout; on the first that does not
-    (another shape, dtype or structure) it frees the slot and returns every sample so far as plain
-    objects, and the caller goes on without the stacker (torch's collate then decides).
-    """
-
-    def __init__(self, ring: _WorkerRing, slot: int, n: int) -> None:
-        self.ring, self.slot, self.n = ring, slot, n
-        self.base = _HEADER_BYTES + slot * ring.slot_bytes
-        self.count = 0
-        self._leaves: list[tuple[int, torch.dtype, tuple, type, Any]] = []  # off, dtype, shape, type, rows
-        self._scalars: list[list] = []
-
-    def add(self, sample: Any) -> list | None:
-        rings: list[list] = []
-        scalars: list[list] = []
-        if not gather(self.ring.spec, [sample], rings, scalars):
-            return self.abort() + [sample]
-        values = [v for (v,) in rings]
-        if not (self._matches(values) if self._leaves else self._lay_out(values)):
-            return self.abort() + [sample]
-        if self.count == 0:
-            self._scalars = [[] for _ in scalars]
-        for (*_layout, rows), value in zip(self._leaves, values, strict=True):
-            if type(value) is torch.Tensor:
-                rows[self.count].copy_(value)
-            else:
-                rows[self.count] = value
-        for acc, (value,) in zip(self._scalars, scalars, strict=True):
-            acc.append(value)
-        self.count += 1
-        return None
-
-    def _matches(self, values: list) -> bool:
-        for (_off, dtype, shape, kind, _rows), value in zip(self._leaves, values, strict=True):
-            layout = leaf_layout([value]) if type(value) is kind else None
-            if layout is None or layout[0] != dtype or tuple(layout[1]) != shape:
-                return False
-        return True
-
-    def _lay_out(self, values: list) -> bool:
-        """Place each leaf's ``n`` rows in the slot, from the first sample's layout."""
-        offset = 0
-        for value in values:
-            layout = leaf_layout([value])
-            if layout is None or offset + self.n * layout[2] > self.ring.slot_bytes:
-                self._leaves = []
-                return False
-            dtype, shape, per_sample = layout
-            rows = self.ring.rows(self.base + offset, self.n * per_sample, dtype, (self.n, *shape), value)
-            self._leaves.append((offset, dtype, tuple(shape), type(value), rows))
-            offset = align(offset + self.n * per_sample, ALIGN)
-        return bool(self._leaves)
-
-    def abort(self) -> list:
-        """Free the slot; the samples stacked so far, rebuilt as default_collate would see them."""
-        out = []
-        for k in range(self.count):
-            leaves = [
-                rows[k].clone() if kind is torch.Tensor else rows[k].copy()
-                for *_l, kind, rows in self._leaves
-            ]
-            out.append(build(self.ring.spec, iter(leaves), iter([acc[k] for acc in self._scalars])))
-        self._release()
-        return out
-
-    def finish(self) -> Stacked | list:
-        """The batch for collate: a :class:`Stacked` descriptor, or ``[]`` if every sample was skipped."""
-        if self.count == 0:
-            self._release()
-            return []
-        leaves = [(off, dtype, (self.count, *shape)) for off, dtype, shape, _k, _r in self._leaves]
-        self._leaves = []  # the row views must not outlive the batch in this process
-        batch = RingBatch(
-            self.ring.segment.path,
-            self.slot,
-            self.base,
-            self.ring.slot_bytes,
-            leaves,
-            self._scalars,
-            self.ring.spec,
-        )
-        batch.stacked = True
-        return Stacked(batch)
-
-    def _release(self) -> None:
-        self._leaves = []
-        self.ring.states[self.slot] = _FREE
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -397,21 +331,33 @@ def _keep_freed_heap(batch_bytes: int) -> None:
 
 
 class _Mapping:
-    """The main process's mapping of one worker's segment (its name is removed once mapped)."""
+    """The main process's mapping of one worker's segment (its name is removed once mapped).
+
+    The descriptor stays open, so that the workers of the next epoch (forked from this process) can
+    take the segment over when its writer has exited: their slots then reuse pages that already exist
+    instead of faulting in fresh ones, which under memory pressure means reclaiming page cache first.
+    """
 
     def __init__(self, path: str) -> None:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            self.mmap = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR)
+        size = os.fstat(self.fd).st_size
+        self.mmap = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        weakref.finalize(self, os.close, self.fd).atexit = False
         try:
             os.unlink(path)  # the mapping stays valid; nothing is left in /dev/shm whatever happens next
         except FileNotFoundError:
             pass
         self.states = np.frombuffer(self.mmap, dtype=np.int32, count=_HEADER_BYTES // 4)
+        self.held: set[int] = set()  # slots whose batch the user still holds
+        m = _SEGMENT_OWNER.match(os.path.basename(path))
+        self.reusable = m is not None  # its writer can be told apart from a live process
+        # (pid, start ticks) of the process that writes into it now; None: none (it has exited)
+        self.writer: tuple[int, int] | None = (int(m["pid"]), int(m["start"])) if m else None
         _MAPPED[path] = self.states
+
+    def writer_gone(self) -> bool:
+        return self.reusable and (self.writer is None or not _owner_alive(*self.writer))
 
 
 class BatchRing:
@@ -429,17 +375,52 @@ class BatchRing:
         self._maps: dict[str, _Mapping] = {}
         self._iter_ref: Any = None
         self._slots_seen: set[tuple[str, int]] = set()
-        self.counts = {"ring_batches": 0, "ring_stacked": 0, "ring_fallbacks": 0, "ring_slots": 0}
+        self.counts = {
+            "ring_batches": 0, "ring_stacked": 0, "ring_fallbacks": 0, "ring_slots": 0, "ring_adopted": 0,
+        }  # fmt: skip
+        self._offered: dict[int, _Mapping] = {}
+
+    def offer_segments(self, num_workers: int) -> None:
+        """Before torch forks an epoch's workers: offer them the segments of workers that have exited.
+
+        Only when the previous torch iterator is gone (its buffered descriptors died with it and gave
+        their slots back; one still alive could later free a slot a new worker has taken), and only
+        segments whose writer has exited. Their slots are marked free except those holding a batch the
+        user still has.
+        """
+        previous = self._iter_ref() if self._iter_ref is not None else None
+        self._offered = {}
+        if previous is not None:
+            return
+        spare = [m for m in self._maps.values() if m.writer_gone()]
+        for worker_id, mapping in zip(range(num_workers), spare, strict=False):
+            for slot in range(self.collate.num_slots):
+                if slot not in mapping.held:
+                    mapping.states[slot] = _FREE
+            self._offered[worker_id] = mapping
+        self.collate.adopt = {w: (m.path, m.fd, m.mmap) for w, m in self._offered.items()}
 
     def start_epoch(self, torch_iter: Any) -> None:
-        """Forget the mappings of workers gone with a previous torch iterator (persistent ones stay)."""
+        """After ``iter()``: keep the mappings the new workers took over, forget the others' (persistent
+        workers: nothing changes)."""
+        self.collate.adopt = {}  # the forked workers have their copy
         current = self._iter_ref() if self._iter_ref is not None else None
-        if current is not torch_iter:
-            self._maps.clear()  # held batches keep their own mapping alive
-            try:
-                self._iter_ref = weakref.ref(torch_iter)
-            except TypeError:
-                self._iter_ref = None
+        if current is torch_iter:
+            return
+        # Keep what the new workers took over, and segments still written for another live iterator;
+        # forget the rest (batches the user holds keep their own mapping alive).
+        offered = {m.path: m for m in self._offered.values()}
+        self._maps = {p: m for p, m in self._maps.items() if p in offered or not m.writer_gone()}
+        workers = getattr(torch_iter, "_workers", [])
+        for worker_id, mapping in self._offered.items():
+            pid = workers[worker_id].pid if worker_id < len(workers) else None
+            mapping.writer = _process_tag(pid)
+            self.counts["ring_adopted"] += 1
+        self._offered = {}
+        try:
+            self._iter_ref = weakref.ref(torch_iter)
+        except TypeError:
+            self._iter_ref = None
 
     def unwrap(self, batch: Any) -> Any:
         """The user's batch for what torch yielded: a descriptor is rebuilt, anything else passes."""
@@ -457,7 +438,8 @@ class BatchRing:
         self.counts["ring_stacked"] += batch.stacked
         slot = np.frombuffer(mapping.mmap, dtype=np.uint8, count=batch.nbytes, offset=batch.offset)
         # The tensors' storage keeps ``slot`` alive; when the last of them dies, the slot goes back.
-        weakref.finalize(slot, _give_back, mapping.states, batch.slot).atexit = False
+        mapping.held.add(batch.slot)
+        weakref.finalize(slot, _give_back, mapping.states, batch.slot, mapping.held).atexit = False
         batch._held = False  # from here the slot is freed by the batch's tensors, not the descriptor
         storage = torch.from_numpy(slot).untyped_storage()
         del slot
@@ -477,7 +459,19 @@ class BatchRing:
 
     def close(self) -> None:
         self._maps.clear()
+        self._offered = {}
+        self.collate.adopt = {}
         self._iter_ref = None
+
+
+def _process_tag(pid: int | None) -> tuple[int, int] | None:
+    """(pid, start ticks) of a live process, or None (unknown or already gone: nothing to wait for)."""
+    if pid is None:
+        return None
+    try:
+        return pid, _start_ticks(pid)
+    except Exception:  # noqa: BLE001 - psutil.NoSuchProcess and friends: the worker is gone
+        return None
 
 
 def _copy(view: torch.Tensor, pin: bool) -> torch.Tensor:

@@ -15,6 +15,7 @@ workers, pinning, timeouts and persistent workers behave exactly as in torch) an
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -255,6 +256,8 @@ class DataLoader:
         self._epoch_start = self._counters.snapshot()
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
             return _EpochIterator(self, _Sized(self._member.epoch(), len(self._member)))
+        if self._ring is not None and _forks_workers(self._torch):
+            self._ring.offer_segments(self._torch.num_workers)
         torch_iter = iter(self._torch)
         if self._ring is not None:
             self._ring.start_epoch(torch_iter)
@@ -420,6 +423,12 @@ class _SkipAwareCollate:
 
     def __call__(self, batch: list[Any]) -> Any:
         return self.collate_fn(batch) if batch else EmptyBatch()
+
+
+def _forks_workers(torch_loader: torch.utils.data.DataLoader) -> bool:
+    """Whether the workers are forked (they inherit the main process's open segments), not spawned."""
+    ctx = torch_loader.multiprocessing_context or multiprocessing.get_context()
+    return ctx.get_start_method() == "fork"
 
 
 def _adapt(dataset: Any) -> Any:

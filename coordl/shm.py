@@ -146,6 +146,19 @@ class Segment:
         """Map an existing segment (no ownership: this process will not unlink it)."""
         return cls(path, os.stat(path).st_size, owner=False)
 
+    @classmethod
+    def inherited(cls, path: str, fd: int, mapping: mmap.mmap) -> Segment:
+        """In a forked child: the segment its parent had open as ``fd`` and mapped as ``mapping``.
+
+        Works after the name was unlinked (the parent's descriptor and mapping survive the fork);
+        no ownership, so this process never unlinks it.
+        """
+        seg = cls.__new__(cls)
+        seg.path, seg.size, seg._fd, seg._mmap = path, len(mapping), fd, mapping
+        seg.buf = memoryview(mapping)
+        seg._owner_pid, seg._finalizer = None, None
+        return seg
+
     def reserve(self, offset: int, length: int) -> bool:
         """Back ``[offset, offset+length)`` with real pages. False when the file system is full."""
         if length <= 0:

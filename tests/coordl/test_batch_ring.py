@@ -431,3 +431,77 @@ def test_kill9_of_the_main_process_leaves_nothing() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+# -- segments taken over by the next epoch's workers ---------------------------------------------
+
+
+class NoisySource(MemorySource):
+    """Items that differ every epoch (torch seeds each epoch's workers afresh)."""
+
+    def prep(self, raw: bytes, index: int):
+        return torch.rand(3, 16) + index, index
+
+
+def test_next_epochs_workers_take_over_the_segments_of_exited_ones() -> None:
+    src = StructSource(40, "tuple")
+    kw = dict(batch_size=4, num_workers=2)
+    want = list(torch.utils.data.DataLoader(Reference(src), **kw))
+    with coordl.DataLoader(src, **kw) as ours:
+        for epoch in range(4):
+            got = list(ours)
+            for a, b in zip(got, want, strict=True):
+                assert_same(a, b)
+            if epoch == 0:
+                slots_after_first = ours.stats()["ring_slots"]
+        s = ours.stats()
+    # Epochs 2-4 stacked into the first epoch's segments: no new slot (fresh pages) after epoch 1.
+    assert s["ring_adopted"] == 2 * 3
+    assert s["ring_slots"] == slots_after_first
+    assert s["ring_stacked"] > 0
+
+
+def test_a_batch_held_across_epochs_is_not_overwritten() -> None:
+    with coordl.DataLoader(NoisySource(48), batch_size=4, num_workers=2) as ours:
+        first = list(ours)  # every batch of epoch 1 held: their slots stay lent
+        copies = [b[0].clone() for b in first]
+        for _ in range(2):
+            later = [b[0].clone() for b in ours]
+            assert not torch.equal(later[0], copies[0])  # new content each epoch
+        for batch, copy in zip(first, copies, strict=True):
+            assert torch.equal(batch[0], copy)
+        assert ours.stats()["ring_adopted"] == 4
+
+
+def test_an_iterator_still_running_keeps_its_segments() -> None:
+    src = StructSource(40, "tuple")
+    kw = dict(batch_size=4, num_workers=2)
+    want = list(torch.utils.data.DataLoader(Reference(src), **kw))
+    with coordl.DataLoader(src, **kw) as ours:
+        list(ours)
+        old = iter(ours)  # takes over epoch 1's segments
+        got_old = [next(old)]
+        # A second iterator while the first one's workers still write: nothing to take over.
+        got_new = list(ours)
+        got_old += list(old)
+        for a, b, c in zip(got_old, got_new, want, strict=True):
+            assert_same(a, c)
+            assert_same(b, c)
+        assert ours.stats()["ring_adopted"] == 2
+
+
+def test_early_break_then_a_new_epoch_takes_over_safely() -> None:
+    src = StructSource(40, "tuple")
+    kw = dict(batch_size=4, num_workers=2)
+    want = list(torch.utils.data.DataLoader(Reference(src), **kw))
+    with coordl.DataLoader(src, **kw) as ours:
+        for _ in range(3):
+            for i, batch in enumerate(ours):
+                assert_same(batch, want[i])
+                if i == 2:
+                    break  # batches in flight are dropped unbuilt: their slots must come back
+        for i, b in enumerate(ours):  # each batch dropped before the next: a slot is always free
+            assert_same(b, want[i])
+        s = ours.stats()
+    assert s["ring_adopted"] == 2 * 3
+    assert s["ring_fallbacks"] == 0  # no slot was lost to the dropped batches
