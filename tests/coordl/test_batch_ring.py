@@ -443,10 +443,15 @@ class NoisySource(MemorySource):
         return torch.rand(3, 16) + index, index
 
 
-def test_next_epochs_workers_take_over_the_segments_of_exited_ones() -> None:
+def _tuples_and_torchs_batches() -> tuple[StructSource, dict, list]:
+    """40 tuple items, non-persistent loader arguments, and torch's batches for them."""
     src = StructSource(40, "tuple")
     kw = dict(batch_size=4, num_workers=2)
-    want = list(torch.utils.data.DataLoader(Reference(src), **kw))
+    return src, kw, list(torch.utils.data.DataLoader(Reference(src), **kw))
+
+
+def test_next_epochs_workers_take_over_the_segments_of_exited_ones() -> None:
+    src, kw, want = _tuples_and_torchs_batches()
     with coordl.DataLoader(src, **kw) as ours:
         for epoch in range(4):
             got = list(ours)
@@ -474,9 +479,7 @@ def test_a_batch_held_across_epochs_is_not_overwritten() -> None:
 
 
 def test_an_iterator_still_running_keeps_its_segments() -> None:
-    src = StructSource(40, "tuple")
-    kw = dict(batch_size=4, num_workers=2)
-    want = list(torch.utils.data.DataLoader(Reference(src), **kw))
+    src, kw, want = _tuples_and_torchs_batches()
     with coordl.DataLoader(src, **kw) as ours:
         list(ours)
         old = iter(ours)  # takes over epoch 1's segments
@@ -491,9 +494,7 @@ def test_an_iterator_still_running_keeps_its_segments() -> None:
 
 
 def test_early_break_then_a_new_epoch_takes_over_safely() -> None:
-    src = StructSource(40, "tuple")
-    kw = dict(batch_size=4, num_workers=2)
-    want = list(torch.utils.data.DataLoader(Reference(src), **kw))
+    src, kw, want = _tuples_and_torchs_batches()
     with coordl.DataLoader(src, **kw) as ours:
         for _ in range(3):
             for i, batch in enumerate(ours):
