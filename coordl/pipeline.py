@@ -183,18 +183,23 @@ class LoaderSource(torch.utils.data.Dataset):
 
     def _fetch_from(self, index: int, start: int, missed: list[FetchTier]) -> bytes:
         """Ask ``tiers[start:]``, then storage; offer the bytes to every tier that missed."""
-        raw: bytes | memoryview | None = None
-        for tier in self.tiers[start:]:
-            raw = tier.get(index)
-            if raw is not None:
-                break
-            missed.append(tier)
+        raw = self._ask(index, self.tiers[start:], missed)
         if raw is None:
             raw = self.source.fetch(index)
             self.counters.add_many({"storage_bytes_read": len(raw), "storage_items_read": 1})
         for tier in missed:
             tier.offer(index, raw)
         return _as_bytes(raw)
+
+    @staticmethod
+    def _ask(index: int, tiers: Sequence[FetchTier], missed: list[FetchTier]) -> bytes | memoryview | None:
+        """The first of ``tiers`` to have ``index``'s bytes; each tier that missed is appended to ``missed``."""
+        for tier in tiers:
+            raw = tier.get(index)
+            if raw is not None:
+                return raw
+            missed.append(tier)
+        return None
 
     def _in_memory_tiers(self) -> int:
         """How many leading tiers answer from this node's memory (no network, no disk)."""
@@ -225,17 +230,12 @@ class LoaderSource(torch.utils.data.Dataset):
         """
         pending: collections.deque = collections.deque()
         todo = iter(indices)
-
         near = self._in_memory_tiers()
 
         def ahead(index: int) -> None:
             missed: list[FetchTier] = []
-            for tier in self.tiers[:near]:
-                raw = tier.get(index)
-                if raw is not None:
-                    break
-                missed.append(tier)
-            else:
+            raw = self._ask(index, self.tiers[:near], missed)
+            if raw is None:
                 raw = self._fetch_pool().submit(self._fetch_from, index, near, missed)
             pending.append((index, raw))
 
