@@ -137,6 +137,16 @@ def _cpu_s() -> float:
     return u["main_cpu_s"] + u["workers_cpu_s"]
 
 
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine so far, from /proc/stat: busy counts every
+    process and kernel thread (the page-cache controller, the loop device's I/O), not only ours."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v[:8]
+    return (user + nice + system + irq + softirq) / hz, steal / hz
+
+
 def _blkio_read(path: str, device: str) -> int:
     total = 0
     with open(path) as f:
@@ -210,11 +220,14 @@ def child(args: argparse.Namespace) -> None:
     epochs = []
     for _ in range(args.epochs):
         read0, use0, t0 = _blkio_read(args.blkio, args.device), _usage(), time.perf_counter()
+        machine0 = _machine_cpu()
         n = 0
         for batch in loader:
             n += len(batch[0]["label"]) if args.child == "c" else len(batch[1])
         elapsed = time.perf_counter() - t0
         use = {k: v - use0[k] for k, v in _usage().items()}
+        machine = _machine_cpu()
+        use["machine_busy_s"], use["machine_steal_s"] = machine[0] - machine0[0], machine[1] - machine0[1]
         epochs.append(
             {
                 "time_s": elapsed,
@@ -243,17 +256,19 @@ def _decode_worker(root: str, count: int, queue) -> None:
     tf = train_transform(CROP, RESIZE)
     for r in raws[:20]:  # warm up (first-touch memory is slow on this VM)
         tf(r)
-    t, cpu = time.perf_counter(), time.process_time()
+    t, cpu, machine = time.perf_counter(), time.process_time(), _machine_cpu()
     minflt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for i in range(count):
         tf(raws[i % len(raws)])
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - minflt) / count
-    queue.put((count / (time.perf_counter() - t), (time.process_time() - cpu) / count, faults))
+    wall = time.perf_counter() - t
+    busy, steal = (b - a for a, b in zip(machine, _machine_cpu(), strict=True))
+    queue.put((count / wall, (time.process_time() - cpu) / count, faults, busy / wall, steal / wall))
 
 
-def decode_limit(root: str, cores: int, count: int) -> tuple[float, float, float]:
-    """(sum of the rates, mean CPU s/sample, mean minor faults/sample) of ``cores`` simultaneous
-    tight decode+augment loops."""
+def decode_limit(root: str, cores: int, count: int) -> tuple[float, ...]:
+    """(sum of the rates, mean CPU s/sample, mean minor faults/sample, machine cores busy, cores
+    stolen by the hypervisor) of ``cores`` simultaneous tight decode+augment loops."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
@@ -268,6 +283,8 @@ def decode_limit(root: str, cores: int, count: int) -> tuple[float, float, float
         sum(r[0] for r in results),
         statistics.mean(r[1] for r in results),
         statistics.mean(r[2] for r in results),
+        statistics.mean(r[3] for r in results),
+        statistics.mean(r[4] for r in results),
     )
 
 
@@ -296,10 +313,13 @@ def _run_child(
     page_cache = max(page_budget - cache_bytes, 0) if config in COORDL else page_budget
     store.set_page_cache_bytes(page_cache + METADATA_ALLOWANCE_BYTES)
     store.evict()
-    return json.loads(store.run(cmd).strip().splitlines()[-1])
+    ctl0, t0 = store.controller_cpu_s, time.monotonic()
+    out = json.loads(store.run(cmd).strip().splitlines()[-1])
+    out["controller_cores"] = (store.controller_cpu_s - ctl0) / (time.monotonic() - t0)
+    return out
 
 
-def _run_limit(store, args: argparse.Namespace, root: str, page_budget: int) -> tuple[float, float, float]:
+def _run_limit(store, args: argparse.Namespace, root: str, page_budget: int) -> tuple[float, ...]:
     cmd = [
         sys.executable,
         __file__,
@@ -311,7 +331,9 @@ def _run_limit(store, args: argparse.Namespace, root: str, page_budget: int) -> 
         str(os.cpu_count() or 1),
     ]
     store.set_page_cache_bytes(page_budget + METADATA_ALLOWANCE_BYTES)
-    return tuple(json.loads(store.run(cmd).strip().splitlines()[-1]))
+    ctl0, t0 = store.controller_cpu_s, time.monotonic()
+    out = json.loads(store.run(cmd).strip().splitlines()[-1])
+    return (*out, (store.controller_cpu_s - ctl0) / (time.monotonic() - t0))
 
 
 def _med(values) -> float:
@@ -352,9 +374,12 @@ def _prep_summary(res: dict) -> dict[str, float]:
     """Rate and per-sample CPU / faults over epochs 2.. (epoch 1 fills coordl's cache and the page cache)."""
     later = res["epochs"][1:]
     items = sum(e["items"] for e in later)
-    out = {"rate": items / sum(e["time_s"] for e in later)}
+    wall = sum(e["time_s"] for e in later)
+    out = {"rate": items / wall, "controller_cores": res["controller_cores"]}
     for key in ("cpu_s", "main_cpu_s", "workers_cpu_s", "main_minflt", "workers_minflt"):
         out[key] = sum(e[key] for e in later) / items
+    out["machine_busy"] = sum(e["machine_busy_s"] for e in later) / wall
+    out["machine_steal"] = sum(e["machine_steal_s"] for e in later) / wall
     return out
 
 
@@ -380,6 +405,24 @@ def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
             f"| ({cfg}) {CONFIGS[cfg]} | {rate:.0f} ({runs}) | {_med(shares):.0%} "
             f"({', '.join(f'{x:.0%}' for x in shares)}) | {cpu * 1000:.2f} ms | {cpu_ratio:.2f} | {busy:.2f} |"
         )
+    print("\nThe whole machine while measuring (cores; median): busy = every process and kernel thread,")
+    print(
+        "ours = the loader's processes (or the limit's loops), controller = the page-cache bound's thread.\n"
+    )
+    print("| | machine busy | ours | busy, not ours | stolen | controller |")
+    print("|---|---|---|---|---|---|")
+    lim_busy, lim_steal, lim_ctl = (_med(r[i] for r in prep["limit"]) for i in (3, 4, 5))
+    lim_ours = _med(r[0] * r[1] for r in prep["limit"])
+    print(
+        f"| decode limit | {lim_busy:.2f} | {lim_ours:.2f} | {lim_busy - lim_ours:.2f} | {lim_steal:.2f} | "
+        f"{lim_ctl:.2f} |"
+    )
+    for cfg in args.prep_configs:
+        busy, steal, ctl = (
+            _med(r[k] for r in prep[cfg]) for k in ("machine_busy", "machine_steal", "controller_cores")
+        )
+        ours = _med(r["rate"] * r["cpu_s"] for r in prep[cfg])
+        print(f"| ({cfg}) | {busy:.2f} | {ours:.2f} | {busy - ours:.2f} | {steal:.2f} | {ctl:.2f} |")
     print("\nWhere the loader's time goes, per sample (median):\n")
     print("| | main CPU | workers CPU | main minor faults | workers minor faults |")
     print("|---|---|---|---|---|")

@@ -86,6 +86,7 @@ class SlowStore:
         self._mounted = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.controller_cpu_s = 0.0  # CPU of the controller thread (incl. the reclaim its writes do)
         try:
             self._setup(image_bytes)
         except BaseException:
@@ -169,6 +170,7 @@ class SlowStore:
         """
         cg = f"{CG}/memory/{self.name}"
         while not self._stop.wait(POLL_S):
+            self.controller_cpu_s = time.thread_time()
             try:
                 with open(f"{cg}/memory.usage_in_bytes") as f:
                     usage = int(f.read())
