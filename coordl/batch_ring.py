@@ -64,6 +64,7 @@ class RingBatch:
         self.spec = spec
         self.pin = False
         self.stacked = False  # stacked sample by sample as they were made (Stacker), not at collate
+        self.in_place = 0  # of its samples, those a transform wrote straight into the slot
         self._held = False  # True in the receiving process until the batch is built
 
     def pin_memory(self, device: Any = None) -> RingBatch:
@@ -377,6 +378,7 @@ class BatchRing:
         self._slots_seen: set[tuple[str, int]] = set()
         self.counts = {
             "ring_batches": 0, "ring_stacked": 0, "ring_fallbacks": 0, "ring_slots": 0, "ring_adopted": 0,
+            "ring_in_place": 0,
         }  # fmt: skip
         self._offered: dict[int, _Mapping] = {}
 
@@ -436,6 +438,7 @@ class BatchRing:
             self.counts["ring_slots"] += 1
         self.counts["ring_batches"] += 1
         self.counts["ring_stacked"] += batch.stacked
+        self.counts["ring_in_place"] += batch.in_place
         slot = np.frombuffer(mapping.mmap, dtype=np.uint8, count=batch.nbytes, offset=batch.offset)
         # The tensors' storage keeps ``slot`` alive; when the last of them dies, the slot goes back.
         mapping.held.add(batch.slot)

@@ -300,8 +300,10 @@ class DataLoader:
         ``items_loaded``, ``skipped_items``, ``cached_items``, ``cached_bytes``, ``capacity_bytes``,
         ``cache_backend``, plus the dataset's own ``stats()`` and each fetch tier's; with the batch
         ring, ``ring_batches`` (batches handed out from it), ``ring_stacked`` (of those, stacked sample
-        by sample as the worker made them), ``ring_fallbacks`` (collated by torch instead),
-        ``ring_slots`` (distinct slots used) and ``ring_adopted`` (rings a later epoch's workers took over).
+        by sample as the worker made them), ``ring_in_place`` (samples a transform wrote straight into
+        their batch row, see :mod:`coordl.output_buffers`), ``ring_fallbacks`` (collated by torch
+        instead), ``ring_slots`` (distinct slots used) and ``ring_adopted`` (rings a later epoch's
+        workers took over).
         """
         if self._closed:
             return dict(self._final_stats or {})

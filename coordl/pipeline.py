@@ -23,6 +23,7 @@ import torch.utils.data
 from coordl.counters import SharedCounters
 from coordl.errors import CorruptItemError
 from coordl.minio import MinioCache
+from coordl.output_buffers import lend
 from coordl.shm import Segment
 from coordl.source import describe_item
 from coordl.worker_watch import WorkerWatch
@@ -154,17 +155,19 @@ class LoaderSource(torch.utils.data.Dataset):
                 samples = self._load_ahead([int(i) for i in indices], worker_id)
             else:
                 samples = (self._load_one(int(i), worker_id) for i in indices)
-            for sample in samples:
-                if sample is _SKIPPED:
-                    n_skipped += 1
-                    continue
-                n_kept += 1
-                if stacker is None:
-                    kept.append(sample)
-                    continue
-                rest = stacker.add(sample)
-                if rest is not None:  # did not fit the slot's layout: plain samples from here on
-                    kept, stacker = rest, None
+            # Transforms write each sample's tensor straight into its row of the slot (output_buffers).
+            with lend(stacker.take if stacker is not None else None):
+                for sample in samples:
+                    if sample is _SKIPPED:
+                        n_skipped += 1
+                        continue
+                    n_kept += 1
+                    if stacker is None:
+                        kept.append(sample)
+                        continue
+                    rest = stacker.add(sample)
+                    if rest is not None:  # did not fit the slot's layout: plain samples from here on
+                        kept, stacker = rest, None
         except BaseException:
             if stacker is not None:
                 stacker.abort()  # the slot goes back to the ring

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from coordl.batch_layout import ALIGN, align, build, gather, leaf_layout
 from coordl.batch_ring import _FREE, _HEADER_BYTES, RingBatch, Stacked, _WorkerRing
 
 __all__ = ["Stacker"]
+
+_IN_PLACE = object()  # a leaf a transform wrote straight into its row
 
 
 class Stacker:
@@ -34,26 +37,61 @@ class Stacker:
         self.count = 0
         self._leaves: list[tuple[int, torch.dtype, tuple, type, Any]] = []  # off, dtype, shape, type, rows
         self._scalars: list[list] = []
+        self._lent: set[int] = set()  # leaves whose row for this sample a transform was given
+        self.in_place = 0  # samples whose tensors were all written straight into their rows
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """The next sample's row of a tensor leaf of this ``shape`` and ``dtype`` not lent yet, for a
+        transform to write its output into (:func:`coordl.output_buffers.new_output`); else None.
+
+        Known from the batch's first sample on (its layout places the rows).
+        """
+        if self.count >= self.n:
+            return None
+        for k, (_off, dtype_k, shape_k, kind, rows) in enumerate(self._leaves):
+            if kind is torch.Tensor and dtype_k == dtype and shape_k == shape and k not in self._lent:
+                self._lent.add(k)
+                return rows[self.count]
+        return None
 
     def add(self, sample: Any) -> list | None:
+        lent, self._lent = bool(self._lent), set()
         rings: list[list] = []
         scalars: list[list] = []
         if not gather(self.ring.spec, [sample], rings, scalars):
-            return self.abort() + [sample]
+            return self._give_up(sample, lent)
         values = [v for (v,) in rings]
         if not (self._matches(values) if self._leaves else self._lay_out(values)):
-            return self.abort() + [sample]
+            return self._give_up(sample, lent)
         if self.count == 0:
             self._scalars = [[] for _ in scalars]
+        if lent:
+            # A lent row came back as its own leaf's row: nothing to copy. Anything else in the slot
+            # (another leaf's row, a view of one) is cloned before any row is written over it.
+            slot = self._slot_range()
+            for k, ((*_layout, rows), value) in enumerate(zip(self._leaves, values, strict=True)):
+                if type(value) is torch.Tensor and slot[0] <= value.data_ptr() < slot[1]:
+                    values[k] = _IN_PLACE if _same_memory(value, rows[self.count]) else value.clone()
+        copied = 0
         for (*_layout, rows), value in zip(self._leaves, values, strict=True):
+            if value is _IN_PLACE:
+                continue
+            copied += 1
             if type(value) is torch.Tensor:
                 rows[self.count].copy_(value)
             else:
                 rows[self.count] = value
         for acc, (value,) in zip(self._scalars, scalars, strict=True):
             acc.append(value)
+        self.in_place += copied == 0
         self.count += 1
         return None
+
+    def _give_up(self, sample: Any, lent: bool) -> list:
+        """:meth:`abort` plus this sample; a row lent to it is copied out before the slot goes back."""
+        if lent:
+            sample = _unalias(sample, self._slot_range())
+        return self.abort() + [sample]
 
     def _matches(self, values: list) -> bool:
         for (_off, dtype, shape, kind, _rows), value in zip(self._leaves, values, strict=True):
@@ -105,8 +143,40 @@ class Stacker:
             self.ring.spec,
         )
         batch.stacked = True
+        batch.in_place = self.in_place
         return Stacked(batch)
+
+    def _slot_range(self) -> tuple[int, int]:
+        start = self.ring.segment.array(np.uint8, self.base, 1).ctypes.data
+        return start, start + self.ring.slot_bytes
 
     def _release(self) -> None:
         self._leaves = []
         self.ring.states[self.slot] = _FREE
+
+
+def _same_memory(value: torch.Tensor, row: torch.Tensor) -> bool:
+    """``value`` is ``row`` itself (written in place by a transform), not a copy or another view."""
+    return (
+        value.data_ptr() == row.data_ptr()
+        and value.dtype == row.dtype
+        and value.shape == row.shape
+        and value.stride() == row.stride()
+    )
+
+
+def _unalias(sample: Any, slot: tuple[int, int]) -> Any:
+    """``sample`` with every tensor that views the slot's memory cloned (containers rebuilt only then)."""
+    if type(sample) is torch.Tensor:
+        return sample.clone() if slot[0] <= sample.data_ptr() < slot[1] else sample
+    if isinstance(sample, (tuple, list)):
+        items = [_unalias(x, slot) for x in sample]
+        if all(a is b for a, b in zip(items, sample, strict=True)):
+            return sample
+        if isinstance(sample, tuple) and hasattr(sample, "_fields"):  # namedtuple
+            return type(sample)(*items)
+        return type(sample)(items)
+    if isinstance(sample, dict):
+        items = {k: _unalias(v, slot) for k, v in sample.items()}
+        return sample if all(items[k] is v for k, v in sample.items()) else type(sample)(items)
+    return sample

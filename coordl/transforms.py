@@ -37,6 +37,7 @@ import torch
 from PIL import Image
 
 from coordl.errors import CorruptItemError
+from coordl.output_buffers import new_output
 
 __all__ = [
     "Compose",
@@ -329,7 +330,7 @@ class ToTensor(Stage):
         x = _chw_view(arr)
         # One pass that converts, scales and transposes into a contiguous CHW tensor (``.to()`` of
         # the permuted view would keep the HWC layout, and every later op would pay for the strides).
-        return torch.div(x, 255.0, out=torch.empty(x.shape, dtype=torch.float32))
+        return torch.div(x, 255.0, out=new_output(x.shape, torch.float32))
 
 
 class Normalize(Stage):
@@ -375,7 +376,7 @@ class _ToTensorNormalize:
     def __call__(self, arr: np.ndarray) -> torch.Tensor:
         x = _chw_view(arr)
         scale, shift = self.normalize._affine(x.shape[0], 1 / 255.0)
-        return torch.addcmul(shift, x, scale, out=torch.empty(x.shape, dtype=torch.float32))
+        return torch.addcmul(shift, x, scale, out=new_output(x.shape, torch.float32))
 
 
 def _chw_view(arr: np.ndarray) -> torch.Tensor:

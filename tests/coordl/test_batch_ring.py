@@ -287,6 +287,25 @@ def test_reused_slot_does_not_change_a_held_batch(one_process_ring) -> None:
     assert held[0][:, 0, 0].tolist() == [0.0, 1.0, 2.0, 3.0] and held[1].tolist() == [0, 1, 2, 3]
 
 
+def test_a_lent_row_given_back_in_a_plain_sample_no_longer_views_the_slot(one_process_ring) -> None:
+    from coordl.output_buffers import lend, new_output
+
+    collate, _ring, _send = one_process_ring
+    assert isinstance(collate(_samples(0)), batch_ring.RingBatch)  # the first batch makes the ring
+    stacker = collate.stacker(4)
+    with lend(stacker.take):
+        assert stacker.add((torch.full((3, 5), 7.0), 7)) is None  # lays the slot out
+        row = new_output((3, 5))  # the second sample's row
+        start, end = stacker._slot_range()
+        assert start <= row.data_ptr() < end
+        row.fill_(8.0)
+        rest = stacker.add((row[:2], 8))  # another shape: the samples go back as plain objects
+    assert [label for _image, label in rest] == [7, 8]
+    image = rest[1][0]
+    assert not start <= image.data_ptr() < end and image.shape == (2, 5) and bool((image == 8).all())
+    assert collate._ring.states[stacker.slot] == batch_ring._FREE
+
+
 def test_full_ring_returns_a_plain_batch(one_process_ring) -> None:
     collate, ring, send = one_process_ring
     held = [ring.unwrap(send(collate(_samples(4 * i)))) for i in range(SLOTS)]
