@@ -31,7 +31,6 @@ import psutil
 __all__ = ["DEFAULT_DIR", "Segment", "flock_timeout", "free_bytes", "reclaim_stale", "owner_tag"]
 
 DEFAULT_DIR = "/dev/shm"
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.11 lacks the name
 _NAME_RE = re.compile(r"^coordl-(?P<kind>[a-z0-9_]+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<token>[0-9a-f]+)$")
 
 
@@ -156,12 +155,6 @@ class Segment:
         """
         seg = cls.__new__(cls)
         seg.path, seg.size, seg._fd, seg._mmap = path, len(mapping), fd, mapping
-        # fork does not copy the page tables of shared mappings: each page would fault again, one by
-        # one, at its first write here (~20 faults per 224x224 sample). One call maps them all.
-        try:
-            mapping.madvise(_MADV_POPULATE_WRITE)
-        except (OSError, ValueError):  # before Linux 5.14: the pages fault in as they are used
-            pass
         seg.buf = memoryview(mapping)
         seg._owner_pid, seg._finalizer = None, None
         return seg
