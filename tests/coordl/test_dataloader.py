@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -99,6 +100,28 @@ def test_persistent_workers_keep_their_processes(persistent: bool) -> None:
         pids = [{int(p) for b in dl for p in b[:, 1]} for _ in range(2)]
     assert len(pids[0]) == 2
     assert (pids[0] == pids[1]) is persistent
+
+
+class FreezeCountSource(MemorySource):
+    """Each sample carries how many objects the garbage collector holds frozen where it was made."""
+
+    def prep(self, raw: bytes, index: int) -> torch.Tensor:
+        return torch.tensor([index, gc.get_freeze_count()])
+
+
+@pytest.mark.parametrize("frozen_by_the_program", [False, True])
+def test_forked_workers_inherit_the_main_processs_objects_frozen(frozen_by_the_program: bool) -> None:
+    # Frozen objects are never collected in a worker, so its collections do not copy the inherited heap.
+    if frozen_by_the_program:
+        gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with coordl.DataLoader(FreezeCountSource(8), batch_size=2, num_workers=2) as dl:
+            counts = [int(c) for b in dl for c in b[:, 1]]
+            assert gc.get_freeze_count() == before  # the main process's own state is as it was
+        assert min(counts) > 0
+    finally:
+        gc.unfreeze()
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
