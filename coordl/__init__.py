@@ -24,6 +24,7 @@ _LAZY = {
     "ItemSource": "coordl.source",
     "is_item_source": "coordl.source",
     "transforms": "coordl.transforms",
+    "output_buffers": "coordl.output_buffers",
     "synth": "coordl.synth",
 }
 
