@@ -14,9 +14,7 @@ workers, pinning, timeouts and persistent workers behave exactly as in torch) an
 
 from __future__ import annotations
 
-import gc
 import importlib
-import multiprocessing
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +28,7 @@ from coordl.errors import CoordlTimeoutError
 from coordl.minio import MinioCache
 from coordl.pipeline import BASE_COUNTERS, EmptyBatch, FetchTier, LoaderSource, MinioTier
 from coordl.source import has_split_prep, is_item_source
+from coordl.worker_start import forks_workers, start_workers
 from coordl.worker_watch import WorkerWatch, is_worker_death, worker_died_error
 
 __all__ = ["DataLoader"]
@@ -257,9 +256,9 @@ class DataLoader:
         self._epoch_start = self._counters.snapshot()
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
             return _EpochIterator(self, _Sized(self._member.epoch(), len(self._member)))
-        if self._ring is not None and _forks_workers(self._torch):
+        if self._ring is not None and forks_workers(self._torch):
             self._ring.offer_segments(self._torch.num_workers)
-        torch_iter = _iter_frozen(self._torch)
+        torch_iter = start_workers(self._torch)
         if self._ring is not None:
             self._ring.start_epoch(torch_iter)
         return _EpochIterator(self, torch_iter)
@@ -426,30 +425,6 @@ class _SkipAwareCollate:
 
     def __call__(self, batch: list[Any]) -> Any:
         return self.collate_fn(batch) if batch else EmptyBatch()
-
-
-def _iter_frozen(torch_loader: torch.utils.data.DataLoader) -> Any:
-    """``iter(torch_loader)``, with the garbage collector's objects frozen while torch forks workers.
-
-    A forked worker shares the main process's heap copy-on-write. Its first full collection writes to
-    the header of every object it inherited, so the worker copies all those pages (measured: ~20 page
-    faults per sample on 960-item epochs with fresh workers each epoch). Objects frozen at the fork
-    are never collected in the worker; the main process unfreezes them at once (Python's documented
-    pre-fork recipe, ``gc.freeze``). Left alone when the program froze objects itself.
-    """
-    if torch_loader.num_workers == 0 or not _forks_workers(torch_loader) or gc.get_freeze_count():
-        return iter(torch_loader)
-    gc.freeze()
-    try:
-        return iter(torch_loader)
-    finally:
-        gc.unfreeze()
-
-
-def _forks_workers(torch_loader: torch.utils.data.DataLoader) -> bool:
-    """Whether the workers are forked (they inherit the main process's open segments), not spawned."""
-    ctx = torch_loader.multiprocessing_context or multiprocessing.get_context()
-    return ctx.get_start_method() == "fork"
 
 
 def _adapt(dataset: Any) -> Any:
