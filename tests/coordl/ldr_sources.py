@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,7 +88,7 @@ class TorchReference(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
+    def __getitem__(self, index: int) -> Any:
         return self.source.prep(self.source.fetch(index), index)
 
 

@@ -22,6 +22,7 @@ from coordl import batch_ring
 from coordl.errors import WorkerDiedError
 from coordl.shm import Segment
 from tests.coordl.ldr_sources import MemorySource, PidSource
+from tests.coordl.ldr_sources import TorchReference as Reference
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 2 + batch_ring.EXTRA_SLOTS  # torch's default prefetch_factor
@@ -52,17 +53,6 @@ class StructSource(MemorySource):
         if self.kind == "unsupported":  # default_collate handles it; the ring must step aside
             return (image, None) if index >= 1000 else (image, [index] * (1 + index % 2))
         raise ValueError(self.kind)
-
-
-class Reference(torch.utils.data.Dataset):
-    def __init__(self, source: MemorySource) -> None:
-        self.source = source
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, index: int):
-        return self.source.prep(self.source.fetch(index), index)
 
 
 def assert_same(ours, theirs) -> None:

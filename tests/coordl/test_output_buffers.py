@@ -10,6 +10,7 @@ from coordl import output_buffers
 from coordl.output_buffers import lend, new_output
 from coordl.transforms import train_transform
 from tests.coordl.ldr_sources import MemorySource
+from tests.coordl.ldr_sources import TorchReference as Reference
 
 
 def test_new_output_is_a_fresh_tensor_outside_a_batch() -> None:
@@ -53,17 +54,6 @@ class OutputSource(MemorySource):
         if self.how == "key order mid-batch":  # item 6's dict no longer fits: plain samples from there
             return {"b": b, "a": a} if index == 6 else {"a": a, "b": b}
         raise ValueError(self.how)
-
-
-class Reference(torch.utils.data.Dataset):
-    def __init__(self, source: MemorySource) -> None:
-        self.source = source
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, index: int):
-        return self.source.prep(self.source.fetch(index), index)
 
 
 def _leaves(batch) -> list[torch.Tensor]:
