@@ -34,6 +34,8 @@ class Stacker:
     def __init__(self, ring: _WorkerRing, slot: int, n: int) -> None:
         self.ring, self.slot, self.n = ring, slot, n
         self.base = _HEADER_BYTES + slot * ring.slot_bytes
+        start = ring.segment.array(np.uint8, self.base, 1).ctypes.data
+        self._slot_range = (start, start + ring.slot_bytes)  # the slot's addresses in this process
         self.count = 0
         self._leaves: list[tuple[int, torch.dtype, tuple, type, Any]] = []  # off, dtype, shape, type, rows
         self._scalars: list[list] = []
@@ -68,7 +70,7 @@ class Stacker:
         if lent:
             # A lent row came back as its own leaf's row: nothing to copy. Anything else in the slot
             # (another leaf's row, a view of one) is cloned before any row is written over it.
-            slot = self._slot_range()
+            slot = self._slot_range
             for k, ((*_layout, rows), value) in enumerate(zip(self._leaves, values, strict=True)):
                 if type(value) is torch.Tensor and slot[0] <= value.data_ptr() < slot[1]:
                     values[k] = _IN_PLACE if _same_memory(value, rows[self.count]) else value.clone()
@@ -90,7 +92,7 @@ class Stacker:
     def _give_up(self, sample: Any, lent: bool) -> list:
         """:meth:`abort` plus this sample; a row lent to it is copied out before the slot goes back."""
         if lent:
-            sample = _unalias(sample, self._slot_range())
+            sample = _unalias(sample, self._slot_range)
         return self.abort() + [sample]
 
     def _matches(self, values: list) -> bool:
@@ -145,10 +147,6 @@ class Stacker:
         batch.stacked = True
         batch.in_place = self.in_place
         return Stacked(batch)
-
-    def _slot_range(self) -> tuple[int, int]:
-        start = self.ring.segment.array(np.uint8, self.base, 1).ctypes.data
-        return start, start + self.ring.slot_bytes
 
     def _release(self) -> None:
         self._leaves = []

@@ -286,7 +286,7 @@ def test_a_lent_row_given_back_in_a_plain_sample_no_longer_views_the_slot(one_pr
     with lend(stacker.take):
         assert stacker.add((torch.full((3, 5), 7.0), 7)) is None  # lays the slot out
         row = new_output((3, 5))  # the second sample's row
-        start, end = stacker._slot_range()
+        start, end = stacker._slot_range
         assert start <= row.data_ptr() < end
         row.fill_(8.0)
         rest = stacker.add((row[:2], 8))  # another shape: the samples go back as plain objects
