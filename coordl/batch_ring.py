@@ -37,8 +37,7 @@ import torch.utils.data
 from torch.utils.data.dataloader import default_collate
 
 from coordl.batch_layout import ALIGN, align, build, gather, has_ring_leaf, leaf_layout, spec_of
-from coordl.shm import _NAME_RE as _SEGMENT_OWNER
-from coordl.shm import DEFAULT_DIR, Segment, _owner_alive, _start_ticks, free_bytes
+from coordl.shm import DEFAULT_DIR, SEGMENT_NAME_RE, Segment, free_bytes, owner_alive, start_ticks
 
 __all__ = ["BatchRing", "RingBatch", "RingCollate", "Stacked", "EXTRA_SLOTS"]
 
@@ -351,14 +350,14 @@ class _Mapping:
             pass
         self.states = np.frombuffer(self.mmap, dtype=np.int32, count=_HEADER_BYTES // 4)
         self.held: set[int] = set()  # slots whose batch the user still holds
-        m = _SEGMENT_OWNER.match(os.path.basename(path))
+        m = SEGMENT_NAME_RE.match(os.path.basename(path))
         self.reusable = m is not None  # its writer can be told apart from a live process
         # (pid, start ticks) of the process that writes into it now; None: none (it has exited)
         self.writer: tuple[int, int] | None = (int(m["pid"]), int(m["start"])) if m else None
         _MAPPED[path] = self.states
 
     def writer_gone(self) -> bool:
-        return self.reusable and (self.writer is None or not _owner_alive(*self.writer))
+        return self.reusable and (self.writer is None or not owner_alive(*self.writer))
 
 
 class BatchRing:
@@ -472,7 +471,7 @@ def _process_tag(pid: int | None) -> tuple[int, int] | None:
     if pid is None:
         return None
     try:
-        return pid, _start_ticks(pid)
+        return pid, start_ticks(pid)
     except Exception:  # noqa: BLE001 - psutil.NoSuchProcess and friends: the worker is gone
         return None
 

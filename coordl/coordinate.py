@@ -47,7 +47,7 @@ import torch
 from coordl import batchcodec
 from coordl import group_control as gc
 from coordl.errors import CoordlError, CoordlTimeoutError
-from coordl.shm import DEFAULT_DIR, _start_ticks
+from coordl.shm import DEFAULT_DIR, start_ticks
 
 __all__ = ["BatchMaker", "Group", "GroupMember", "join_for_loader"]
 
@@ -101,7 +101,7 @@ def _producer_main(
     data_fd = os.open(base + ".data", os.O_RDWR)
     slot_bytes = int(ctl.hdr[gc.H_SLOTBYTES])
     data = mmap.mmap(data_fd, slots * slot_bytes)
-    me, start = os.getpid(), _start_ticks(os.getpid())
+    me, start = os.getpid(), start_ticks(os.getpid())
     with ctl.locked():
         row = next(r for r in range(gc.PRODUCERS) if ctl.producers[r, 0] == 0)
         ctl.producers[row] = (me, start, member_pid)
@@ -251,7 +251,7 @@ class GroupMember:
                 raise CoordlError(f"coordinate group {g.name!r} is full ({gc.MEMBERS} jobs)")
             first = self._first_batch(ctl)
             self._row = int(free[0])
-            ctl.members[self._row] = (os.getpid(), _start_ticks(os.getpid()), first, first)
+            ctl.members[self._row] = (os.getpid(), start_ticks(os.getpid()), first, first)
             return ctl
         finally:
             os.close(lock_fd)  # releases the lock

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from coordl.shm import DEFAULT_DIR, Segment, _owner_alive, _start_ticks
+from coordl.shm import DEFAULT_DIR, Segment, owner_alive, start_ticks
 
 __all__ = ["SharedCounters"]
 
@@ -52,7 +52,7 @@ class SharedCounters:
         pid = os.getpid()
         if self._row is not None and self._row_pid == pid:
             return self._row
-        start = _start_ticks(pid)
+        start = start_ticks(pid)
         with open(self._segment.path, "rb") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             free = [r for r in range(1, _ROWS) if self._table[r, 0] == 0]
@@ -72,7 +72,7 @@ class SharedCounters:
         # Row 0 is the reserve: counts of processes that exited, kept so totals never go down.
         for r in range(1, _ROWS):
             pid, start = int(self._table[r, 0]), int(self._table[r, 1])
-            if pid and not _owner_alive(pid, start):
+            if pid and not owner_alive(pid, start):
                 self._table[0, 2:] += self._table[r, 2:]
                 self._table[r, :] = 0
 

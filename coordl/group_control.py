@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from coordl.shm import _owner_alive
+from coordl.shm import owner_alive
 
 MAGIC, VERSION = 0xC00D1C0, 1
 HDR = 16
@@ -222,7 +222,7 @@ class Control:
         """Forget dead members and producers; batches claimed by dead producers are redone."""
         for table in (self.members, self.producers):
             for row in table:
-                if row[0] and not _owner_alive(int(row[0]), int(row[1])):
+                if row[0] and not owner_alive(int(row[0]), int(row[1])):
                     row[:] = 0
         live = {int(p) for p in self.producers[:, 0]}
         for slot in self.slots:

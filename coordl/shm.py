@@ -28,13 +28,26 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-__all__ = ["DEFAULT_DIR", "Segment", "flock_timeout", "free_bytes", "reclaim_stale", "owner_tag"]
+__all__ = [
+    "DEFAULT_DIR",
+    "SEGMENT_NAME_RE",
+    "Segment",
+    "flock_timeout",
+    "free_bytes",
+    "owner_alive",
+    "owner_tag",
+    "reclaim_stale",
+    "start_ticks",
+]
 
 DEFAULT_DIR = "/dev/shm"
-_NAME_RE = re.compile(r"^coordl-(?P<kind>[a-z0-9_]+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<token>[0-9a-f]+)$")
+# coordl-<kind>-<owner pid>-<owner start ticks>-<token>: a stale segment names its dead owner.
+SEGMENT_NAME_RE = re.compile(
+    r"^coordl-(?P<kind>[a-z0-9_]+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<token>[0-9a-f]+)$"
+)
 
 
-def _start_ticks(pid: int) -> int:
+def start_ticks(pid: int) -> int:
     """Process start time in centiseconds: with the pid, it names a process uniquely."""
     return int(psutil.Process(pid).create_time() * 100)
 
@@ -42,13 +55,14 @@ def _start_ticks(pid: int) -> int:
 def owner_tag(pid: int | None = None) -> str:
     """``<pid>-<start>`` of a process (default: this one)."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}-{_start_ticks(pid)}"
+    return f"{pid}-{start_ticks(pid)}"
 
 
-def _owner_alive(pid: int, start: int) -> bool:
+def owner_alive(pid: int, start: int) -> bool:
+    """Whether the process that had ``start_ticks`` == ``start`` under ``pid`` still runs (not a reuse)."""
     try:
         # Start times are rounded; allow one tick of slack.
-        return abs(_start_ticks(pid) - start) <= 1
+        return abs(start_ticks(pid) - start) <= 1
     except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
         return False
 
@@ -83,8 +97,8 @@ def reclaim_stale(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:
     except FileNotFoundError:
         return removed
     for name in names:
-        m = _NAME_RE.match(name)
-        if m is None or _owner_alive(int(m["pid"]), int(m["start"])):
+        m = SEGMENT_NAME_RE.match(name)
+        if m is None or owner_alive(int(m["pid"]), int(m["start"])):
             continue
         path = os.path.join(directory, name)
         try:

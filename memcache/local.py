@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from coordl.shm import DEFAULT_DIR, Segment, _owner_alive, _start_ticks, flock_timeout
+from coordl.shm import DEFAULT_DIR, Segment, flock_timeout, owner_alive, start_ticks
 from memcache.codec import CodecError, decode, encode_header, payload_view
 
 __all__ = ["LocalStore"]
@@ -59,7 +59,7 @@ def _lock(fd: int, path: str, timeout_s: float = _LOCK_TIMEOUT_S) -> None:
 
 def _live_pids(header: np.ndarray) -> list[int]:
     pairs = header[_H_ATTACH : _H_ATTACH + 2 * _MAX_ATTACH].reshape(_MAX_ATTACH, 2)
-    return [int(p) for p, s in pairs if p and _owner_alive(int(p), int(s))]
+    return [int(p) for p, s in pairs if p and owner_alive(int(p), int(s))]
 
 
 def reclaim_stale_stores(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:
@@ -205,12 +205,12 @@ class LocalStore:
         """Record ``pid`` in the attach table, dropping dead entries (caller holds the lock)."""
         pairs = self._header[_H_ATTACH : _H_ATTACH + 2 * _MAX_ATTACH].reshape(_MAX_ATTACH, 2)
         for row in pairs:
-            if row[0] and not _owner_alive(int(row[0]), int(row[1])):
+            if row[0] and not owner_alive(int(row[0]), int(row[1])):
                 row[:] = 0
         free = [i for i in range(_MAX_ATTACH) if pairs[i, 0] == 0]
         if not free:
             raise RuntimeError(f"LocalStore {self.path}: more than {_MAX_ATTACH} live processes attached")
-        pairs[free[0]] = (pid, _start_ticks(pid))
+        pairs[free[0]] = (pid, start_ticks(pid))
 
     # ---- the store interface ----------------------------------------------------------------
     def get_many(self, keys: Iterable[str], *, copy: bool = True) -> dict[str, np.ndarray]:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
+from coordl.shm import owner_alive, start_ticks
 
 __all__ = ["Host", "VirtualNetwork", "cleanup_stale", "skip_reason"]
 
@@ -60,17 +60,6 @@ def _tc(netns: str, *args: str) -> None:
         raise RuntimeError(f"{' '.join(argv)} failed (rc {res.returncode}): {res.stderr.strip()}")
 
 
-def _start_ticks(pid: int) -> int:
-    return int(psutil.Process(pid).create_time() * 100)
-
-
-def _owner_alive(pid: int, start: int) -> bool:
-    try:
-        return abs(_start_ticks(pid) - start) <= 1
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-        return False
-
-
 def _list_netns() -> list[str]:
     try:
         return sorted(os.listdir(_NETNS_DIR))
@@ -95,7 +84,7 @@ def skip_reason() -> str | None:
     elif shutil.which("ip") is None or shutil.which("tc") is None:
         reason = "iproute2 (ip, tc) is not installed: run scripts/setup.sh"
     else:
-        probe = f"cdlprobe-{os.getpid()}-{_start_ticks(os.getpid())}-0-0-sw"
+        probe = f"cdlprobe-{os.getpid()}-{start_ticks(os.getpid())}-0-0-sw"
         try:
             _ip("netns", "add", probe)
             _ip("link", "add", "a0", "type", "veth", "peer", "name", "b0", netns=probe)
@@ -133,7 +122,7 @@ def cleanup_stale(prefix: str = "cdl") -> list[str]:
     stale = []
     for name in _list_netns():
         m = _NAME_RE.match(name)
-        if m and m["prefix"] == prefix and not _owner_alive(int(m["pid"]), int(m["start"])):
+        if m and m["prefix"] == prefix and not owner_alive(int(m["pid"]), int(m["start"])):
             stale.append(name)
     _delete_netns(stale)
     return stale
@@ -242,7 +231,7 @@ class VirtualNetwork:
 
     def _build(self) -> None:
         me = os.getpid()
-        base = f"{self.prefix}-{me}-{_start_ticks(me)}"
+        base = f"{self.prefix}-{me}-{start_ticks(me)}"
         os.makedirs(os.path.dirname(_LOCK_PATH), exist_ok=True)
         with open(_LOCK_PATH, "a+") as lock:
             # The lock makes "pick a free subnet, claim it by creating the switch namespace" atomic.
