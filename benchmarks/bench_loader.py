@@ -211,9 +211,9 @@ def child(args: argparse.Namespace) -> None:
     else:
         ds = coordl.ImageFolder(args.root, train_transform(CROP, RESIZE))
         if args.child == "g":  # attribution only: the ring without its mallopt in the workers
-            import coordl.batch_ring
+            import coordl.ring_writer
 
-            coordl.batch_ring._keep_freed_heap = lambda batch_bytes: None
+            coordl.ring_writer._keep_freed_heap = lambda batch_bytes: None
         ring, persistent = COORDL[args.child], args.child == "h"
         loader = coordl.DataLoader(
             ds, cache_bytes=args.cache_bytes, batch_ring=ring, persistent_workers=persistent, **common

@@ -1,8 +1,8 @@
 """Stacking a batch's samples into a ring slot as each one is made (the dataset side of the batch ring).
 
-:class:`coordl.batch_ring.RingCollate` hands a worker a :class:`Stacker` for a free slot of its ring
+:class:`coordl.ring_writer.RingCollate` hands a worker a :class:`Stacker` for a free slot of its ring
 (``RingCollate.stacker``); the worker's dataset adds each sample as soon as it is prepped and returns
-the :class:`~coordl.batch_ring.Stacked` descriptor, which the ring's collate passes through.
+the :class:`~coordl.ring_writer.Stacked` descriptor, which the ring's collate passes through.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from coordl.batch_layout import ALIGN, align, build, gather, leaf_layout
-from coordl.batch_ring import _FREE, _HEADER_BYTES, RingBatch, Stacked, _WorkerRing
+from coordl.ring_writer import FREE, HEADER_BYTES, RingBatch, Stacked, WorkerRing
 
 __all__ = ["Stacker"]
 
@@ -31,9 +31,9 @@ class Stacker:
     objects, and the caller goes on without the stacker (torch's collate then decides).
     """
 
-    def __init__(self, ring: _WorkerRing, slot: int, n: int) -> None:
+    def __init__(self, ring: WorkerRing, slot: int, n: int) -> None:
         self.ring, self.slot, self.n = ring, slot, n
-        self.base = _HEADER_BYTES + slot * ring.slot_bytes
+        self.base = HEADER_BYTES + slot * ring.slot_bytes
         start = ring.segment.array(np.uint8, self.base, 1).ctypes.data
         self._slot_range = (start, start + ring.slot_bytes)  # the slot's addresses in this process
         self.count = 0
@@ -150,7 +150,7 @@ class Stacker:
 
     def _release(self) -> None:
         self._leaves = []
-        self.ring.states[self.slot] = _FREE
+        self.ring.states[self.slot] = FREE
 
 
 def _same_memory(value: torch.Tensor, row: torch.Tensor) -> bool:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import coordl
-from coordl import batch_ring
+from coordl import batch_ring, ring_writer
 from coordl.errors import WorkerDiedError
 from coordl.shm import Segment
 from tests.coordl.ldr_sources import MemorySource, PidSource
@@ -293,7 +293,7 @@ def test_a_lent_row_given_back_in_a_plain_sample_no_longer_views_the_slot(one_pr
     assert [label for _image, label in rest] == [7, 8]
     image = rest[1][0]
     assert not start <= image.data_ptr() < end and image.shape == (2, 5) and bool((image == 8).all())
-    assert collate._ring.states[stacker.slot] == batch_ring._FREE
+    assert collate._ring.states[stacker.slot] == ring_writer.FREE
 
 
 def test_full_ring_returns_a_plain_batch(one_process_ring) -> None:
