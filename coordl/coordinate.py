@@ -22,19 +22,20 @@ The control block and the ring live in ``<dir>/coordl-grp-<digest>.{ctl,data}``;
 ``.lock`` serialises changes to the control block. The last member to leave removes all three; if every
 member died, the next job to join re-initialises the group, and any job that joins a group removes the
 files of other groups in the directory whose processes all died.
+
+This module is the job side; the producer process is :mod:`coordl.coordinate_producer` and the control
+block :mod:`coordl.group_control`.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import functools
 import hashlib
 import mmap
 import multiprocessing as mp
 import os
-import signal
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -42,10 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from coordl import batchcodec
 from coordl import group_control as gc
+from coordl.coordinate_producer import BatchMaker, producer_main
 from coordl.errors import CoordlError, CoordlTimeoutError
 from coordl.shm import DEFAULT_DIR, start_ticks
 
@@ -72,87 +73,6 @@ class Group:
     timeout_s: float = 300.0
     seed: int = 0
     directory: str = DEFAULT_DIR
-
-
-def _epoch_batches(g: int, hdr: np.ndarray, cache: dict[int, torch.Tensor]) -> list[int]:
-    nbatches, n, bs = int(hdr[gc.H_BATCHES]), int(hdr[gc.H_ITEMS]), int(hdr[gc.H_BS])
-    epoch, b = divmod(g, nbatches)
-    if epoch not in cache:
-        cache.clear()
-        if hdr[gc.H_SHUFFLE]:
-            gen = torch.Generator().manual_seed(int(hdr[gc.H_SEED]) * 1_000_003 + epoch)
-            cache[epoch] = torch.randperm(n, generator=gen)
-        else:
-            cache[epoch] = torch.arange(n)
-    return cache[epoch][b * bs : (b + 1) * bs].tolist()
-
-
-def _set_parent_death_signal() -> None:
-    # A producer must not outlive its job, even when the job is killed with SIGKILL.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _producer_main(
-    base: str, slots: int, make_batch: Callable[[list[int]], Any], member_pid: int, stop
-) -> None:
-    _set_parent_death_signal()
-    ctl = gc.Control(base, slots)
-    data_fd = os.open(base + ".data", os.O_RDWR)
-    slot_bytes = int(ctl.hdr[gc.H_SLOTBYTES])
-    data = mmap.mmap(data_fd, slots * slot_bytes)
-    me, start = os.getpid(), start_ticks(os.getpid())
-    with ctl.locked():
-        row = next(r for r in range(gc.PRODUCERS) if ctl.producers[r, 0] == 0)
-        ctl.producers[row] = (me, start, member_pid)
-    perm_cache: dict[int, torch.Tensor] = {}
-    try:
-        while not stop.value and os.getppid() == member_pid:
-            g = None
-            # The job's exit terminates its producers (SIGTERM): hold that signal while a claim is
-            # half written, or batch g_next is counted as taken while no slot says who has it, and
-            # every job waits for it forever.
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-            try:
-                with ctl.locked():
-                    if not ctl.members[:, 0].any():
-                        return
-                    redo = np.nonzero(ctl.slots[:, 1] == gc.REDO)[0]
-                    if len(redo):
-                        s = int(redo[0])
-                        g = int(ctl.slots[s, 0])
-                        ctl.slots[s, :4] = (g, gc.CLAIMED, me, start)
-                    else:
-                        g_next = int(ctl.hdr[gc.H_NEXT])
-                        s = g_next % slots
-                        state, held = int(ctl.slots[s, 1]), int(ctl.slots[s, 0])
-                        if state == gc.EMPTY or (state == gc.READY and ctl.consumed_by_all(held)):
-                            g = g_next
-                            # The claim first: a SIGKILL between the two writes leaves a claim by a
-                            # dead producer, which sweep() gives back (REDO), never a lost batch.
-                            ctl.slots[s, :4] = (g, gc.CLAIMED, me, start)
-                            ctl.hdr[gc.H_NEXT] = g_next + 1
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            if g is None:
-                ctl.wait_bell(gc.SWEEP_S)
-                with ctl.locked():
-                    ctl.sweep()
-                continue
-            batch = make_batch(_epoch_batches(g, ctl.hdr, perm_cache))
-            view = memoryview(data)[s * slot_bytes : (s + 1) * slot_bytes]
-            nbytes = batchcodec.encode_into(batch, view)
-            view.release()
-            with ctl.locked():
-                ctl.slots[s, 4] = nbytes
-                ctl.slots[s, 1] = gc.READY
-            ctl.ring_all()
-    finally:
-        with ctl.locked():
-            ctl.producers[row] = 0
-        data.close()
-        os.close(data_fd)
-        ctl.close()
 
 
 class GroupMember:
@@ -221,7 +141,7 @@ class GroupMember:
         # multiprocessing sends daemons at exit) leaves its lock held and the job's close() hanging.
         self._stop = ctx.RawValue("b", 0)
         for i in range(max(1, num_producers)):
-            p = ctx.Process(target=_producer_main, daemon=True, name=f"coordl-producer-{i}",
+            p = ctx.Process(target=producer_main, daemon=True, name=f"coordl-producer-{i}",
                             args=(self.base, group.slots, make_batch, os.getpid(), self._stop))  # fmt: skip
             self._producers.append(p)
             p.start()
@@ -406,19 +326,6 @@ def _close_if_alive(ref: weakref.ref[GroupMember]) -> None:
     member = ref()
     if member is not None:
         member.close()
-
-
-class BatchMaker:
-    """``indices -> collated batch`` for producers: the loader's fetch+prep pipeline, then collate."""
-
-    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any]) -> None:
-        self.dataset = dataset
-        self.collate_fn = collate_fn
-
-    def __call__(self, indices: list[int]) -> Any:
-        getitems = getattr(self.dataset, "__getitems__", None)
-        samples = getitems(indices) if callable(getitems) else [self.dataset[i] for i in indices]
-        return self.collate_fn(samples)
 
 
 def join_for_loader(
