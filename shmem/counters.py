@@ -1,0 +1,111 @@
+"""Named int64 counters summed across every process that holds them (the loader and its workers).
+
+``loader.stats()`` must count what all workers did. Each process claims a private row of a
+shared-memory table once (under a file lock) and then adds to it without locking; a read sums the
+rows. A row whose owner died keeps its counts, and is folded into a reserve row when rows run out, so
+non-persistent workers that come and go every epoch never lose what they counted.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterable
+
+import numpy as np
+
+from shmem.segment import DEFAULT_DIR, Segment, owner_alive, start_ticks
+
+__all__ = ["SharedCounters"]
+
+_ROWS = 128
+_HEADER = 2  # per row: owner pid, owner start ticks
+
+
+class SharedCounters:
+    """A fixed set of named counters shared by a process and its (forked or spawned) children.
+
+    Args:
+        names: the counter names, fixed at creation.
+        directory: where the backing segment lives (``/dev/shm`` by default).
+
+    Picklable: a worker that unpickles it attaches to the same table.
+    """
+
+    def __init__(self, names: Iterable[str], directory: str | os.PathLike = DEFAULT_DIR) -> None:
+        self.names = tuple(dict.fromkeys(names))
+        self._index = {n: i for i, n in enumerate(self.names)}
+        width = _HEADER + len(self.names)
+        self._segment = Segment.create("ctr", _ROWS * width * 8, directory)
+        self._segment.reserve(0, self._segment.size)
+        self._attach()
+
+    def _attach(self) -> None:
+        width = _HEADER + len(self.names)
+        self._table = self._segment.array(np.int64, 0, _ROWS * width).reshape(_ROWS, width)
+        self._row: np.ndarray | None = None
+        self._row_pid = -1
+        self._thread_lock = threading.Lock()
+
+    def _my_row(self) -> np.ndarray:
+        pid = os.getpid()
+        if self._row is not None and self._row_pid == pid:
+            return self._row
+        start = start_ticks(pid)
+        with open(self._segment.path, "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            free = [r for r in range(1, _ROWS) if self._table[r, 0] == 0]
+            if not free:
+                self._fold_dead_rows()
+                free = [r for r in range(1, _ROWS) if self._table[r, 0] == 0]
+            if not free:
+                raise RuntimeError(f"more than {_ROWS - 1} live processes share counters {self.names}")
+            r = free[0]
+            self._table[r, 2:] = 0
+            self._table[r, 1] = start
+            self._table[r, 0] = pid
+        self._row, self._row_pid = self._table[r], pid
+        return self._row
+
+    def _fold_dead_rows(self) -> None:
+        # Row 0 is the reserve: counts of processes that exited, kept so totals never go down.
+        for r in range(1, _ROWS):
+            pid, start = int(self._table[r, 0]), int(self._table[r, 1])
+            if pid and not owner_alive(pid, start):
+                self._table[0, 2:] += self._table[r, 2:]
+                self._table[r, :] = 0
+
+    def add(self, name: str, amount: int = 1) -> None:
+        """Add ``amount`` to counter ``name`` (no file lock after the first call in a process)."""
+        with self._thread_lock:  # += on a row element is read-modify-write: a worker's fetch threads
+            self._my_row()[_HEADER + self._index[name]] += amount
+
+    def add_many(self, amounts: dict[str, int]) -> None:
+        with self._thread_lock:
+            row = self._my_row()
+            for name, amount in amounts.items():
+                row[_HEADER + self._index[name]] += amount
+
+    def snapshot(self) -> dict[str, int]:
+        """Current totals over all processes, by name."""
+        totals = self._table[:, _HEADER:].sum(axis=0)
+        return {n: int(totals[i]) for i, n in enumerate(self.names)}
+
+    def reset(self) -> None:
+        """Zero every counter (rows stay claimed)."""
+        self._table[:, _HEADER:] = 0
+
+    def close(self) -> None:
+        self._row = None
+        self._table = None  # drop the views before unmapping
+        self._segment.close()
+
+    def __getstate__(self) -> dict:
+        return {"names": self.names, "segment": self._segment}
+
+    def __setstate__(self, state: dict) -> None:
+        self.names = state["names"]
+        self._index = {n: i for i, n in enumerate(self.names)}
+        self._segment = state["segment"]
+        self._attach()
