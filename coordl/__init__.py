@@ -9,7 +9,7 @@ Names are imported lazily so that ``import coordl`` stays cheap (no torch import
 
 from __future__ import annotations
 
-from coordl.lazy import lazy_exports
+from shmem.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -17,15 +17,18 @@ _LAZY = {
     "DataLoader": "coordl.dataloader",
     "WorkerDiedError": "coordl.errors",
     "CorruptItemError": "coordl.errors",
-    "ImageFolder": "coordl.datasets",
-    "FileListDataset": "coordl.datasets",
-    "as_item_source": "coordl.datasets",
-    "MinioCache": "coordl.minio",
-    "ItemSource": "coordl.source",
-    "is_item_source": "coordl.source",
-    "transforms": "coordl.transforms",
-    "output_buffers": "coordl.output_buffers",
-    "synth": "coordl.synth",
+    "ImageFolder": "coordl.data.datasets",
+    "FileListDataset": "coordl.data.datasets",
+    "LMDBDataset": "coordl.data.lmdb",
+    "TarShards": "coordl.data.tar",
+    "as_item_source": "coordl.data.adapt",
+    "MinioCache": "coordl.fetch.minio",
+    "ItemSource": "coordl.data.source",
+    "is_item_source": "coordl.data.source",
+    "transforms": "coordl.data.transforms",
+    "output_buffers": "coordl.ring.output_buffers",
+    "synth": "coordl.data.synth",
+    "dali": "coordl.dali",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports("coordl", globals(), _LAZY, eager=["__version__"])

@@ -1,33 +1,71 @@
-"""The ``coordl`` command: ``coordl synth``, ``coordl demo``, ``coordl stage``.
+"""The ``coordl`` command: ``coordl synth``, ``demo``, ``stage``, ``pack`` and ``graph``.
 
 Each subcommand lives in the module that owns the feature and registers itself through an
 ``add_parser(subparsers)`` function that sets ``func`` on its parser. Only the module of the
 subcommand being run is imported, so ``coordl stage`` does not pay for importing torch.
+
+Errors are one line, never a traceback: a bad argument is argparse's usage plus
+``coordl SUBCMD: error: argument --x: ...`` (exit 2); a failure while running (a file in the
+way, a full disk, a dead worker) is ``coordl SUBCMD: error: ...`` (exit 1). ``COORDL_DEBUG=1``
+shows the traceback instead, for a bug report.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
 import sys
+from collections.abc import Callable
 
-# subcommand -> module that defines it; a module that is absent (optional part) is skipped.
-_SUBCOMMANDS = {"synth": "coordl.synth", "demo": "coordl.demo", "stage": "nfs_cache.cli"}
+__all__ = ["main", "build_parser"]
+
+
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    from coordl.data import synth
+
+    synth.add_parser(sub)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from coordl import demo
+
+    demo.add_parser(sub)
+
+
+def _add_stage(sub: argparse._SubParsersAction) -> None:
+    from nfs_cache import cli
+
+    cli.add_parser(sub)
+
+
+def _add_pack(sub: argparse._SubParsersAction) -> None:
+    from coordl.data import pack
+
+    pack.add_parser(sub)
+
+
+def _add_graph(sub: argparse._SubParsersAction) -> None:
+    from coordl.graph import cli
+
+    cli.add_parser(sub)
+
+
+# subcommand -> registers it (imports only that subcommand's module)
+_SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
+    "synth": _add_synth,
+    "demo": _add_demo,
+    "stage": _add_stage,
+    "pack": _add_pack,
+    "graph": _add_graph,
+}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="coordl", description="coordl: remove data stalls in training")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, module_name in _SUBCOMMANDS.items():
-        if only is not None and name != only:
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name != module_name:
-                raise
-            continue
-        module.add_parser(sub)
+    for name, add in _SUBCOMMANDS.items():
+        if only is None or name == only:
+            add(sub)
     return parser
 
 
@@ -38,8 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"coordl {args.command}: interrupted", file=sys.stderr)
         return 130
+    except (OSError, ValueError, RuntimeError) as e:  # CoordlError is a RuntimeError
+        if os.environ.get("COORDL_DEBUG"):
+            raise
+        print(f"coordl {args.command}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -4,38 +4,39 @@ It takes torch's arguments with torch's meaning (it builds a torch DataLoader in
 workers, pinning, timeouts and persistent workers behave exactly as in torch) and adds:
 
 * ``cache_bytes``: raw fetched bytes of items stay in shared memory for all workers, filled once and
-  never evicted, so from the second epoch the hit ratio equals the cached fraction (:mod:`coordl.minio`);
+  never evicted, so from the second epoch the hit ratio equals the cached fraction (:mod:`coordl.fetch.minio`);
 * ``on_error="skip"``: items whose files are corrupt are dropped, logged and counted, never zero-filled;
 * ``batch_ring``: workers collate into reused shared-memory slots, not fresh memory per batch
-  (:mod:`coordl.batch_ring`);
+  (:mod:`coordl.ring.reader`);
 * a worker that dies raises :class:`~coordl.errors.WorkerDiedError` naming the item it was on;
 * ``stats()`` / ``epoch_stats()``: hits, misses and bytes read from storage, summed over all workers.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.utils.data
 from torch.utils.data.dataloader import default_collate
 
-from coordl.batch_ring import BatchRing
-from coordl.counters import SharedCounters
-from coordl.datasets import as_item_source
-from coordl.errors import CoordlTimeoutError
-from coordl.minio import MinioCache
-from coordl.pipeline import BASE_COUNTERS, EmptyBatch, FetchTier, LoaderSource, MinioTier
-from coordl.source import has_split_prep, is_item_source
-from coordl.worker_start import forks_workers, start_workers
-from coordl.worker_watch import WorkerWatch, is_worker_death, worker_died_error
+from coordl.coordinated.loader import join_for_loader
+from coordl.data.adapt import as_item_source
+from coordl.data.source import is_item_source
+from coordl.epoch import EpochIterator, EpochStats, Sized, SkipAwareCollate
+from coordl.fetch.chain import FetchChain
+from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
+from coordl.fetch.sample_cache import COUNTER_NAMES as SAMPLE_CACHE_COUNTERS
+from coordl.fetch.sample_cache import SampleCacheTier
+from coordl.options import check_dataset_options, validate_options
+from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
+from coordl.resume import Resume, group_state, load_group_state
+from coordl.ring.reader import BatchRing
+from coordl.workers.start import forks_workers, start_workers
+from coordl.workers.watch import WorkerWatch, is_worker_death, translate_torch_error
+from shmem.counters import SharedCounters
 
 __all__ = ["DataLoader"]
-
-_SAMPLE_CACHE_COUNTERS = ("sample_cache_hits", "sample_cache_misses", "sample_cache_errors")
-_EPOCH_KEYS = BASE_COUNTERS
-
 
 # Reads in flight per worker by default: enough to hide a local disk's or NFS server's latency behind
 # prep; each holds one raw item.
@@ -55,8 +56,8 @@ class DataLoader:
         on_error: "raise" (default): a corrupt item raises :class:`CorruptItemError` naming its file;
             "skip": drop it from its batch, log it once and count it in ``stats()["skipped_items"]``.
         sample_cache: a memcache store for the deterministic part of prep (needs a split-prep source).
-        partitioned: share the cache across the nodes of a distributed job (``coordl.partition``).
-        coordinate: coordinated prep across jobs on one server (``coordl.coordinate``).
+        partitioned: share the cache across the nodes of a distributed job (:mod:`coordl.partitioned`).
+        coordinate: coordinated prep across jobs on one server (:mod:`coordl.coordinated`).
         batch_ring: with workers and torch's default collate, each worker stacks batches into a
             ring of reused shared-memory slots and the batch's tensors view the slot (no copy); a
             slot is reused once the batch's tensors are freed. ``"copy"``: hand out private copies
@@ -97,70 +98,62 @@ class DataLoader:
         batch_ring: bool | str = True,
         fetch_ahead: int | None = None,
     ) -> None:
-        self._torch: torch.utils.data.DataLoader | None = None
+        """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 8;
+        the body composes the parts in order, one statement per part, each complete when built."""
         self._closed = False
-        self._ring: BatchRing | None = None
-        self._validate(cache_bytes, on_error, batch_size, batch_sampler, timeout)
-        if batch_ring not in (True, False, "copy"):
-            raise ValueError(f"batch_ring must be True, False or 'copy', got {batch_ring!r}")
-        if fetch_ahead is not None and (not isinstance(fetch_ahead, int) or fetch_ahead < 0):
-            raise ValueError(f"fetch_ahead must be an int >= 0 or None, got {fetch_ahead!r}")
+        self._final_stats: dict[str, Any] | None = None
+        validate_options(cache_bytes, on_error, batch_size, batch_sampler, timeout, batch_ring, fetch_ahead)
         self.dataset = dataset
         self.cache_bytes = int(cache_bytes)
         self.cache_dir = cache_dir
         self.on_error = on_error
         self.partitioned = partitioned
         self.coordinate = coordinate
-        self._require_optional("partitioned=True", "coordl.partition", partitioned)
-        self._require_optional("coordinate=", "coordl.coordinate", coordinate is not None)
+        self.sample_cache = sample_cache
         self._iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         self.source = None if self._iterable else _adapt(dataset)
-        if sample_cache is not None and not has_split_prep(self.source):
-            raise ValueError(
-                f"sample_cache= needs a dataset whose prep is split into prep_deterministic/prep_random; "
-                f"{type(dataset).__name__} has no such split (use coordl.ImageFolder or add the methods)"
-            )
-        if self._iterable and (cache_bytes or sample_cache is not None or on_error != "raise"):
-            raise ValueError(
-                "cache_bytes=, sample_cache= and on_error= need a map-style dataset; "
-                f"{type(dataset).__name__} is an IterableDataset"
-            )
-        self.sample_cache = sample_cache
-        self._counters = SharedCounters(self._counter_names())
-        self._minio: MinioCache | None = None
-        self._tiers = [] if self._iterable else self._build_fetch_tiers()
+        check_dataset_options(dataset, self.source, cache_bytes=cache_bytes, sample_cache=sample_cache, on_error=on_error)
+        self._counters = SharedCounters(
+            list(BASE_COUNTERS) + (list(SAMPLE_CACHE_COUNTERS) if sample_cache is not None else [])
+        )
+        self._epoch_stats = EpochStats(BASE_COUNTERS)
+        self._chain = None if self._iterable else FetchChain(
+            self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=cache_dir,
+            partitioned=partitioned, name=type(dataset).__name__,
+        )  # fmt: skip
+        self._sample_cache_tier = (
+            SampleCacheTier(sample_cache, self.source, self._counters) if sample_cache is not None else None
+        )
         self._watch = WorkerWatch(num_workers) if num_workers > 0 and not self._iterable else None
-        self._epochs: list[dict[str, Any]] = []
-        self._epoch_start: dict[str, int] | None = None
-        self._final_stats: dict[str, Any] | None = None
-        if self._iterable:
-            inner = dataset
-        else:
-            inner = LoaderSource(
-                self.source,
-                self._tiers,
-                self._counters,
-                on_error=on_error,
-                sample_cache_tier=self._build_sample_cache_tier(),
-                watch=self._watch,
-                fetch_ahead=self._fetch_ahead(fetch_ahead),
-            )
         auto_collation = batch_size is not None or batch_sampler is not None
-        if batch_ring and collate_fn is None and num_workers > 0 and auto_collation and coordinate is None:
-            self._ring = BatchRing(prefetch_factor, batch_size, copy=batch_ring == "copy")
+        use_ring = batch_ring and collate_fn is None and num_workers > 0 and auto_collation and coordinate is None
+        self._ring = BatchRing(prefetch_factor, batch_size, copy=batch_ring == "copy") if use_ring else None
+        if self._ring is not None:
             collate_fn = self._ring.collate
-            if isinstance(inner, LoaderSource):
-                inner.ring = self._ring.collate
+        self._inner = None if self._iterable else LoaderSource(
+            self.source,
+            self._chain.tiers,
+            self._counters,
+            on_error=on_error,
+            sample_cache_tier=self._sample_cache_tier,
+            watch=self._watch,
+            fetch_ahead=self._fetch_ahead(fetch_ahead),
+            ring=self._ring.collate if self._ring is not None else None,
+        )  # fmt: skip
         if on_error == "skip":
-            collate_fn = _SkipAwareCollate(collate_fn or default_collate)
-        self._member = None
-        if coordinate is not None:
-            self._member = importlib.import_module("coordl.coordinate").join_for_loader(
-                coordinate, dataset=inner, collate_fn=collate_fn or default_collate, batch_size=batch_size,
-                shuffle=shuffle, drop_last=drop_last, sampler=sampler, batch_sampler=batch_sampler,
-                num_workers=num_workers, mp_context=multiprocessing_context,
-            )  # fmt: skip
-        sampler, batch_sampler, shuffle = self._build_sampler(sampler, batch_sampler, shuffle)
+            collate_fn = SkipAwareCollate(collate_fn or default_collate)
+        inner = dataset if self._inner is None else self._inner
+        self._member = None if coordinate is None else join_for_loader(
+            coordinate, dataset=inner, collate_fn=collate_fn or default_collate, batch_size=batch_size,
+            shuffle=shuffle, drop_last=drop_last, sampler=sampler, batch_sampler=batch_sampler,
+            num_workers=num_workers, mp_context=multiprocessing_context,
+        )  # fmt: skip
+        self._resume = None if self._iterable or self._member is not None else Resume(
+            inner, sampler=self._partitioned_sampler(sampler, batch_sampler, shuffle), batch_sampler=batch_sampler,
+            shuffle=shuffle, batch_size=batch_size, generator=generator,
+        )  # fmt: skip
+        if self._resume is not None:  # torch's own order, wrapped so that an epoch can resume
+            sampler, batch_sampler, shuffle = self._resume.torch_arguments()
         self._torch = torch.utils.data.DataLoader(
             inner,
             batch_size=batch_size,
@@ -181,115 +174,149 @@ class DataLoader:
             in_order=in_order,
         )
 
-    # -- construction steps (each in one method, so that other features extend one place) ----------
+    # -- construction steps ------------------------------------------------------------------------
+
+    def _partitioned_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> Any:
+        """The user's sampler, or with ``partitioned=True`` and none given, this rank's shard sampler."""
+        if not self.partitioned or sampler is not None or batch_sampler is not None:
+            return sampler
+        # a fresh random shard per rank and epoch, the same number of batches on every rank
+        topo = NodeTopology.from_env()
+        return PartitionedSampler(len(self.source), topo.world_size, topo.rank, shuffle=bool(shuffle))
 
     def _fetch_ahead(self, fetch_ahead: int | None) -> int:
         if fetch_ahead is not None:
             return fetch_ahead
         return DEFAULT_FETCH_AHEAD if getattr(self.source, "thread_safe_fetch", False) is True else 0
 
-    @staticmethod
-    def _validate(cache_bytes: Any, on_error: str, batch_size: Any, batch_sampler: Any, timeout: Any) -> None:
-        if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0:
-            raise ValueError(f"cache_bytes must be an int >= 0 (bytes), got {cache_bytes!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if on_error == "skip" and batch_size is None and batch_sampler is None:
-            raise ValueError(
-                "on_error='skip' needs batching: with batch_size=None a skipped item cannot be dropped"
-            )
-        if timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
-
-    @staticmethod
-    def _require_optional(option: str, module: str, wanted: bool) -> None:
-        if not wanted:
-            return
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            raise NotImplementedError(f"{option} needs {module}, which this build of coordl lacks") from None
-
-    def _counter_names(self) -> list[str]:
-        names = list(BASE_COUNTERS)
-        if self.sample_cache is not None:
-            names += _SAMPLE_CACHE_COUNTERS
-        return names
-
-    def _build_fetch_tiers(self) -> list[FetchTier]:
-        """The chain of places raw bytes come from before storage, nearest first."""
-        tiers: list[FetchTier] = []
-        if self.partitioned:  # each node caches its share; peers first
-            return [importlib.import_module("coordl.partition").loader_tier(self)]
-        # An opaque dataset has no raw bytes to cache (as_item_source already warned about it).
-        if self.cache_bytes > 0 and not getattr(self.source, "opaque", False):
-            self._minio = MinioCache(
-                self.cache_bytes,
-                len(self.source),
-                directory=self.cache_dir,
-                name=type(self.dataset).__name__,
-            )
-            tiers.append(MinioTier(self._minio, self._counters))
-        return tiers
-
-    def _build_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> tuple[Any, Any, Any]:
-        """The (sampler, batch_sampler, shuffle) handed to torch: the user's, unless partitioned."""
-        if self.partitioned and sampler is None and batch_sampler is None and not self._iterable:
-            # a fresh random shard per rank and epoch, the same number of batches on every rank
-            return importlib.import_module("coordl.partition").loader_sampler(self, shuffle), None, None
-        return sampler, batch_sampler, shuffle
-
-    def _build_sample_cache_tier(self) -> Any:
-        if self.sample_cache is None:
-            return None
-        sample_cache = importlib.import_module("coordl.sample_cache")
-        return sample_cache.SampleCacheTier(self.sample_cache, self.source, self._counters)
-
     # -- iteration ---------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this coordl.DataLoader was closed")
-        self._end_epoch(complete=False)
-        self._epoch_start = self._counters.snapshot()
+        self._epoch_stats.end(self._counters.snapshot(), complete=False)
+        self._epoch_stats.begin(self._counters.snapshot())
+        if self._resume is not None:
+            self._resume.begin_epoch()
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
-            return _EpochIterator(self, _Sized(self._member.epoch(), len(self._member)))
-        if self._ring is not None and forks_workers(self._torch):
-            self._ring.offer_segments(self._torch.num_workers)
-        torch_iter = start_workers(self._torch)
-        if self._ring is not None:
-            self._ring.start_epoch(torch_iter)
-        return _EpochIterator(self, torch_iter)
+            it: Any = Sized(self._member.epoch(), len(self._member))
+        else:
+            if self._ring is not None and forks_workers(self._torch):
+                self._ring.offer_segments(self._torch.num_workers)
+            it = start_workers(self._torch)
+            if self._ring is not None:
+                self._ring.start_epoch(it)
+        return EpochIterator(
+            it,
+            translate=self._translate,
+            unwrap=self._ring.unwrap if self._ring is not None else (lambda batch: batch),
+            on_end=self._end_epoch,
+            on_batch=self._resume.returned if self._resume is not None else (lambda: None),
+        )
 
     def __len__(self) -> int:
         return len(self._member) if self._member is not None else len(self._torch)
 
-    def _end_epoch(self, *, complete: bool) -> None:
-        if self._epoch_start is None:
+    def _end_epoch(self) -> None:
+        self._epoch_stats.end(self._counters.snapshot(), complete=True)
+        if self._resume is not None:
+            self._resume.finished()
+
+    # -- resumable state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: a small JSON-serialisable dict for :meth:`load_state_dict`.
+
+        Taken at any point (between epochs or inside one), it holds the epoch, the batches already
+        returned in it and the shuffling generator's state when the epoch began; no data. See
+        :mod:`coordl.resume` for what is restored exactly and the limits.
+        """
+        if self._member is not None:
+            return group_state(self._member, self._shape())
+        return self._resumable().state_dict(self._shape())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict` of a loader built with the same arguments).
+
+        Call it on a fresh loader before iterating it: the next ``iter`` yields exactly the batches
+        that had not been returned, in the same order; later epochs follow as in an uninterrupted run.
+        """
+        if self._member is not None:
+            load_group_state(self._member, state, self._shape())
             return
-        now = self._counters.snapshot()
-        delta = {k: now[k] - self._epoch_start[k] for k in _EPOCH_KEYS}
-        looked_up = delta["cache_hits"] + delta["cache_misses"]
-        delta["hit_ratio"] = delta["cache_hits"] / looked_up if looked_up else 0.0
-        delta["epoch"] = len(self._epochs)
-        delta["complete"] = complete
-        self._epochs.append(delta)
-        self._epoch_start = None
+        self._resumable().load_state_dict(state, self._shape())
+
+    def _resumable(self) -> Resume:
+        if self._resume is None:
+            raise NotImplementedError("state_dict: resuming an IterableDataset mid-epoch is not supported")
+        return self._resume
+
+    def _shape(self) -> dict[str, Any]:
+        """What a saved state must agree on with this loader."""
+        return {
+            "num_items": len(self.source),
+            "batch_size": self._torch.batch_size,
+            "drop_last": bool(self._torch.drop_last),
+            "batches_per_epoch": len(self),
+        }
 
     def _translate(self, error: RuntimeError, torch_iter: Any) -> BaseException | None:
         """A coordl error for torch's worker-death and timeout RuntimeErrors, else None."""
+        translated = translate_torch_error(error, torch_iter, self._watch, self.source)
         if is_worker_death(error):
-            workers = getattr(torch_iter, "_workers", [])
-            exitcodes = {w.pid: w.exitcode for w in workers}
-            # The iterator is broken after a death; make the next epoch start fresh workers.
+            # The iterator is broken: stop its other workers now (they would idle for as long as anything
+            # holds the traceback), and make the next epoch start fresh ones.
+            if hasattr(torch_iter, "_shutdown_workers"):
+                torch_iter._shutdown_workers()
             if getattr(self._torch, "_iterator", None) is torch_iter:
                 self._torch._iterator = None
-            return worker_died_error(error, self._watch, self.source, exitcodes)
-        if "DataLoader timed out after" in str(error):
-            return CoordlTimeoutError(f"{error} (the timeout= option of coordl.DataLoader)")
-        return None
+        return translated
+
+    @property
+    def sampler(self) -> Any:
+        """The sampler (the user's, or the one torch would make), without coordl's resumable wrapper."""
+        batched = self._resume is None or self._resume.order.batched
+        return self._torch.sampler if batched else self._resume.order.inner
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The batch sampler (the user's, or torch's), without coordl's resumable wrapper."""
+        batched = self._resume is not None and self._resume.order.batched
+        return self._resume.order.inner if batched else self._torch.batch_sampler
+
+    # -- what profilers may change between epochs --------------------------------------------------
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes per epoch. Settable between epochs (takes effect at the next ``iter``)."""
+        return self._torch.num_workers
+
+    @num_workers.setter
+    def num_workers(self, workers: int) -> None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
+        if workers > 0 and self._torch.prefetch_factor is None:
+            self._torch.prefetch_factor = 2  # torch's default, which it leaves unset without workers
+        if self._watch is not None and workers > self._watch.num_workers:
+            raise ValueError(
+                f"num_workers={workers}: this loader's worker table has {self._watch.num_workers} rows"
+            )
+        self._torch.num_workers = workers
+
+    def add_fetch_tier(self, tier: FetchTier) -> None:
+        """Ask ``tier`` for raw bytes before every other tier, from the next epoch's workers on.
+
+        For tools that change where a job's reads come from (``dsanalyzer`` serves them from memory to
+        measure prep alone). ``tier`` follows :class:`coordl.fetch.pipeline.FetchTier`.
+        """
+        if self._inner is None:
+            raise ValueError("add_fetch_tier needs a map-style dataset (an IterableDataset has no fetch)")
+        self._inner.tiers.insert(0, tier)
+
+    def remove_fetch_tier(self, tier: FetchTier) -> None:
+        """Undo :meth:`add_fetch_tier` (a tier that was not added is ignored)."""
+        if self._inner is not None and tier in self._inner.tiers:
+            self._inner.tiers.remove(tier)
 
     # -- stats -------------------------------------------------------------------------------------
 
@@ -301,7 +328,7 @@ class DataLoader:
         ``cache_backend``, plus the dataset's own ``stats()`` and each fetch tier's; with the batch
         ring, ``ring_batches`` (batches handed out from it), ``ring_stacked`` (of those, stacked sample
         by sample as the worker made them), ``ring_in_place`` (samples a transform wrote straight into
-        their batch row, see :mod:`coordl.output_buffers`), ``ring_fallbacks`` (collated by torch
+        their batch row, see :mod:`coordl.ring.output_buffers`), ``ring_fallbacks`` (collated by torch
         instead), ``ring_slots`` (distinct slots used) and ``ring_adopted`` (rings a later epoch's
         workers took over).
         """
@@ -313,25 +340,19 @@ class DataLoader:
             if callable(dataset_stats):
                 out.update(dataset_stats())
         out.update(self._counters.snapshot())
-        out.update({"cached_items": 0, "cached_bytes": 0, "capacity_bytes": 0, "cache_backend": "none"})
-        for tier in self._tiers:
-            out.update(tier.stats())
-        sc = self._torch.dataset.sample_cache_tier if isinstance(self._torch.dataset, LoaderSource) else None
-        if sc is not None and callable(getattr(sc, "stats", None)):
-            out.update(sc.stats())
-        if self._ring is not None:
-            out.update(self._ring.stats())
+        for part in (self._chain, self._sample_cache_tier, self._ring):
+            if part is not None:
+                out.update(part.stats())
         return out
 
     def epoch_stats(self) -> list[dict[str, Any]]:
         """Per epoch (one entry per iteration over the loader): the counter deltas and ``hit_ratio``."""
-        return [dict(e) for e in self._epochs]
+        return [dict(e) for e in self._epoch_stats.epochs]
 
     def reset_stats(self) -> None:
         """Zero the counters and forget per-epoch numbers (call between epochs)."""
         self._counters.reset()
-        self._epochs.clear()
-        self._epoch_start = None
+        self._epoch_stats.reset()
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -345,11 +366,7 @@ class DataLoader:
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
         self._torch._iterator = None
-        for tier in self._tiers:  # e.g. stops the node's cache server
-            if callable(getattr(tier, "close", None)):
-                tier.close()
-        inner = self._torch.dataset if isinstance(self._torch.dataset, LoaderSource) else None
-        for obj in (self._member, self._minio, self._counters, self._watch, inner, self._ring):
+        for obj in (self._member, self._chain, self._counters, self._watch, self._inner, self._ring):
             if obj is not None:
                 obj.close()
 
@@ -367,66 +384,12 @@ class DataLoader:
         return getattr(torch_loader, name)
 
     def __repr__(self) -> str:
-        cache = f", cache={self._minio!r}" if self._minio is not None else ""
+        cache = f", cache={self._chain.minio!r}" if self._chain is not None and self._chain.minio else ""
         return f"coordl.DataLoader({type(self.dataset).__name__}, batch_size={self._torch.batch_size}{cache})"
 
 
-class _EpochIterator:
-    """One pass over the loader: drops all-skipped batches, translates torch errors, closes the epoch."""
-
-    def __init__(self, loader: DataLoader, torch_iter: Any) -> None:
-        self._loader = loader
-        self._it = torch_iter
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __next__(self) -> Any:
-        while True:
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                self._loader._end_epoch(complete=True)
-                raise
-            except RuntimeError as e:
-                translated = self._loader._translate(e, self._it)
-                if translated is None:
-                    raise
-                raise translated from e
-            if not isinstance(batch, EmptyBatch):
-                ring = self._loader._ring
-                return batch if ring is None else ring.unwrap(batch)
-
-    def __len__(self) -> int:
-        return len(self._it)
-
-
-class _Sized:
-    """An iterator with a length (the group's epoch generator, for ``len(iter(loader))``)."""
-
-    def __init__(self, it: Iterator[Any], length: int) -> None:
-        self._it, self._len = it, length
-
-    def __iter__(self) -> _Sized:
-        return self
-
-    def __next__(self) -> Any:
-        return next(self._it)
-
-    def __len__(self) -> int:
-        return self._len
-
-
-class _SkipAwareCollate:
-    """Collates what survived skipping; a batch with nothing left becomes :class:`EmptyBatch`."""
-
-    def __init__(self, collate_fn: Callable) -> None:
-        self.collate_fn = collate_fn
-
-    def __call__(self, batch: list[Any]) -> Any:
-        return self.collate_fn(batch) if batch else EmptyBatch()
-
-
 def _adapt(dataset: Any) -> Any:
-    """The item source for ``dataset``: itself, or ``coordl.datasets.as_item_source``'s adapter."""
+    """The item source for ``dataset``: itself, or ``coordl.data.adapt.as_item_source``'s adapter."""
     return dataset if is_item_source(dataset) else as_item_source(dataset)
+
+

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coordl.datasets import ImageFolder
-from coordl.shm import flock_timeout
+from coordl.data.datasets import ImageFolder
+from shmem.segment import flock_timeout
 
 __all__ = ["ThrottledImageFolder", "run_demo", "add_parser"]
 
@@ -67,27 +67,41 @@ class ThrottledImageFolder(ImageFolder):
         return data
 
 
-def _run_epochs(loader: Any, epochs: int) -> list[float]:
+def _run_epochs(loader: Any, epochs: int, name: str, progress: bool) -> list[float]:
+    from nfs_cache.progress import Progress
+
     rates = []
-    for _ in range(epochs):
+    total = len(loader.dataset)
+    for e in range(epochs):
         start, n = time.perf_counter(), 0
-        for _images, labels in loader:
-            n += len(labels)
+        with Progress(total, f"{name}, epoch {e + 1}/{epochs}", unit="samples", enabled=progress) as bar:
+            for _images, labels in loader:
+                n += len(labels)
+                bar.update(len(labels))
         rates.append(n / (time.perf_counter() - start))
     return rates
 
 
 def run_demo(
-    root: Path, n: int, storage_mb_s: float, workers: int, batch_size: int, epochs: int
+    root: Path,
+    n: int,
+    storage_mb_s: float,
+    workers: int,
+    batch_size: int,
+    epochs: int,
+    progress: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Run both loaders; return {name: {"rates": [...], "epochs": [per-epoch stats], "stats": {...}}}."""
+    """Run both loaders; return {name: {"rates": [...], "epochs": [per-epoch stats], "stats": {...}}}.
+
+    ``progress``: show each epoch's progress on stderr (a minute of silence otherwise).
+    """
     import torch
 
     import coordl
-    from coordl import synth
-    from coordl.transforms import train_transform
+    from coordl.data import synth
+    from coordl.data.transforms import train_transform
 
-    synth.make_dataset(root, n=n, classes=10, seed=0)
+    synth.make_dataset(root, n=n, classes=10, seed=0, progress=progress)
     dataset_bytes = sum(p.stat().st_size for p in root.glob("class_*/*.jpg"))
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="coordl-demo-") as tmp:
@@ -97,14 +111,14 @@ def run_demo(
         torch.manual_seed(0)
         base = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers)
         # torch's loader counts nothing: every item is read from storage every epoch.
-        rates = _run_epochs(base, epochs)
+        rates = _run_epochs(base, epochs, "torch.utils.data.DataLoader", progress)
         per_epoch = [{"hit_ratio": 0.0, "storage_bytes_read": dataset_bytes} for _ in rates]
         results["torch"] = {"rates": rates, "epochs": per_epoch, "stats": {}}
         torch.manual_seed(0)
         with coordl.DataLoader(
             ds, batch_size=batch_size, shuffle=True, num_workers=workers, cache_bytes=dataset_bytes // 2
         ) as loader:
-            rates = _run_epochs(loader, epochs)
+            rates = _run_epochs(loader, epochs, "coordl.DataLoader, cache 50%", progress)
             results["coordl, cache 50%"] = {
                 "rates": rates,
                 "epochs": loader.epoch_stats(),
@@ -148,28 +162,43 @@ def _print(results: dict[str, dict[str, Any]], storage_mb_s: float, workers: int
 
 def _run(args: argparse.Namespace) -> int:
     root = Path(args.root) if args.root else default_cache_dir() / f"demo-synth-{args.n}"
-    print(f"dataset: {root} (synthesised on first use)")
-    results = run_demo(root, args.n, args.storage_mb_s, args.workers, args.batch_size, args.epochs)
+    print(f"dataset: {root} (synthesised on first use)", flush=True)
+    print(
+        f"running torch.utils.data.DataLoader, then coordl.DataLoader, {args.epochs} epochs each over "
+        f"{args.n} images on simulated {args.storage_mb_s:g} MB/s storage (about a minute)",
+        flush=True,
+    )
+    try:
+        results = run_demo(
+            root, args.n, args.storage_mb_s, args.workers, args.batch_size, args.epochs, progress=True
+        )
+    except (FileExistsError, NotADirectoryError) as e:  # the dataset directory is in the way
+        raise ValueError(f"argument --root: {e}") from e
     _print(results, args.storage_mb_s, args.workers)
     return 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``coordl demo``."""
+    from coordl.argtypes import nonnegative_int, positive_float, positive_int
+
     p = subparsers.add_parser(
         "demo", help="torch DataLoader vs coordl.DataLoader on synthetic data, slow storage"
     )
     p.add_argument("--root", default=None, help="dataset directory (default: ~/.cache/coordl/demo-synth-N)")
-    p.add_argument("--n", type=int, default=1000, help="images to synthesise (default 1000)")
+    p.add_argument("--n", type=positive_int, default=1000, help="images to synthesise (default 1000)")
     p.add_argument(
         "--storage-mb-s",
-        type=float,
+        type=positive_float,
         default=10.0,
         help="simulated storage bandwidth, MB/s (default 10: slower than prep on 2 cores, so fetch-bound)",
     )
     p.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 2, help="loader worker processes (default: cores)"
+        "--workers",
+        type=nonnegative_int,
+        default=os.cpu_count() or 2,
+        help="loader worker processes (default: cores; 0 loads in the main process)",
     )
-    p.add_argument("--batch-size", type=int, default=32, help="batch size (default 32)")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per loader (default 3)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="batch size (default 32)")
+    p.add_argument("--epochs", type=positive_int, default=3, help="epochs per loader (default 3)")
     p.set_defaults(func=_run)

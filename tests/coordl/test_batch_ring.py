@@ -18,9 +18,10 @@ import pytest
 import torch
 
 import coordl
-from coordl import batch_ring, ring_writer
 from coordl.errors import WorkerDiedError
-from coordl.shm import Segment
+from coordl.ring import reader as batch_ring
+from coordl.ring import slots as ring_slots
+from shmem.segment import Segment
 from tests.coordl.ldr_sources import MemorySource, PidSource
 from tests.coordl.ldr_sources import TorchReference as Reference
 
@@ -270,7 +271,7 @@ def test_reused_slot_does_not_change_a_held_batch(one_process_ring) -> None:
     held = ring.unwrap(send(collate(_samples(0))))
     for start in range(4, 4 + 4 * 3 * SLOTS, 4):
         out = collate(_samples(start))  # with `held` alive, its slot is never picked
-        if isinstance(out, batch_ring.RingBatch):
+        if isinstance(out, ring_slots.RingBatch):
             images, _ = ring.unwrap(send(out))
             assert images[0, 0, 0].item() == start
             del images
@@ -278,10 +279,10 @@ def test_reused_slot_does_not_change_a_held_batch(one_process_ring) -> None:
 
 
 def test_a_lent_row_given_back_in_a_plain_sample_no_longer_views_the_slot(one_process_ring) -> None:
-    from coordl.output_buffers import lend, new_output
+    from coordl.ring.output_buffers import lend, new_output
 
     collate, _ring, _send = one_process_ring
-    assert isinstance(collate(_samples(0)), batch_ring.RingBatch)  # the first batch makes the ring
+    assert isinstance(collate(_samples(0)), ring_slots.RingBatch)  # the first batch makes the ring
     stacker = collate.stacker(4)
     with lend(stacker.take):
         assert stacker.add((torch.full((3, 5), 7.0), 7)) is None  # lays the slot out
@@ -293,7 +294,7 @@ def test_a_lent_row_given_back_in_a_plain_sample_no_longer_views_the_slot(one_pr
     assert [label for _image, label in rest] == [7, 8]
     image = rest[1][0]
     assert not start <= image.data_ptr() < end and image.shape == (2, 5) and bool((image == 8).all())
-    assert collate._ring.states[stacker.slot] == ring_writer.FREE
+    assert collate._ring.states[stacker.slot] == ring_slots.FREE
 
 
 def test_full_ring_returns_a_plain_batch(one_process_ring) -> None:
@@ -302,7 +303,7 @@ def test_full_ring_returns_a_plain_batch(one_process_ring) -> None:
     out = collate(_samples(100))  # every slot lent: torch's collate, no waiting
     assert isinstance(out, list) and out[0][:, 0, 0].tolist() == [100.0, 101.0, 102.0, 103.0]
     del held[2]
-    assert isinstance(collate(_samples(200)), batch_ring.RingBatch)
+    assert isinstance(collate(_samples(200)), ring_slots.RingBatch)
 
 
 def test_descriptor_dropped_unbuilt_frees_its_slot(one_process_ring) -> None:
@@ -476,6 +477,7 @@ def test_next_epochs_workers_take_over_the_segments_of_exited_ones() -> None:
 
 
 def test_a_batch_held_across_epochs_is_not_overwritten() -> None:
+    torch.manual_seed(0)  # the workers' seeds (base_seed + id) are drawn from it: fixed draws
     with coordl.DataLoader(NoisySource(48), batch_size=4, num_workers=2) as ours:
         first = list(ours)  # every batch of epoch 1 held: their slots stay lent
         copies = [b[0].clone() for b in first]

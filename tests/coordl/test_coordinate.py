@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from coordl import group_control as gc
-from coordl.coordinate import Group, GroupMember
-from coordl.counters import SharedCounters
+from coordl.coordinated import control as gc
+from coordl.coordinated.job import Group, GroupMember
 from coordl.errors import CoordlTimeoutError
+from shmem.counters import SharedCounters
 
 N_ITEMS, BS = 40, 4
 
@@ -40,28 +40,47 @@ def _job(
     tag=0,
     delay_s=0.0,
     consume_delay_s=0.0,
-    join_delay_s=0.0,
     break_after=None,
+    wait_for=None,
+    joined=None,
+    pause_at=None,
+    barrier=None,
 ):
-    time.sleep(join_delay_s)
+    """One job. ``wait_for``: an event to wait for before joining; ``joined``: set once a member;
+    ``barrier``: met once a member, so that every job is a member before any reads (else a job that
+    starts late joins at the next epoch boundary, by design);
+    ``pause_at`` (batch count, event, event): after that many batches, set the first event and wait
+    for the second before reading on."""
+    if wait_for is not None:
+        assert wait_for.wait(60)
     m = GroupMember(Group(name, slots=4, timeout_s=30, seed=1, directory=tmp), num_items=N_ITEMS,
                     batch_size=BS, drop_last=False, shuffle=True, make_batch=_MakeBatch(counters, delay_s))  # fmt: skip
+    if joined is not None:
+        joined.set()
+    if barrier is not None:
+        barrier.wait(60)
     seen = []
     for _ in range(epochs):
         for i, (x, y) in enumerate(m.epoch()):
             assert torch.equal(x[:, 0].long(), y)
             seen.append(y.tolist())
             time.sleep(consume_delay_s)
+            if pause_at is not None and len(seen) == pause_at[0]:
+                pause_at[1].set()  # tell the test this job is mid-epoch here
+                assert pause_at[2].wait(60)  # and hold until the other job is a member
             if break_after is not None and i + 1 == break_after:
                 break
     m.close()
     out.put((tag, seen))
 
 
-def _run_jobs(tmp, specs, timeout=60):
+def _run_jobs(tmp, specs, timeout=60, together=True):
+    """Run one process per spec; ``together``: all are members before any reads (a barrier)."""
     counters = SharedCounters(["batches"], directory=tmp)
-    q = mp.get_context("fork").Queue()
-    procs = [mp.get_context("fork").Process(target=_job, args=("g", str(tmp), counters), kwargs={"out": q, "tag": i, **s})
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    sync = {"barrier": ctx.Barrier(len(specs))} if together else {}
+    procs = [ctx.Process(target=_job, args=("g", str(tmp), counters), kwargs={"out": q, "tag": i, **sync, **s})
              for i, s in enumerate(specs)]  # fmt: skip
     for p in procs:
         p.start()
@@ -99,13 +118,22 @@ def test_early_break_releases_the_group(tmp_path):
 
 
 def test_late_joiner_starts_at_an_epoch_boundary(tmp_path):
-    # The first job spends ~0.5 s per epoch, so the joiner arrives during its epoch 0 or 1.
-    seen, _ = _run_jobs(
-        tmp_path, [{"epochs": 5, "consume_delay_s": 0.05}, {"epochs": 1, "join_delay_s": 0.6}]
-    )
+    # Events, not sleeps: the joiner joins while the first job holds batch 3 of its epoch 1, so it
+    # arrives mid-epoch whatever the machine's speed.
+    ctx = mp.get_context("fork")
+    mid_epoch, joined = ctx.Event(), ctx.Event()
     per_epoch = N_ITEMS // BS
-    epochs = [seen[0][e * per_epoch : (e + 1) * per_epoch] for e in range(5)]
-    assert seen[1] in epochs[1:4]
+    seen, _ = _run_jobs(
+        tmp_path,
+        [
+            {"epochs": 4, "pause_at": (per_epoch + 3, mid_epoch, joined)},
+            {"epochs": 1, "wait_for": mid_epoch, "joined": joined},
+        ],
+        together=False,
+    )
+    epochs = [seen[0][e * per_epoch : (e + 1) * per_epoch] for e in range(4)]
+    # A whole epoch of the first job: epoch 1 if its batch 0 is still in the ring, else epoch 2.
+    assert seen[1] in epochs[1:3]
 
 
 def _victim(tmp, counters, ready):
@@ -124,10 +152,11 @@ def test_killed_job_does_not_hang_the_others(tmp_path):
     victim = ctx.Process(target=_victim, args=(str(tmp_path), counters, ready))
     victim.start()
     assert ready.wait(30)
-    q = ctx.Queue()
-    survivor = ctx.Process(target=_job, args=("g", str(tmp_path), counters), kwargs={"out": q, "epochs": 2})
+    q, joined = ctx.Queue(), ctx.Event()
+    survivor = ctx.Process(target=_job, args=("g", str(tmp_path), counters),
+                           kwargs={"out": q, "epochs": 2, "joined": joined})  # fmt: skip
     survivor.start()
-    time.sleep(0.3)
+    assert joined.wait(60)  # both are members when the victim dies
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(10)
     _, seen = q.get(timeout=60)

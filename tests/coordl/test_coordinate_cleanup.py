@@ -15,8 +15,8 @@ import psutil
 import pytest
 import torch
 
-from coordl import group_control as gc
-from coordl.coordinate import Group, GroupMember
+from coordl.coordinated import control as gc
+from coordl.coordinated.job import Group, GroupMember
 
 CTX = mp.get_context("fork")
 
@@ -70,7 +70,7 @@ def test_a_job_failing_without_close_leaves_no_file(tmp_path):
 
 _EXIT_WITHOUT_CLOSE = """
 import sys, torch
-from coordl.coordinate import Group, GroupMember
+from coordl.coordinated.job import Group, GroupMember
 m = GroupMember(Group("g", slots=4, directory=sys.argv[1]), num_items=40, batch_size=4, drop_last=False,
                 shuffle=False, make_batch=lambda ix: torch.tensor(ix, dtype=torch.float32))
 next(m.epoch())

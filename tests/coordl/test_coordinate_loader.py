@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import coordl
-from coordl.coordinate import Group
-from coordl.synth import make_dataset
+from coordl.coordinated.job import Group
+from coordl.data.synth import make_dataset
 
 
 def _job(root, shm_dir, out, tag, barrier):
@@ -54,3 +54,25 @@ def test_coordinate_rejects_a_sampler(tiny_dataset, tmp_path):
         coordl.DataLoader(
             ds, batch_size=4, sampler=list(range(8)), coordinate=Group("x", directory=str(tmp_path))
         )
+
+
+def test_full_size_batches_after_a_multithreaded_probe(tiny_dataset, tmp_path):
+    """Regression: the probe batch that sizes the ring runs a 224 px resize on torch's thread pool in the
+    job; producers forked after it hung in their first parallel op (libgomp is not fork-safe). A
+    subprocess with a bound, so a hang fails instead of blocking the suite."""
+    import subprocess
+    import sys
+
+    script = (
+        "import coordl, torch\n"
+        "from coordl.coordinated.job import Group\n"
+        "torch.set_num_threads(2)\n"
+        f"ds = coordl.ImageFolder({str(tiny_dataset)!r}, transform=coordl.transforms.train_transform(224))\n"
+        f"g = Group('probe', slots=2, timeout_s=60, directory={str(tmp_path)!r})\n"
+        "with coordl.DataLoader(ds, batch_size=16, num_workers=2, coordinate=g) as dl:\n"
+        "    x, y = next(iter(dl))\n"
+        "print(tuple(x.shape))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(16, 3, 224, 224)"

@@ -1,4 +1,4 @@
-"""coordl.counters: totals over processes, including ones that exited."""
+"""shmem.counters: totals over processes, including ones that exited."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 import pytest
 
-from coordl.counters import SharedCounters
+from shmem.counters import SharedCounters
 
 
 def _work(counters: SharedCounters, n: int) -> None:

@@ -1,4 +1,4 @@
-"""coordl.datasets: ImageFolder / FileListDataset protocol, the split, errors, and as_item_source."""
+"""coordl.data.datasets: ImageFolder / FileListDataset protocol, the split, errors, and as_item_source."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
-from coordl import synth
-from coordl import transforms as T
-from coordl.datasets import FileListDataset, ImageFolder, OpaqueSource, TorchvisionStyleSource, as_item_source
+from coordl.data import synth
+from coordl.data import transforms as T
+from coordl.data.adapt import OpaqueSource, TorchvisionStyleSource, as_item_source
+from coordl.data.datasets import FileListDataset, ImageFolder
+from coordl.data.source import has_split_prep, is_item_source
 from coordl.errors import CorruptItemError
-from coordl.source import has_split_prep, is_item_source
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +231,25 @@ def test_staged_root_reads_through_staged_source(root, tmp_path, monkeypatch):
     assert ds.stats()["remote_bytes_read"] == 3
     with pytest.raises(ValueError, match="needs stage_dir"):
         ImageFolder("nfs://server/export")
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_corrupt_item_message_names_its_file_once(tmp_path, num_workers):
+    """One readable line: the path once, no '<_io.BytesIO object at 0x...>', path and index kept."""
+    import coordl
+
+    bad = tmp_path / "c0" / "bad.jpg"
+    bad.parent.mkdir()
+    bad.write_bytes(b"this is not an image at all")
+    ds = coordl.ImageFolder(tmp_path, transform=coordl.transforms.eval_transform(16, resize=18))
+    with pytest.raises(coordl.CorruptItemError) as err:
+        for _ in coordl.DataLoader(ds, batch_size=1, num_workers=num_workers):
+            pass
+    message = str(err.value)
+    assert message.count(str(bad)) == 1, message
+    assert "BytesIO" not in message and "Traceback" not in message and "\n" not in message
+    assert "first bytes 74 68 69 73" in message  # b"this"
+    assert err.value.path == str(bad)
+    if num_workers:
+        assert message.endswith("(in DataLoader worker process 0)")
+        assert "Traceback" in err.value.worker_traceback  # still there for a bug report

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import coordl
-from coordl.counters import SharedCounters
 from coordl.errors import CorruptItemError, WorkerDiedError
-from coordl.pipeline import BASE_COUNTERS, LoaderSource
+from coordl.fetch.pipeline import BASE_COUNTERS, LoaderSource
+from shmem.counters import SharedCounters
 from tests.coordl.ldr_sources import MemorySource, item_bytes
 
 
@@ -21,9 +21,9 @@ class SlowFetchSource(MemorySource):
 
     thread_safe_fetch = True
 
-    def __init__(self, n: int, delay_s: float = 0.02, **kw) -> None:
+    def __init__(self, n: int, delay_s: float = 0.02, meet: int = 0, **kw) -> None:
         super().__init__(n, **kw)
-        self.delay_s = delay_s
+        self.delay_s, self.meet = delay_s, meet
         self.active = multiprocessing.Value("i", 0)
         self.peak = multiprocessing.Value("i", 0)
 
@@ -32,6 +32,11 @@ class SlowFetchSource(MemorySource):
             self.active.value += 1
             self.peak.value = max(self.peak.value, self.active.value)
         try:
+            # meet: hold the read until that many are in flight at once (10 s at most), so whether
+            # reads overlap does not hang on how the threads happen to be scheduled.
+            deadline = time.monotonic() + 10
+            while self.meet and self.peak.value < self.meet and time.monotonic() < deadline:
+                time.sleep(0.001)
             time.sleep(self.delay_s)
             return super().fetch(index)
         finally:
@@ -55,7 +60,7 @@ def test_same_batches_in_the_same_order(persistent: bool) -> None:
 
 
 def test_reads_overlap_in_a_worker_and_not_without_fetch_ahead() -> None:
-    src = SlowFetchSource(16, delay_s=0.05)
+    src = SlowFetchSource(16, delay_s=0.0, meet=2)
     with coordl.DataLoader(src, batch_size=8, num_workers=1, fetch_ahead=4) as dl:
         assert sum(len(b) for b in dl) == 16
     assert src.peak.value >= 2  # several reads of the batch were in flight at once
@@ -66,7 +71,7 @@ def test_reads_overlap_in_a_worker_and_not_without_fetch_ahead() -> None:
 
 
 def test_default_follows_the_sources_declaration(tmp_path) -> None:
-    from coordl.synth import make_dataset
+    from coordl.data.synth import make_dataset
 
     root = make_dataset(tmp_path / "imgs", n=4, classes=2, width=32, height=24, workers=1)
     with coordl.DataLoader(coordl.ImageFolder(str(root)), batch_size=2, num_workers=1) as dl:
@@ -162,3 +167,41 @@ def test_in_memory_hits_are_taken_in_the_prep_thread_and_the_rest_in_read_thread
     finally:
         ls.close()
         counters.close()
+
+
+class _BatchTier:
+    """A tier that answers a whole batch at once (like the partitioned cache) and holds even items."""
+
+    name = "batched"
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.single_gets = 0
+
+    def get_many(self, indices):
+        self.batches.append(list(indices))
+        return {i: item_bytes(i) for i in indices if i % 2 == 0}
+
+    def get(self, index):
+        self.single_gets += 1
+        return None
+
+    def offer(self, index, raw) -> None:
+        pass
+
+    def stats(self):
+        return {}
+
+
+@pytest.mark.parametrize("fetch_ahead", [0, 3])
+def test_a_batch_tier_is_asked_once_per_batch_never_per_item(fetch_ahead: int) -> None:
+    tier = _BatchTier()
+    source = MemorySource(16)
+    with coordl.DataLoader(source, batch_size=4, fetch_ahead=fetch_ahead) as dl:
+        dl.add_fetch_tier(tier)
+        out = torch.cat([b[:, 0] for b in dl])
+        stats = dl.stats()
+    assert out.tolist() == list(range(16))
+    assert tier.batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert tier.single_gets == 0  # a miss in the batch's answer is not asked again
+    assert stats["storage_items_read"] == 8  # the odd items

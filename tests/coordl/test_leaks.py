@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -64,8 +63,7 @@ def test_no_segment_left_after_exit(mode: str) -> None:
 def test_kill9_segments_are_reclaimed_at_next_start() -> None:
     proc = start("kill9")
     try:
-        assert proc.stdout.readline().strip() == "READY"
-        time.sleep(0.5)
+        assert proc.stdout.readline().strip() == "READY"  # after a full epoch: every segment exists
         left = segments_of(proc.pid)
         assert len(left) >= 3  # cache index, cache data, counters, worker table
         proc.send_signal(signal.SIGKILL)
@@ -74,7 +72,9 @@ def test_kill9_segments_are_reclaimed_at_next_start() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    assert segments_of(proc.pid) == left  # kill -9 runs no cleanup...
+    # kill -9 runs no cleanup. Any coordl loader starting on this host (another test, another job) may
+    # reclaim the dead owner's segments from now on, so the test cannot insist they are all still there.
+    assert set(segments_of(proc.pid)) <= set(left)
     with coordl.DataLoader(MemorySource(4), cache_bytes=1024):
         pass
-    assert segments_of(proc.pid) == []  # ...so the next loader's start reclaims them
+    assert segments_of(proc.pid) == []  # the next loader's start reclaims them (if nobody did before)

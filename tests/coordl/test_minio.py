@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import coordl
-import coordl.minio as minio
-from coordl.minio import READY, WRITING, MinioCache
+import coordl.fetch.minio as minio
+from coordl.fetch.minio import MinioCache
+from shmem.table import ROW_WORDS
 from tests.coordl.ldr_sources import MemorySource
 
 
@@ -52,10 +53,12 @@ def test_fills_until_budget_then_keeps_smaller_items(cache: MinioCache) -> None:
 
 def test_half_written_item_is_never_served(cache: MinioCache) -> None:
     assert cache.put(5, b"hello")
-    cache._rows[5, 2] = WRITING  # as if the writer was killed mid-copy
+    words = cache._table._row_words
+    check = words[ROW_WORDS * 5 + 4]
+    words[ROW_WORDS * 5 + 4] = 0  # as if the writer was killed mid-copy: claimed, never published
     assert cache.get(5) is None and 5 not in cache
     assert not cache.put(5, b"again")  # the slot stays taken; it is simply never served
-    cache._rows[5, 2] = READY
+    words[ROW_WORDS * 5 + 4] = check
 
 
 def test_other_process_sees_items(cache: MinioCache) -> None:
@@ -82,7 +85,7 @@ def test_hit_ratio_equals_cached_fraction_every_epoch(num_workers: int) -> None:
             assert sum(len(b) for b in dl) == 100
         epochs = [(e["cache_hits"], e["cache_misses"], e["storage_items_read"]) for e in dl.epoch_stats()]
         s = dl.stats()
-        cached = {i for i in range(100) if i in dl._minio}
+        cached = {i for i in range(100) if i in dl._chain.minio}
     assert epochs == [(0, 100, 100), (50, 50, 50), (50, 50, 50)]
     assert [e["hit_ratio"] for e in dl.epoch_stats()] == [0.0, 0.5, 0.5]
     assert s["cache_hits"] == 100 and s["cache_misses"] == 200
@@ -117,7 +120,7 @@ def test_small_shm_warns_with_fix_and_falls_back_to_file(tmp_path, monkeypatch) 
         dl = coordl.DataLoader(MemorySource(20), batch_size=5, cache_bytes=1 << 20)
     with dl:
         assert dl.stats()["cache_backend"] == "file"
-        assert all(p.startswith(str(tmp_path / "fallback")) for p in dl._minio.paths)
+        assert all(p.startswith(str(tmp_path / "fallback")) for p in dl._chain.minio.paths)
         list(dl)
         list(dl)
         assert dl.stats()["cache_hits"] == 20
@@ -128,7 +131,7 @@ def test_cache_dir_option_is_used(tmp_path) -> None:
     with coordl.DataLoader(MemorySource(10), batch_size=5, cache_bytes=4096, cache_dir=str(tmp_path)) as dl:
         list(dl)
         assert dl.stats()["cache_backend"] == "file" and dl.stats()["cached_items"] == 10
-        assert len(os.listdir(tmp_path)) == 2
+        assert len(os.listdir(tmp_path)) == 1  # one segment: index and data
 
 
 @pytest.fixture

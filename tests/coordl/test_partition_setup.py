@@ -11,8 +11,10 @@ from pathlib import Path
 RANK_SCRIPT = r"""
 import datetime, os, sys, time
 import torch.distributed as dist
-import coordl.partition as part
-from coordl.counters import SharedCounters
+import coordl.partitioned.ownership as own
+import coordl.partitioned.tier as part
+from coordl.fetch.minio import MinioCache
+from shmem.counters import SharedCounters
 
 slow = float(sys.argv[1])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -20,13 +22,14 @@ rank = dist.get_rank()
 if rank == 1:
     # This node builds its owner map late (a loaded machine): rank 0 leaves the address exchange
     # first and pushes at once.
-    real = part.OwnerMap.__init__
+    real = own.OwnerMap.__init__
     def late(self, *a, **k):
         time.sleep(slow)
         real(self, *a, **k)
-    part.OwnerMap.__init__ = late
+    own.OwnerMap.__init__ = late
 n = 40
-tier = part.build_partitioned_tier(n, 1 << 20, SharedCounters(["cache_hits", "cache_misses"]), seed=3)
+cache = MinioCache(1 << 20, n) if own.NodeTopology.from_env().is_node_leader else None
+tier = part.build_partitioned_tier(n, 1 << 20, SharedCounters(["cache_hits", "cache_misses"]), cache, seed=3)
 theirs = [i for i in range(n) if tier.owners.owner(i) == 1 - rank]
 if rank == 0:
     for i in theirs:

@@ -1,4 +1,4 @@
-"""coordl.shm: segments are reclaimed after their owner dies, and a full file system is not a bus error."""
+"""shmem.segment: segments are reclaimed after their owner dies, and a full file system is not a bus error."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from coordl import shm
+from shmem import segment as shm
 
 
 def test_owner_unlinks_on_close(tmp_path):
@@ -40,7 +40,7 @@ def test_stale_segment_of_killed_owner_is_reclaimed(tmp_path):
     code = textwrap.dedent(
         f"""
         import os, time
-        from coordl.shm import Segment
+        from shmem.segment import Segment
         seg = Segment.create("t", 1 << 20, {str(tmp_path)!r})
         print(seg.path, flush=True)
         time.sleep(60)

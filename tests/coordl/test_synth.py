@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from coordl import synth
 from coordl.cli import main as cli_main
+from coordl.data import synth
 
 
 def _digest(root) -> str:
@@ -82,14 +82,37 @@ def test_cli(tmp_path, capsys):
         cli_main(["synth", str(tmp_path / "e"), "--size", "big"])
 
 
-def test_demo_runs_on_a_synthetic_dataset(tmp_path, capsys):
-    """`coordl demo` end to end on a tiny dataset: both loaders, coordl's cache at 50% from epoch 2."""
+def test_demo_runs_on_a_synthetic_dataset(tmp_path, capsys, monkeypatch):
+    """`coordl demo` end to end on a tiny dataset: both loaders, coordl's cache at 50% from epoch 2, progress."""
     from coordl import demo
+    from nfs_cache.progress import Progress
 
-    results = demo.run_demo(tmp_path / "demo", n=24, storage_mb_s=500.0, workers=0, batch_size=8, epochs=2)
+    monkeypatch.setitem(Progress.__init__.__kwdefaults__, "interval_s", 0.0)  # a line per batch
+    results = demo.run_demo(
+        tmp_path / "demo", n=24, storage_mb_s=500.0, workers=0, batch_size=8, epochs=2, progress=True
+    )
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    for name in ("torch.utils.data.DataLoader", "coordl.DataLoader, cache 50%"):
+        for epoch in (1, 2):
+            assert f"{name}, epoch {epoch}/2: 24/24 samples (100%)" in err, err
     meta = results.pop("_meta")
     assert meta["n"] == 24
     coordl_run = results["coordl, cache 50%"]
     assert [round(e["hit_ratio"], 1) for e in coordl_run["epochs"]] == [0.0, 0.5]
     assert coordl_run["epochs"][1]["storage_bytes_read"] < meta["dataset_bytes"] * 0.6
     assert all(r > 0 for res in results.values() for r in res["rates"])
+
+
+def test_cli_progress_is_plain_lines_off_a_terminal(tmp_path, capsys, monkeypatch):
+    """Off a terminal (as under pytest), progress is lines a log can hold: no carriage-return bars."""
+    from nfs_cache.progress import Progress
+
+    monkeypatch.setitem(Progress.__init__.__kwdefaults__, "interval_s", 0.0)  # a line per update
+    assert cli_main(["synth", str(tmp_path / "d"), "--n", "8", "--classes", "2", "--size", "32x24",
+                     "--workers", "1"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err
+    lines = [line for line in captured.err.splitlines() if line.startswith("synthesising 8 images in ")]
+    assert lines and lines[-1].split(": ")[1].startswith("8/8 images (100%)")
+    assert "8 images in 2 classes" in captured.out

@@ -10,7 +10,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from coordl import transforms as T
+from coordl.data import transforms as T
 from coordl.errors import CorruptItemError
 
 

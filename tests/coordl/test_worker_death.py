@@ -74,6 +74,6 @@ def test_more_workers_than_constructed_with_still_load(tmp_path):
     from tests.coordl.ldr_sources import MemorySource
 
     loader = DataLoader(MemorySource(24), batch_size=4, num_workers=1)
-    loader._torch.num_workers = 3
+    loader.num_workers = 3
     assert sum(len(b) for b in loader) == 24
     loader.close()

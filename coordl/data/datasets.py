@@ -1,0 +1,289 @@
+"""Datasets of image files that implement the fetch/prep split.
+
+- :class:`ImageFolder`: the standard ``root/class/xxx.jpg`` layout, local or staged from a remote
+  source (``nfs://`` URL or ``stage_dir=``) through ``nfs_cache.StagedSource``.
+- :class:`FileListDataset`: the same over an explicit list of files.
+
+Datasets that do not implement the split are adapted by :mod:`coordl.data.adapt`.
+
+``prep`` returns ``(sample, target)`` like torchvision; ``fetch`` returns the file's bytes and counts
+nothing (the loader counts bytes and hits). When the transform is a :class:`coordl.transforms.Compose`
+with a deterministic prefix (decode, resize), the dataset also exposes ``prep_deterministic``,
+``prep_random``, ``prep_identity`` and ``dataset_identity`` so that prefix can be cached as an array.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from coordl.data.transforms import Compose, Decode
+from coordl.errors import CorruptItemError
+
+__all__ = ["ImageFolder", "FileListDataset", "IMG_EXTENSIONS"]
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class _FileSource:
+    """Shared fetch/prep logic over a list of (relative name, target) items."""
+
+    def __init__(self, transform: Callable | None, target_transform: Callable | None) -> None:
+        self.transform = transform if transform is not None else Compose([Decode()])
+        self.target_transform = target_transform
+        self._det: Compose | None = None
+        self._rand: Compose | None = None
+        if isinstance(self.transform, Compose):
+            det, rand = self.transform.split()
+            if len(det):
+                self._det, self._rand = det, rand
+
+    # fetch() opens, reads and closes a file (or a staged copy, under nfs_cache's flock locks): safe
+    # to call from several threads, so coordl.DataLoader reads ahead of prep by default.
+    thread_safe_fetch = True
+
+    # Subclasses provide these.
+    items: list[tuple[str, Any]]
+
+    def _read(self, index: int) -> bytes:
+        raise NotImplementedError
+
+    def describe(self, index: int) -> str:
+        """The item's file path (used in error messages)."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def fetch(self, index: int) -> bytes:
+        """The stored bytes of item ``index`` (no decoding, nothing counted)."""
+        return self._read(index)
+
+    def target(self, index: int) -> Any:
+        """Item ``index``'s label after ``target_transform``, without reading or decoding the file."""
+        target = self.items[index][1]
+        return self.target_transform(target) if self.target_transform is not None else target
+
+    def _wrap_corrupt(self, e: CorruptItemError, index: int) -> CorruptItemError:
+        path = self.describe(index)
+        return CorruptItemError(f"{path}: {e}", path=path, index=index)
+
+    def prep(self, raw: bytes, index: int) -> Any:
+        """``(transform(raw), target)``; undecodable bytes raise CorruptItemError naming the file."""
+        try:
+            sample = self.transform(raw)
+        except CorruptItemError as e:
+            raise self._wrap_corrupt(e, index) from e
+        return sample, self.target(index)
+
+    def __getitem__(self, index: int) -> Any:
+        """Plain map-style access (fetch + prep), so the dataset also works with torch's DataLoader."""
+        return self.prep(self.fetch(index), index)
+
+    # The split is exposed only when the transform has one: has_split_prep() must say False
+    # otherwise, so these are properties that raise AttributeError (getattr(..., None) -> None).
+    def _need_split(self, name: str) -> None:
+        if self._det is None:
+            raise AttributeError(f"{name}: transform {self.transform!r} has no deterministic prefix to cache")
+
+    @property
+    def prep_deterministic(self) -> Callable[[bytes, int], np.ndarray]:
+        """``(raw, i) -> array``: the cacheable part of prep (decode, resize)."""
+        self._need_split("prep_deterministic")
+        return self._prep_deterministic
+
+    @property
+    def prep_random(self) -> Callable[[np.ndarray, int], Any]:
+        """``(array, i) -> (sample, target)``: the part of prep that must run every epoch."""
+        self._need_split("prep_random")
+        return self._prep_random
+
+    @property
+    def prep_identity(self) -> Callable[[], str]:
+        """``() -> str``: the repr of the deterministic prefix (every parameter included)."""
+        self._need_split("prep_identity")
+        return self._prep_identity
+
+    def _prep_deterministic(self, raw: bytes, index: int) -> np.ndarray:
+        try:
+            return np.ascontiguousarray(self._det(raw))
+        except CorruptItemError as e:
+            raise self._wrap_corrupt(e, index) from e
+
+    def _prep_random(self, array: np.ndarray, index: int) -> Any:
+        return self._rand(array), self.target(index)
+
+    def _prep_identity(self) -> str:
+        return repr(self._det)
+
+    def _list_digest(self) -> str:
+        h = hashlib.sha256()
+        for name, target in self.items:
+            h.update(f"{name}\t{target}\n".encode())
+        return h.hexdigest()[:16]
+
+
+class FileListDataset(_FileSource):
+    """Items are explicit files; ``targets[i]`` is item i's label (None: prep returns the sample only).
+
+    ``transform`` gets the raw bytes (default: decode to an HWC uint8 array).
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike],
+        targets: Sequence[Any] | None = None,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+    ) -> None:
+        super().__init__(transform, target_transform)
+        if targets is not None and len(targets) != len(paths):
+            raise ValueError(f"FileListDataset: {len(paths)} paths but {len(targets)} targets")
+        self.paths = [os.fspath(p) for p in paths]
+        self.has_targets = targets is not None
+        self.items = list(
+            zip(self.paths, targets if targets is not None else [None] * len(self.paths), strict=True)
+        )
+
+    def _read(self, index: int) -> bytes:
+        with open(self.paths[index], "rb") as f:
+            return f.read()
+
+    def describe(self, index: int) -> str:
+        return self.paths[index]
+
+    def prep(self, raw: bytes, index: int) -> Any:
+        sample, target = super().prep(raw, index)
+        return (sample, target) if self.has_targets else sample
+
+    def _prep_random(self, array: np.ndarray, index: int) -> Any:
+        sample, target = super()._prep_random(array, index)
+        return (sample, target) if self.has_targets else sample
+
+    def dataset_identity(self) -> str:
+        """Digest of the file list (paths and targets)."""
+        return f"filelist:{self._list_digest()}"
+
+
+def _is_url(root: str) -> bool:
+    return "://" in root
+
+
+def _visible(relpath: str) -> bool:
+    """False for a path with a hidden part (``.coordl/`` bookkeeping, ``.ipynb_checkpoints/``, ``._x.jpg``)."""
+    return not any(part.startswith(".") for part in relpath.split("/"))
+
+
+class ImageFolder(_FileSource):
+    """``root/<class>/<...>/<file>`` images; classes are the sorted sub-directory names.
+
+    Hidden folders and files (name starting with ``.``) are skipped, as ``ls`` does. A stage directory written by
+    ``coordl stage SRC DST`` mirrors SRC and loads as SRC would once staging is complete; a partial one (or one in
+    the old ``files/`` layout) raises ``nfs_cache.layout.StageDirError`` saying what to use instead, rather than
+    giving wrong labels.
+
+    ``transform`` gets the raw bytes (default: decode to an HWC uint8 array; use
+    ``coordl.transforms.train_transform()``). When ``root`` is an ``nfs://`` URL or ``stage_dir`` is
+    given, files are listed and read through ``nfs_cache.StagedSource`` (first read stages each file
+    onto local disk within ``stage_budget_bytes``; ``prefetch=True`` stages ahead in the background),
+    and :meth:`stats` reports the staging counters.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        transform: Callable | None = None,
+        target_transform: Callable | None = None,
+        *,
+        extensions: Sequence[str] = IMG_EXTENSIONS,
+        stage_dir: str | os.PathLike | None = None,
+        stage_budget_bytes: int | None = None,
+        prefetch: bool = False,
+    ) -> None:
+        super().__init__(transform, target_transform)
+        self.root = os.fspath(root)
+        self.extensions = tuple(e.lower() for e in extensions)
+        self._staged = None
+        if stage_dir is not None or _is_url(self.root):
+            from nfs_cache import StagedSource  # lazy: only staged datasets need it
+
+            if stage_dir is None:
+                raise ValueError(
+                    f"ImageFolder({self.root!r}): a URL root needs stage_dir= (a local directory)"
+                )
+            from shmem.counters import SharedCounters
+
+            # Workers read remote bytes too: count them where the loader's stats() can sum them.
+            self._staged = StagedSource(
+                self.root,
+                os.fspath(stage_dir),
+                budget_bytes=stage_budget_bytes,
+                prefetch=prefetch,
+                counters=SharedCounters(["remote_bytes_read"]),
+            )
+            # The agreed interface lists relative paths; accept records with .relpath too.
+            relpaths = [f if isinstance(f, str) else f.relpath for f in self._staged.list_files()]
+        else:
+            relpaths = self._scan_local()
+        relpaths = [p for p in relpaths if self._keep(p)]
+        if not relpaths:
+            raise FileNotFoundError(
+                f"ImageFolder: no files with extensions {self.extensions} under {self.root}/<class>/"
+            )
+        self.classes = sorted({p.split("/", 1)[0] for p in relpaths})
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        self.items = [(p, self.class_to_idx[p.split("/", 1)[0]]) for p in sorted(relpaths)]
+
+    def _keep(self, relpath: str) -> bool:
+        """An item: inside a class folder, with an image extension, nothing hidden on its path."""
+        return "/" in relpath and relpath.lower().endswith(self.extensions) and _visible(relpath)
+
+    def _scan_local(self) -> list[str]:
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(f"ImageFolder: {self.root} is not a directory")
+        from nfs_cache.layout import check_plain_dataset  # a stage directory must be complete to read as one
+
+        check_plain_dataset(self.root, self._keep, f"ImageFolder({self.root!r})")
+        out = []
+        for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue  # hidden folders (.coordl/ of a stage directory, .ipynb_checkpoints) are no class
+            for dirpath, dirs, files in os.walk(entry.path, followlinks=True):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+                out.extend(f"{rel}/{name}" for name in files)
+        return out
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """[(path, class_index)] as in torchvision (URL-joined for a staged source)."""
+        return [(self.describe(i), t) for i, (_, t) in enumerate(self.items)]
+
+    @property
+    def targets(self) -> list[int]:
+        return [t for _, t in self.items]
+
+    def _read(self, index: int) -> bytes:
+        rel = self.items[index][0]
+        if self._staged is not None:
+            return self._staged.read(rel)
+        with open(os.path.join(self.root, rel), "rb") as f:
+            return f.read()
+
+    def describe(self, index: int) -> str:
+        rel = self.items[index][0]
+        if self._staged is not None:
+            return str(self._staged.describe(rel))
+        return os.path.join(self.root, rel)
+
+    def stats(self) -> dict[str, int]:
+        """Staging counters (staged_items, staged_bytes, remote_bytes_read); empty for local roots."""
+        return dict(self._staged.stats()) if self._staged is not None else {}
+
+    def dataset_identity(self) -> str:
+        """Root plus a digest of the file list: a changed file list never hits a stale cache."""
+        return f"imagefolder:{self.root}:{self._list_digest()}"

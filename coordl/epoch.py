@@ -1,0 +1,139 @@
+"""One pass over a ``coordl.DataLoader``: the iterator the user gets, and the per-epoch statistics.
+
+:class:`EpochIterator` drops batches whose every item was skipped, turns torch's worker-death and
+timeout ``RuntimeError`` into coordl's errors, unwraps batch-ring batches, and closes the epoch's
+statistics when the pass ends. :class:`EpochStats` turns counter snapshots into per-epoch deltas.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["EmptyBatch", "EpochIterator", "EpochStats", "SkipAwareCollate", "Sized"]
+
+
+class EmptyBatch:
+    """Stands for a batch whose every item was skipped (``on_error="skip"``); the loader drops it."""
+
+
+class SkipAwareCollate:
+    """Collates what survived skipping; a batch with nothing left becomes :class:`EmptyBatch`."""
+
+    def __init__(self, collate_fn: Callable) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, batch: list[Any]) -> Any:
+        return self.collate_fn(batch) if batch else EmptyBatch()
+
+
+class EpochStats:
+    """Per-epoch deltas of a loader's counters (``hit_ratio`` added), one entry per pass.
+
+    Args:
+        keys: the counter names an epoch entry reports.
+    """
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        self.keys = keys
+        self.epochs: list[dict[str, Any]] = []
+        self._start: dict[str, int] | None = None
+
+    def begin(self, snapshot: dict[str, int]) -> None:
+        self._start = {k: snapshot[k] for k in self.keys}
+
+    def end(self, snapshot: dict[str, int], *, complete: bool) -> None:
+        """Close the open epoch (no-op when none is open)."""
+        if self._start is None:
+            return
+        delta: dict[str, Any] = {k: snapshot[k] - self._start[k] for k in self.keys}
+        looked_up = delta["cache_hits"] + delta["cache_misses"]
+        delta["hit_ratio"] = delta["cache_hits"] / looked_up if looked_up else 0.0
+        delta["epoch"] = len(self.epochs)
+        delta["complete"] = complete
+        self.epochs.append(delta)
+        self._start = None
+
+    def reset(self) -> None:
+        self.epochs.clear()
+        self._start = None
+
+
+class EpochIterator:
+    """One pass: drops all-skipped batches, translates torch errors, ends the epoch at the end.
+
+    Args:
+        it: the underlying iterator (torch's, or the coordinated group's).
+        translate: maps a ``RuntimeError`` of ``it`` to a coordl error, or None to re-raise it.
+        unwrap: turns what ``it`` yields into the user's batch (the batch ring's views).
+        on_end: called once when ``it`` is exhausted.
+        on_batch: called after each batch handed to the user (counts batches for resumable state).
+    """
+
+    def __init__(
+        self,
+        it: Any,
+        *,
+        translate: Callable[[RuntimeError, Any], BaseException | None],
+        unwrap: Callable[[Any], Any],
+        on_end: Callable[[], None],
+        on_batch: Callable[[], None],
+    ) -> None:
+        self._it = it
+        self._translate = translate
+        self._unwrap = unwrap
+        self._on_end = on_end
+        self._on_batch = on_batch
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._on_end()
+                raise
+            except RuntimeError as e:
+                self._raise(e)
+            if not isinstance(batch, EmptyBatch):
+                self._on_batch()
+                return self._unwrap(batch)
+
+    def _raise(self, error: RuntimeError) -> None:
+        """Raise ``error`` (or coordl's translation of it) without a reference cycle through the traceback.
+
+        torch re-raises a worker's exception from frames that hold the exception and the iterator; such
+        a cycle keeps the iterator, and its worker processes, alive until the cyclic collector runs at
+        some random later point, where shutting workers down can stall. The finished frames' locals are
+        cleared (the printed traceback keeps every line), so the iterator goes as soon as the exception.
+        """
+        traceback.clear_frames(error.__traceback__)
+        translated = self._translate(error, self._it)
+        try:
+            if translated is None:
+                raise error
+            raise translated from error
+        finally:
+            del error, translated
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+
+class Sized:
+    """An iterator with a length (the group's epoch generator, for ``len(iter(loader))``)."""
+
+    def __init__(self, it: Iterator[Any], length: int) -> None:
+        self._it, self._len = it, length
+
+    def __iter__(self) -> Sized:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return self._len

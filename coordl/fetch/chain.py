@@ -1,0 +1,85 @@
+"""The fetch chain of one item source: the tiers asked for raw bytes before storage, nearest first.
+
+Every loader front end (``coordl.DataLoader``, ``coordl.dali.DALILoader``) builds its fetch side here,
+so the MinIO cache and the partitioned cache are made in exactly one place:
+
+* ``cache_bytes > 0``: the node's MinIO cache (:mod:`coordl.fetch.minio`), as a :class:`MinioTier`;
+* ``partitioned=True``: the partitioned tier (:mod:`coordl.partitioned`), with the MinIO cache on the
+  node leader as its local share.
+
+Reading through the chain (ask the tiers, then storage, offer the bytes back) is
+:meth:`coordl.fetch.pipeline.LoaderSource.fetch`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordl.fetch.minio import MinioCache
+from coordl.fetch.pipeline import FetchTier, MinioTier
+from coordl.partitioned.ownership import NodeTopology
+from coordl.partitioned.tier import build_partitioned_tier
+from shmem.counters import SharedCounters
+
+__all__ = ["FetchChain"]
+
+
+class FetchChain:
+    """The fetch tiers for ``source``, built from the loader's cache options.
+
+    Args:
+        source: the item source (``len``, ``fetch``, ``prep``; ``opaque = True`` for adapted datasets
+            that have no raw bytes).
+        counters: shared counters holding at least ``cache_hits`` and ``cache_misses``.
+        cache_bytes: this node's MinIO budget (0: no cache).
+        cache_dir: directory for a file-backed cache (see :class:`MinioCache`).
+        partitioned: share the cache across the nodes of a distributed job (needs ``cache_bytes``).
+        name: the dataset's name, for the cache's segment and messages.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        counters: SharedCounters,
+        *,
+        cache_bytes: int = 0,
+        cache_dir: str | None = None,
+        partitioned: bool = False,
+        name: str = "dataset",
+    ) -> None:
+        opaque = bool(getattr(source, "opaque", False))
+        if partitioned and cache_bytes <= 0:
+            raise ValueError("partitioned=True needs cache_bytes > 0: this node's share of the partitioned cache")
+        if partitioned and opaque:
+            raise ValueError(
+                f"partitioned=True needs raw item bytes, but {name} has no fetch/prep split "
+                "(use coordl.ImageFolder or implement fetch/prep)"
+            )
+        self.minio: MinioCache | None = None
+        # An opaque dataset has no raw bytes to cache (as_item_source already warned about it). When
+        # partitioned, only the node leader holds the cache; its other ranks reach it through its server.
+        if cache_bytes > 0 and not opaque and (not partitioned or NodeTopology.from_env().is_node_leader):
+            self.minio = MinioCache(cache_bytes, len(source), directory=cache_dir, name=name)
+        self.tiers: list[FetchTier] = []
+        if partitioned:
+            self.tiers.append(build_partitioned_tier(len(source), cache_bytes, counters, self.minio))
+        elif self.minio is not None:
+            self.tiers.append(MinioTier(self.minio, counters))
+
+    def stats(self) -> dict[str, Any]:
+        """The cache keys every loader reports (zero without a cache), then each tier's own."""
+        out: dict[str, Any] = {"cached_items": 0, "cached_bytes": 0, "capacity_bytes": 0, "cache_backend": "none"}
+        for tier in self.tiers:
+            out.update(tier.stats())
+        return out
+
+    def close(self) -> None:
+        """Stop the tiers (e.g. the node's cache server), then free the cache."""
+        for tier in self.tiers:
+            if callable(getattr(tier, "close", None)):
+                tier.close()
+        if self.minio is not None:
+            self.minio.close()
+
+    def __repr__(self) -> str:
+        return f"FetchChain(tiers={[t.name for t in self.tiers]}, cache={self.minio!r})"

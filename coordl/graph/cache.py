@@ -1,0 +1,176 @@
+"""Static cache of the hottest nodes' features in shared memory (MinIO semantics, degree order).
+
+Which nodes a sampled batch touches is skewed by degree: a node is picked as a neighbour about in
+proportion to its out-degree, so the highest-out-degree nodes are gathered in almost every batch.
+The cache holds exactly those (the first ``feature_cache_bytes // row_bytes`` nodes by out-degree,
+ties by id), chosen once at construction and never evicted or replaced: like CoorDL's MinIO cache,
+its hit ratio does not decay under random access the way the OS page cache's does.
+
+Layout of its one :class:`shmem.segment.Segment` (``coordl-gfeat-...``, reclaimed after ``kill -9``
+of its owner like every other segment): ``slot_of`` (int32 per node, -1 when not cached), one
+``filled`` byte per slot, then the rows. A slot is filled by whichever process first reads its node
+from the file (all processes write the same bytes, so a race is harmless) and flagged after its row
+is written; :meth:`fill` fills every slot up front instead, reading hot rows in file order.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shmem.segment import DEFAULT_DIR, Segment, free_bytes
+
+if TYPE_CHECKING:
+    from coordl.graph.graph import Graph
+
+__all__ = ["FeatureCache", "gather_from_file"]
+
+_ALIGN = 64
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def gather_from_file(features: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Rows ``features[ids]`` read in ascending id order (fewer, more sequential disk reads)."""
+    order = np.argsort(ids, kind="stable")
+    out = np.empty((ids.size,) + tuple(features.shape[1:]), dtype=features.dtype)
+    out[order] = features[ids[order]]
+    return out
+
+
+class FeatureCache:
+    """Features of the ``capacity_bytes // row_bytes`` highest-out-degree nodes, in shared memory.
+
+    Args:
+        graph: the graph whose ``features`` (usually a ``np.memmap``) are cached; its nodes with the
+            largest ``out_degree`` are the ones kept.
+        capacity_bytes: budget for feature rows; the index (5 bytes per node) comes on top.
+        directory: where the segment lives (``/dev/shm`` by default).
+
+    Raises:
+        MemoryError: the budget does not fit in ``directory``'s free space (the message says how much
+            there is), instead of a bus error later.
+
+    Picklable: workers attach to the same segment (a file-backed graph travels as its path).
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        capacity_bytes: int,
+        directory: str | os.PathLike = DEFAULT_DIR,
+    ) -> None:
+        features = graph.features
+        num_nodes = int(features.shape[0])
+        row_bytes = features.dtype.itemsize * int(np.prod(features.shape[1:], dtype=np.int64))
+        slots = int(min(num_nodes, max(0, capacity_bytes) // max(1, row_bytes)))
+        self.graph = graph
+        self.num_nodes, self.slots, self.row_bytes = num_nodes, slots, row_bytes
+        self._segment: Segment | None = None
+        if slots == 0:
+            self._attach()
+            return
+        size = self._rows_offset() + slots * row_bytes
+        seg = Segment.create("gfeat", size, directory)
+        if not seg.reserve(0, size):
+            free = free_bytes(directory)
+            seg.close()
+            raise MemoryError(
+                f"feature_cache_bytes={capacity_bytes} needs {size} bytes in {os.fspath(directory)}, "
+                f"which has {free} free: lower feature_cache_bytes or enlarge {os.fspath(directory)}"
+            )
+        self._segment = seg
+        self._attach()
+        hot = np.argsort(-np.asarray(graph.out_degree, dtype=np.int64), kind="stable")[:slots]
+        self._slot_of[:] = -1
+        self._slot_of[hot] = np.arange(slots, dtype=np.int32)
+
+    def _rows_offset(self) -> int:
+        return _align(self.num_nodes * 4) + _align(self.slots)
+
+    def _attach(self) -> None:
+        if self._segment is None:
+            self._slot_of = np.full(0, -1, dtype=np.int32)
+            self._filled = np.zeros(0, dtype=np.uint8)
+            self._rows = None
+            return
+        seg, feats = self._segment, self.graph.features
+        self._slot_of = seg.array(np.int32, 0, self.num_nodes)
+        self._filled = seg.array(np.uint8, _align(self.num_nodes * 4), self.slots)
+        count = self.slots * (self.row_bytes // feats.dtype.itemsize)
+        self._rows = seg.array(feats.dtype, self._rows_offset(), count).reshape((self.slots, *feats.shape[1:]))
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def slot_of(self, ids: np.ndarray) -> np.ndarray:
+        """Slot of each node, -1 for nodes outside the cache."""
+        if self.slots == 0:
+            return np.full(ids.shape, -1, dtype=np.int32)
+        return self._slot_of[ids]
+
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """Features of ``ids`` (in order): from the cache where filled, else from the file.
+
+        Returns ``(rows, hits, misses)``; misses of cached nodes are written into their slots.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.slots == 0:
+            return gather_from_file(self.graph.features, ids), 0, int(ids.size)
+        slots = self._slot_of[ids]
+        cached = slots >= 0
+        hit = cached.copy()
+        hit[cached] = self._filled[slots[cached]] == 1
+        feats = self.graph.features
+        out = np.empty((ids.size, *feats.shape[1:]), dtype=feats.dtype)
+        out[hit] = self._rows[slots[hit]]
+        miss = np.flatnonzero(~hit)
+        if miss.size:
+            out[miss] = gather_from_file(feats, ids[miss])
+            fill = miss[cached[miss]]
+            if fill.size:
+                self._rows[slots[fill]] = out[fill]
+                self._filled[slots[fill]] = 1  # after the row: a reader never sees a half-written row
+        return out, int(hit.sum()), int(miss.size)
+
+    def fill(self, chunk_rows: int = 1 << 14) -> None:
+        """Fill every empty slot now, reading the hot rows in file order (sequential reads)."""
+        if self.slots == 0:
+            return
+        hot = np.flatnonzero(self._slot_of >= 0)  # ascending node id = file order
+        for start in range(0, hot.size, chunk_rows):
+            ids = hot[start : start + chunk_rows]
+            ids = ids[self._filled[self._slot_of[ids]] == 0]
+            if ids.size:
+                self._rows[self._slot_of[ids]] = self.graph.features[ids]
+                self._filled[self._slot_of[ids]] = 1
+
+    @property
+    def filled(self) -> int:
+        """Slots filled so far."""
+        return int(self._filled.sum(dtype=np.int64)) if self.slots else 0
+
+    @property
+    def path(self) -> str | None:
+        """The segment's file, or None when the cache is empty."""
+        return self._segment.path if self._segment is not None else None
+
+    def close(self) -> None:
+        """Unmap (and, in the owner, remove) the segment."""
+        self._slot_of = self._filled = self._rows = None  # views go before the mapping
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for k in ("_slot_of", "_filled", "_rows"):
+            state.pop(k)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._attach()

@@ -1,0 +1,213 @@
+"""The partitioned cache's fetch tier: the node's own share from its MinIO cache, the rest from the owners.
+
+CoorDL's partitioned caching (Mohan et al., VLDB 2021): on N nodes each node's MinIO cache holds a
+disjoint share of the items, so the job's aggregate memory caches a dataset no single node can. A fetch
+asks the owner: the local cache when this node owns the item, else the owner's server
+(:mod:`coordl.partitioned.server`, or its Redis with :mod:`coordl.partitioned.redis_peer`); storage is
+read only for items nobody has yet. An item read from storage is pushed to its owner (in the
+background), so after one epoch the aggregate cache holds the whole dataset and storage is not read
+again. A peer that dies or is cut off is skipped for a backoff period and its items come from storage.
+
+Set-up (address and secret exchange, the server) is :mod:`coordl.partitioned.tier`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Sequence
+from multiprocessing import util as mp_util
+from typing import Any, Protocol
+
+from coordl.partitioned.ownership import OwnerMap
+from coordl.partitioned.protocol import PEER_COUNTERS
+from shmem.counters import SharedCounters
+
+__all__ = ["PartitionedTier", "Transport"]
+
+_PUSH_QUEUE_ITEMS = 256  # pending pushes per process; beyond this a push is dropped (storage still has it)
+_PUSH_FLUSH_S = 10.0  # how long an exiting worker waits for its pending pushes
+
+
+class Transport(Protocol):
+    """What the tier needs of a client of the owners' servers (PeerClient or RedisPeerClient)."""
+
+    counters: Any
+
+    def fetch(self, wanted: dict[int, Sequence[int]]) -> dict[int, memoryview]: ...
+    def put(self, node: int, index: int, raw: bytes | memoryview) -> bool: ...
+    def is_down(self, node: int) -> bool: ...
+    def close(self) -> None: ...
+
+
+class PartitionedTier:
+    """A fetch tier (``get``/``offer``/``stats``) over the node's MinIO cache and its peers' servers.
+
+    Args:
+        owners: the job's :class:`OwnerMap`.
+        node: this process's node index.
+        client: a :class:`Transport` with every node's server address (own node included).
+        mirror_local: also push owned items to this node's own server (the Redis transport, whose
+            server does not read the MinIO cache), and ask it for owned items the MinIO cache lacks.
+        counters: the loader's base counters (``cache_hits``/``cache_misses``).
+        local_cache: the node's MinioCache on the node leader; None on the node's other ranks, which
+            reach their node's cache through its server.
+        push: send items read from storage to their owner, so the aggregate cache fills in one epoch.
+        peer_counters: SharedCounters holding :data:`PEER_COUNTERS` (made when None).
+        server: the node's :class:`coordl.partitioned.peer.PeerServer` on its leader (stopped by
+            :meth:`close`), else None.
+    """
+
+    name = "partitioned"
+
+    def __init__(
+        self,
+        owners: OwnerMap,
+        node: int,
+        client: Transport,
+        counters: SharedCounters,
+        *,
+        local_cache: Any = None,
+        push: bool = True,
+        peer_counters: SharedCounters | None = None,
+        server: Any = None,
+        mirror_local: bool = False,
+    ) -> None:
+        self.owners = owners
+        self.node = node
+        self.client = client
+        self.counters = counters
+        self.local_cache = local_cache
+        self.push = push
+        self.peer_counters = peer_counters if peer_counters is not None else SharedCounters(PEER_COUNTERS)
+        if client.counters is None:
+            client.counters = self.peer_counters
+        self.server = server
+        self.mirror_local = mirror_local
+        self._owner_pid = os.getpid()
+        self._pusher: _Pusher | None = None
+        self._pusher_pid = -1
+
+    def get(self, index: int) -> bytes | memoryview | None:
+        return self.get_many([index]).get(index)
+
+    def get_many(self, indices: Sequence[int]) -> dict[int, bytes | memoryview]:
+        """The items of ``indices`` that the job's caches hold; the others are absent (read storage).
+
+        Owned items come from the local cache; the rest are asked of their owners with one request per
+        owner, all sent before any reply is read: a batch costs one round trip, not one per item.
+        """
+        out: dict[int, bytes | memoryview] = {}
+        remote: dict[int, list[int]] = {}
+        local_hits = local_misses = 0
+        for index in indices:
+            owner = self.owners.owner(index)
+            if owner == self.node and self.local_cache is not None:
+                raw = self.local_cache.get(index)
+                if raw is None and self.mirror_local:
+                    remote.setdefault(owner, []).append(index)
+                elif raw is None:
+                    local_misses += 1
+                else:
+                    out[index] = raw
+                    local_hits += 1
+            else:
+                remote.setdefault(owner, []).append(index)
+        if remote:
+            got = self.client.fetch(remote)  # hits counted as remote_hits by the client
+            out.update(got)
+            local_misses += sum(len(set(v)) for v in remote.values()) - len(got)
+        self.counters.add_many({"cache_hits": local_hits, "cache_misses": local_misses})
+        return out
+
+    def offer(self, index: int, raw: bytes | memoryview) -> None:
+        owner = self.owners.owner(index)
+        if owner == self.node and self.local_cache is not None:
+            self.local_cache.put(index, raw)
+            if self.mirror_local and self.push:
+                self._get_pusher().submit(owner, index, bytes(raw))
+        elif self.push and not self.client.is_down(owner):
+            self._get_pusher().submit(owner, index, bytes(raw))
+
+    def _get_pusher(self) -> _Pusher:
+        if self._pusher is None or self._pusher_pid != os.getpid():
+            self._pusher = _Pusher(self.client)
+            self._pusher_pid = os.getpid()
+        return self._pusher
+
+    def flush(self, timeout_s: float = _PUSH_FLUSH_S) -> None:
+        """Wait (bounded) until this process's pending pushes are sent."""
+        if self._pusher is not None and self._pusher_pid == os.getpid():
+            self._pusher.flush(timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.peer_counters.snapshot())
+        if self.local_cache is not None:
+            out.update(self.local_cache.stats())
+        out["partition_node"] = self.node
+        out["partition_nodes"] = self.owners.num_nodes
+        out["partition_owned_items"] = self.owners.counts()[self.node]
+        if self.server is not None and callable(getattr(self.server, "stats", None)):
+            # The node's server (leader process only): refused PUTs, failed handshakes, timeouts...
+            out.update({f"peer_server_{k}": v for k, v in self.server.stats().items()})
+        return out
+
+    def close(self) -> None:
+        """Flush pushes, stop the node's server (leader only) and close connections.
+
+        The local cache belongs to whoever made it (the loader), which closes it.
+        """
+        self.flush()
+        self.client.close()
+        if os.getpid() != self._owner_pid:
+            return  # a forked copy: the server belongs to the process that made it
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["server"] = None  # the server stays in the process that runs it
+        state["_pusher"] = None
+        state["_pusher_pid"] = -1
+        return state
+
+
+class _Pusher:
+    """One background thread per process that sends items to their owners without stalling the worker."""
+
+    def __init__(self, client: Transport) -> None:
+        self.client = client
+        self.q: queue.Queue = queue.Queue(maxsize=_PUSH_QUEUE_ITEMS)
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="coordl-push", daemon=True)
+        self._thread.start()
+        # DataLoader workers leave through multiprocessing's exit path, which runs Finalize hooks
+        # (not atexit): flush there so the last pushes of an epoch are not lost.
+        mp_util.Finalize(self, _Pusher.flush, args=(self, _PUSH_FLUSH_S), exitpriority=10)
+
+    def submit(self, node: int, index: int, raw: bytes) -> None:
+        try:
+            self.q.put_nowait((node, index, raw))
+        except queue.Full:
+            self.dropped += 1  # the owner gets it from storage next time; never block a worker on this
+
+    def _run(self) -> None:
+        while True:
+            node, index, raw = self.q.get()
+            try:
+                if not self.client.is_down(node):
+                    self.client.put(node, index, raw)
+            finally:
+                self.q.task_done()
+
+    def flush(self, timeout_s: float) -> None:
+        done = threading.Event()
+
+        def waiter() -> None:
+            self.q.join()
+            done.set()
+
+        threading.Thread(target=waiter, daemon=True).start()
+        done.wait(timeout_s)

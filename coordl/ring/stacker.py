@@ -1,0 +1,180 @@
+"""Stacking a batch's samples into a ring slot as each one is made (the dataset side of the batch ring).
+
+:class:`coordl.ring.writer.RingCollate` hands a worker a :class:`Stacker` for a free slot of its ring
+(``RingCollate.stacker``); the worker's dataset adds each sample as soon as it is prepped and returns
+the :class:`~coordl.ring.slots.Stacked` descriptor, which the ring's collate passes through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from coordl.ring.layout import ALIGN, align, build, gather, leaf_layout
+from coordl.ring.slots import FREE, HEADER_BYTES, RingBatch, Stacked, WorkerRing
+
+__all__ = ["Stacker"]
+
+_IN_PLACE = object()  # a leaf a transform wrote straight into its row
+
+
+class Stacker:
+    """Stacks one batch's samples into a slot as each is made, instead of holding them all.
+
+    A worker that keeps its batch's samples until collate holds ``batch_size`` fresh tensors (19 MB for
+    32 ImageNet crops) and then stacks them out of cold memory; copying each sample into its row while
+    it is still in the CPU cache, and freeing it, lets the allocator hand the same hot memory to the
+    next sample. ``add`` returns None while samples fit the slot's layout; on the first that does not
+    (another shape, dtype or structure) it frees the slot and returns every sample so far as plain
+    objects, and the caller goes on without the stacker (torch's collate then decides).
+    """
+
+    def __init__(self, ring: WorkerRing, slot: int, n: int) -> None:
+        self.ring, self.slot, self.n = ring, slot, n
+        self.base = HEADER_BYTES + slot * ring.slot_bytes
+        start = ring.segment.array(np.uint8, self.base, 1).ctypes.data
+        self._slot_range = (start, start + ring.slot_bytes)  # the slot's addresses in this process
+        self.count = 0
+        self._leaves: list[tuple[int, torch.dtype, tuple, type, Any]] = []  # off, dtype, shape, type, rows
+        self._scalars: list[list] = []
+        self._lent: set[int] = set()  # leaves whose row for this sample a transform was given
+        self.in_place = 0  # samples whose tensors were all written straight into their rows
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """The next sample's row of a tensor leaf of this ``shape`` and ``dtype`` not lent yet, for a
+        transform to write its output into (:func:`coordl.output_buffers.new_output`); else None.
+
+        Known from the batch's first sample on (its layout places the rows).
+        """
+        if self.count >= self.n:
+            return None
+        for k, (_off, dtype_k, shape_k, kind, rows) in enumerate(self._leaves):
+            if kind is torch.Tensor and dtype_k == dtype and shape_k == shape and k not in self._lent:
+                self._lent.add(k)
+                return rows[self.count]
+        return None
+
+    def add(self, sample: Any) -> list | None:
+        lent, self._lent = bool(self._lent), set()
+        rings: list[list] = []
+        scalars: list[list] = []
+        if not gather(self.ring.spec, [sample], rings, scalars):
+            return self._give_up(sample, lent)
+        values = [v for (v,) in rings]
+        if not (self._matches(values) if self._leaves else self._lay_out(values)):
+            return self._give_up(sample, lent)
+        if self.count == 0:
+            self._scalars = [[] for _ in scalars]
+        if lent:
+            # A lent row came back as its own leaf's row: nothing to copy. Anything else in the slot
+            # (another leaf's row, a view of one) is cloned before any row is written over it.
+            slot = self._slot_range
+            for k, ((*_layout, rows), value) in enumerate(zip(self._leaves, values, strict=True)):
+                if type(value) is torch.Tensor and slot[0] <= value.data_ptr() < slot[1]:
+                    values[k] = _IN_PLACE if _same_memory(value, rows[self.count]) else value.clone()
+        copied = 0
+        for (*_layout, rows), value in zip(self._leaves, values, strict=True):
+            if value is _IN_PLACE:
+                continue
+            copied += 1
+            if type(value) is torch.Tensor:
+                rows[self.count].copy_(value)
+            else:
+                rows[self.count] = value
+        for acc, (value,) in zip(self._scalars, scalars, strict=True):
+            acc.append(value)
+        self.in_place += copied == 0
+        self.count += 1
+        return None
+
+    def _give_up(self, sample: Any, lent: bool) -> list:
+        """:meth:`abort` plus this sample; a row lent to it is copied out before the slot goes back."""
+        if lent:
+            sample = _unalias(sample, self._slot_range)
+        return self.abort() + [sample]
+
+    def _matches(self, values: list) -> bool:
+        for (_off, dtype, shape, kind, _rows), value in zip(self._leaves, values, strict=True):
+            layout = leaf_layout([value]) if type(value) is kind else None
+            if layout is None or layout[0] != dtype or tuple(layout[1]) != shape:
+                return False
+        return True
+
+    def _lay_out(self, values: list) -> bool:
+        """Place each leaf's ``n`` rows in the slot, from the first sample's layout."""
+        offset = 0
+        for value in values:
+            layout = leaf_layout([value])
+            if layout is None or offset + self.n * layout[2] > self.ring.slot_bytes:
+                self._leaves = []
+                return False
+            dtype, shape, per_sample = layout
+            rows = self.ring.rows(self.base + offset, self.n * per_sample, dtype, (self.n, *shape), value)
+            self._leaves.append((offset, dtype, tuple(shape), type(value), rows))
+            offset = align(offset + self.n * per_sample, ALIGN)
+        return bool(self._leaves)
+
+    def abort(self) -> list:
+        """Free the slot; the samples stacked so far, rebuilt as default_collate would see them."""
+        out = []
+        for k in range(self.count):
+            leaves = [
+                rows[k].clone() if kind is torch.Tensor else rows[k].copy()
+                for *_l, kind, rows in self._leaves
+            ]
+            out.append(build(self.ring.spec, iter(leaves), iter([acc[k] for acc in self._scalars])))
+        self._release()
+        return out
+
+    def finish(self) -> Stacked | list:
+        """The batch for collate: a :class:`Stacked` descriptor, or ``[]`` if every sample was skipped."""
+        if self.count == 0:
+            self._release()
+            return []
+        leaves = [(off, dtype, (self.count, *shape)) for off, dtype, shape, _k, _r in self._leaves]
+        self._leaves = []  # the row views must not outlive the batch in this process
+        batch = RingBatch(
+            self.ring.segment.path,
+            self.slot,
+            self.base,
+            self.ring.slot_bytes,
+            leaves,
+            self._scalars,
+            self.ring.spec,
+        )
+        batch.stacked = True
+        batch.in_place = self.in_place
+        return Stacked(batch)
+
+    def _release(self) -> None:
+        self._leaves = []
+        self.ring.states[self.slot] = FREE
+
+
+def _same_memory(value: torch.Tensor, row: torch.Tensor) -> bool:
+    """``value`` is ``row`` itself (written in place by a transform), not a copy or another view."""
+    return (
+        value.data_ptr() == row.data_ptr()
+        and value.dtype == row.dtype
+        and value.shape == row.shape
+        and value.stride() == row.stride()
+    )
+
+
+def _unalias(sample: Any, slot: tuple[int, int]) -> Any:
+    """``sample`` with every tensor that views the slot's memory cloned (containers rebuilt only then)."""
+    if type(sample) is torch.Tensor:
+        return sample.clone() if slot[0] <= sample.data_ptr() < slot[1] else sample
+    if isinstance(sample, (tuple, list)):
+        items = [_unalias(x, slot) for x in sample]
+        if all(a is b for a, b in zip(items, sample, strict=True)):
+            return sample
+        if isinstance(sample, tuple) and hasattr(sample, "_fields"):  # namedtuple
+            return type(sample)(*items)
+        return type(sample)(items)
+    if isinstance(sample, dict):
+        items = {k: _unalias(v, slot) for k, v in sample.items()}
+        return sample if all(items[k] is v for k, v in sample.items()) else type(sample)(items)
+    return sample

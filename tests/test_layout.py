@@ -1,0 +1,135 @@
+"""The floor plan holds: dependencies point one way, no import cycles, no importlib for our own modules,
+and no module or function grows past its size limit without saying why at its top.
+
+Order, lowest first: ``shmem`` -> (``memcache``, ``nfs_cache``) -> ``coordl`` -> ``dsanalyzer`` ->
+``gradcomp``. A package may import only packages at or below its level (``memcache`` and ``nfs_cache``
+do not import each other).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LEVEL = {"shmem": 0, "memcache": 1, "nfs_cache": 1, "coordl": 2, "dsanalyzer": 3, "gradcomp": 4}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+MODULE_REASON = "Why this module is long:"
+FUNCTION_REASON = "Why this function is long:"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in LEVEL:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path, name: str) -> list[tuple[str, int]]:
+    """Project modules that ``name`` imports (any scope), with line numbers."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")
+                anchor = anchor if is_pkg else anchor[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            if t.split(".")[0] in LEVEL:
+                # the longest prefix that is a module of ours
+                parts = t.split(".")
+                while parts and ".".join(parts) not in MODULES:
+                    parts.pop()
+                if parts:
+                    found.append((".".join(parts), node.lineno))
+    return found
+
+
+def test_dependencies_point_one_way() -> None:
+    wrong = []
+    for name, path in MODULES.items():
+        mine = LEVEL[name.split(".")[0]]
+        for target, line in _imports(path, name):
+            pkg = target.split(".")[0]
+            if pkg != name.split(".")[0] and LEVEL[pkg] >= mine:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert not wrong, "imports from a package at the same or a higher level:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycles() -> None:
+    graph = {name: {t for t, _ in _imports(path, name) if t != name} for name, path in MODULES.items()}
+    # a package's __init__ is imported with any of its modules: not an edge that makes a cycle by itself
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_importlib_for_our_own_modules() -> None:
+    """``importlib`` is for optional third-party packages; ``shmem.lazy`` is the one exception (lazy exports)."""
+    wrong = []
+    for name, path in MODULES.items():
+        if name == "shmem.lazy":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
+                arg = node.args[0] if node.args else None
+                if not isinstance(arg, ast.Constant) or str(arg.value).split(".")[0] in LEVEL:
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not wrong, "importlib.import_module of a project module (or of a computed name):\n" + "\n".join(wrong)
+
+
+def test_sizes_or_a_reason() -> None:
+    long_modules, long_functions = [], []
+    for path in MODULES.values():
+        text = path.read_text()
+        tree = ast.parse(text)
+        rel = path.relative_to(ROOT)
+        doc = ast.get_docstring(tree) or ""
+        if len(text.splitlines()) > MAX_MODULE_LINES and MODULE_REASON not in doc:
+            long_modules.append(f"{rel}: {len(text.splitlines())} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES and FUNCTION_REASON not in (ast.get_docstring(node) or ""):
+                    long_functions.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+    assert not long_modules, (
+        f"modules over {MAX_MODULE_LINES} lines without '{MODULE_REASON}' in their docstring:\n"
+        + "\n".join(long_modules)
+    )
+    assert not long_functions, (
+        f"functions over {MAX_FUNCTION_LINES} lines without '{FUNCTION_REASON}' in their docstring:\n"
+        + "\n".join(long_functions)
+    )
