@@ -5,13 +5,13 @@
 
 Both run DS-Analyzer's differential measurement (step alone, prep with data in memory, the real run
 with a cold cache) and write report.json / report.html; ``dsanalyzer whatif`` predicts other setups.
-Names are imported lazily so that the import hook stays cheap in profiled processes.
+Names are imported lazily so that the import hook stays cheap in profiled processes. coordl is
+optional: dsanalyzer imports it only for a loader that is a ``coordl.DataLoader``.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from shmem.lazy import lazy_exports
 
 _LAZY = {
     "profile": "dsanalyzer.profiler",
@@ -20,17 +20,4 @@ _LAZY = {
     "ReportError": "dsanalyzer.report",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dsanalyzer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = lazy_exports("dsanalyzer", globals(), _LAZY)

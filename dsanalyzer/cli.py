@@ -10,13 +10,59 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "plain_text"]
+
+
+def plain_text(doc: str | None) -> str:
+    """A docstring as --help shows it: reST's double back-quotes dropped."""
+    return (doc or "").replace("``", "")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (naming the argument) instead of usage + error; exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
     return value
 
 
@@ -42,6 +88,7 @@ def _run_profile(args: argparse.Namespace) -> int:
         data_path=args.data,
         timeout_s=args.timeout,
         show_progress=not args.quiet,
+        page_cache_bytes=None if args.page_cache_gb is None else int(args.page_cache_gb * 1e9),
     )
     out = report.pop("_out_dir")
     print(summary_text(report))
@@ -49,15 +96,60 @@ def _run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_verify(args: argparse.Namespace) -> int:
+    from dsanalyzer.verify import verify_command, verify_text
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("dsanalyzer verify: give the changed training command after `--`", file=sys.stderr)
+        return 2
+    v = verify_command(
+        args.report,
+        command,
+        iters=args.iters,
+        warmup=args.warmup,
+        timeout_s=args.timeout,
+        show_progress=not args.quiet,
+    )
+    print(verify_text(v))
+    return 0
+
+
+def add_verify_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "verify",
+        usage="dsanalyzer verify [options] REPORT -- COMMAND ...",
+        help="run the changed job and show its samples/s beside the report's prediction",
+        description="Runs the command once from a cold cache (warm-up: one epoch, so a new cache fills), "
+        "predicts the configuration its loader actually used from REPORT's model, and adds both numbers "
+        "to REPORT (report.json and report.html) under verify.",
+    )
+    p.add_argument("report", help="report.json (or its directory) written by dsanalyzer profile")
+    p.add_argument("--iters", type=_positive_int, default=60, help="measured iterations (default 60)")
+    p.add_argument(
+        "--warmup",
+        type=_non_negative_int,
+        help="iterations dropped first (default: one epoch + the profile's warm-up)",
+    )
+    p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds allowed (default 600)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_run_verify, command=[])
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from dsanalyzer.demo import run_demo
 
-    return run_demo(out_dir=args.out, items=args.items, iters=args.iters, quiet=args.quiet)
+    return run_demo(
+        out_dir=args.out, items=args.items, iters=args.iters, quiet=args.quiet, storage_mbps=args.storage_mbps
+    )
 
 
 def add_profile_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile",
+        usage="dsanalyzer profile [options] -- COMMAND ...",
         help="measure compute, prep stall and fetch stall of an unmodified training command",
         description="Runs the command four times (step alone; loader alone at 1..cores workers; data in "
         "memory; cold cache), each stopped after --warmup + --iters iterations, and writes report.json "
@@ -67,16 +159,25 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         "--iters", type=_positive_int, default=100, help="measured iterations per run (default 100)"
     )
     p.add_argument(
-        "--warmup", type=int, default=5, help="iterations dropped at the start of each run (default 5)"
+        "--warmup",
+        type=_non_negative_int,
+        default=5,
+        help="iterations dropped at the start of each run (default 5)",
     )
     p.add_argument("--out", help="output directory (default reports/runs/<time>-<script>)")
     p.add_argument(
         "--data", help="the dataset's directory, when the loader's dataset does not list its files"
     )
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per run (default 600)")
+    p.add_argument(
+        "--timeout", type=_positive_float, default=600.0, help="seconds allowed per run (default 600)"
+    )
+    p.add_argument(
+        "--page-cache-gb",
+        type=_non_negative_float,
+        help="page cache the job may use, in GB (a shared server's share; default: the memory available now)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the training command")
-    p.set_defaults(func=_run_profile)
+    p.set_defaults(func=_run_profile, command=[])
 
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
@@ -84,13 +185,21 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="output directory (default reports/runs/<time>-demo)")
     p.add_argument("--items", type=_positive_int, default=1500, help="synthetic JPEGs (default 1500)")
     p.add_argument("--iters", type=_positive_int, default=60, help="measured iterations per run (default 60)")
+    p.add_argument(
+        "--storage-mbps",
+        type=_positive_float,
+        default=1.5,
+        help="the emulated storage's read rate in MB/s (default 1.5: slow enough for a fetch stall)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dsanalyzer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="dsanalyzer",
+        description=plain_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="subcommand", required=True)
     add_profile_parser(sub)
@@ -100,12 +209,22 @@ def build_parser() -> argparse.ArgumentParser:
         print(f"dsanalyzer: whatif unavailable: {e}", file=sys.stderr)
     else:
         add_whatif_parser(sub)
+    add_verify_parser(sub)
     add_demo_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first `--` is the training command: options may come before or after the
+    # report argument (argparse's REMAINDER alone would swallow `verify REPORT --iters 5 -- ...`).
+    command = argv[argv.index("--") + 1 :] if "--" in argv else None
+    args = build_parser().parse_args(argv[: argv.index("--")] if command is not None else argv)
+    if command is not None:
+        if not hasattr(args, "command"):
+            print(f"dsanalyzer {args.subcommand}: error: takes no command after `--`", file=sys.stderr)
+            return 2
+        args.command = command
     from dsanalyzer.profiler import ProfileError
     from dsanalyzer.report import ReportError
 

@@ -1,9 +1,13 @@
-"""``dsanalyzer demo``: the whole profile on an embedded default job, in a few minutes on 2 cores.
+"""``dsanalyzer demo``: profile a job with a real data stall, apply the fix the report names, verify it.
 
-It writes a synthetic JPEG dataset (``coordl.synth``, cached between runs in the temp directory),
-then profiles this module's own training script, an ordinary PyTorch loop (plain
-``torch.utils.data.DataLoader`` over ``coordl.ImageFolder``, a small CNN), exactly as a user's
-script would be profiled: ``dsanalyzer profile -- python -m dsanalyzer.demo --train --data DIR``.
+It writes a synthetic JPEG dataset (``coordl.synth``, cached between runs in the temp directory)
+and profiles this module's own training script exactly as a user's script would be profiled
+(``dsanalyzer profile -- python -m dsanalyzer.demo --train --data DIR ...``): a small CNN fed by
+``coordl.DataLoader`` over the dataset on **emulated slow storage** (:mod:`dsanalyzer.demo_storage`:
+reads rate-limited to ``--storage-mbps`` in user space, no page cache, labelled as emulated in the
+report). The job is fetch-bound; the report's verdict names the change (a MinIO cache of so many
+bytes) and its predicted samples/s; the demo then runs the job with that change
+(``dsanalyzer verify``) and shows predicted vs measured.
 """
 
 from __future__ import annotations
@@ -13,45 +17,80 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["run_demo", "demo_dataset"]
+__all__ = ["run_demo", "demo_dataset", "changed_command"]
 
 _SIZE = (320, 240)
 _CLASSES = 10
+_FLAGS = {"num_workers": "--workers", "cache_bytes": "--cache-bytes"}
 
 
 def demo_dataset(items: int) -> Path:
     """The synthetic dataset (created once per size; later calls return at once)."""
-    from coordl.synth import make_dataset
+    from coordl.data.synth import make_dataset
 
     root = Path(tempfile.gettempdir()) / f"dsanalyzer-demo-data-{items}"
     return make_dataset(root, items, _CLASSES, width=_SIZE[0], height=_SIZE[1])
 
 
-def run_demo(out_dir: str | None = None, items: int = 1500, iters: int = 60, quiet: bool = False) -> int:
-    """Make the dataset, profile the demo training script, print the summary; returns an exit code."""
+def changed_command(command: list[str], change: dict) -> list[str]:
+    """The demo's training command with the verdict's change applied as its flags."""
+    out = list(command)
+    for key, value in change.items():
+        out += [_FLAGS[key], str(value)]
+    return out
+
+
+def run_demo(
+    out_dir: str | None = None,
+    items: int = 1500,
+    iters: int = 60,
+    quiet: bool = False,
+    storage_mbps: float = 1.5,
+) -> int:
+    """Make the dataset, profile the demo job, verify the fix; returns an exit code."""
     from dsanalyzer.profiler import default_out_dir, profile_command
     from dsanalyzer.report import summary_text
+    from dsanalyzer.verify import verify_command, verify_text
 
     print(f"dsanalyzer demo: writing {items} synthetic {_SIZE[0]}x{_SIZE[1]} JPEGs (cached) ...", flush=True)
     root = demo_dataset(items)
     command = [sys.executable, "-m", "dsanalyzer.demo", "--train", "--data", str(root)]
+    command += ["--storage-mbps", f"{storage_mbps:g}"]
     out = Path(out_dir) if out_dir else default_out_dir("demo")
     print(f"dsanalyzer demo: profiling `{' '.join(command)}`", flush=True)
-    report = profile_command(command, out_dir=out, iters=iters, warmup=5, show_progress=not quiet)
+    note = (
+        f"emulated: the demo dataset's reads are rate-limited to {storage_mbps:g} MB/s in user space, "
+        "with no page cache (dsanalyzer.demo_storage)"
+    )
+    report = profile_command(
+        command,
+        out_dir=out,
+        iters=iters,
+        warmup=5,
+        show_progress=not quiet,
+        page_cache_bytes=0,
+        storage_note=note,
+    )
     report.pop("_out_dir", None)
     print(summary_text(report))
+    fix = (report.get("verdict") or {}).get("fix")
+    if fix:
+        changed = changed_command(command, fix["change"])
+        print(f"dsanalyzer demo: verifying the fix: `{' '.join(changed)}`", flush=True)
+        print(verify_text(verify_command(out / "report.json", changed, iters=iters, show_progress=not quiet)))
     print(f"report: {out}/report.json  {out}/report.html")
-    print(f"try:    dsanalyzer whatif {out}/report.json --cache-gb 1 --cpus 8")
     return 0
 
 
 def _train(argv: list[str]) -> int:
-    """The demo job: what a user's ``train.py`` looks like (nothing dsanalyzer-specific in it)."""
+    """The demo job: what a user's ``train.py`` looks like (only its storage is the demo's)."""
     p = argparse.ArgumentParser(prog="python -m dsanalyzer.demo --train")
     p.add_argument("--data", required=True)
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("-b", "--batch-size", type=int, default=32)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--storage-mbps", type=float, default=0.0, help="emulated storage rate (0: the real disk)")
+    p.add_argument("--cache-bytes", type=int, default=0, help="coordl's MinIO cache")
     args = p.parse_args(argv)
 
     import torch
@@ -61,10 +100,17 @@ def _train(argv: list[str]) -> int:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dataset = coordl.ImageFolder(args.data, transform=coordl.transforms.train_transform(96, resize=112))
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, drop_last=True
-    )
+    transform = coordl.transforms.train_transform(96, resize=112)
+    if args.storage_mbps > 0:
+        from dsanalyzer.demo_storage import RateLimitedImageFolder
+
+        dataset = RateLimitedImageFolder(args.data, args.storage_mbps * 1e6, transform=transform)
+    else:
+        dataset = coordl.ImageFolder(args.data, transform=transform)
+    loader = coordl.DataLoader(
+        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, drop_last=True,
+        cache_bytes=args.cache_bytes,
+    )  # fmt: skip
     model = nn.Sequential(
         nn.Conv2d(3, 16, 5, stride=2), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2), nn.ReLU(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, _CLASSES),

@@ -17,6 +17,7 @@ import ctypes.util
 import mmap
 import os
 import random
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -203,18 +204,29 @@ def measure_fetch_rate(
         raise ValueError("measure_fetch_rate needs dataset files or an item source with fetch()")
     if not sample:
         raise ValueError("measure_fetch_rate: the dataset has no items")
+    # Each reader thread pulls the next item as soon as its read ends (no rounds: a device shared by
+    # the loader's workers is never left idle between reads), until the sample or the budget is spent.
     deadline = time.perf_counter() + time_budget_s
-    done_items = done_bytes = 0
+    pending = iter(sample)
+    lock = threading.Lock()
+    totals = [0, 0]  # items, bytes
+
+    def reader() -> None:
+        while time.perf_counter() < deadline:
+            with lock:
+                item = next(pending, None)
+            if item is None:
+                return
+            nbytes = read_one(item)
+            with lock:
+                totals[0] += 1
+                totals[1] += nbytes
+
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        # Submit in rounds of `threads` so the time budget is honoured without abandoning reads.
-        for start in range(0, len(sample), max(1, threads)):
-            chunk = sample[start : start + max(1, threads)]
-            for nbytes in pool.map(read_one, chunk):
-                done_bytes += nbytes
-                done_items += 1
-            if time.perf_counter() > deadline:
-                break
+        for f in [pool.submit(reader) for _ in range(max(1, threads))]:
+            f.result()
+    done_items, done_bytes = totals
     elapsed = max(time.perf_counter() - t0, 1e-9)
     return {
         "bytes_per_s": done_bytes / elapsed,

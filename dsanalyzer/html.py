@@ -21,13 +21,15 @@ matplotlib.use("Agg")  # no display: render to PNG bytes only
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dsanalyzer.report import atomic_write_text  # noqa: E402
+from dsanalyzer.files import atomic_write_text  # noqa: E402
+from dsanalyzer.html_tables import summary_table, verdict_block, verify_block  # noqa: E402
 from dsanalyzer.whatif import Model, format_bytes  # noqa: E402
 
 __all__ = ["write_html", "render_html"]
 
 _COLORS = {"compute": "#4c78a8", "prep_stall": "#f58518", "fetch_stall": "#e45756"}
 _STAGES = ("compute", "prep_stall", "fetch_stall")
+_LABELS = {"compute": "compute", "prep_stall": "prep stall", "fetch_stall": "fetch stall"}
 
 
 def _png(fig) -> str:
@@ -41,17 +43,18 @@ def _stall_bar(report: dict, model: Model | None):
     bars = {"measured": report.get("per_iter_s") or {}}
     if model is not None:
         bars["model"] = model.predict_measured().per_iter_s
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig, ax = plt.subplots(figsize=(10, 2.8))
     for i, parts in enumerate(bars.values()):
         left = 0.0
         for stage in _STAGES:
             value = float(parts.get(stage) or 0.0) * 1e3
-            ax.barh(i, value, left=left, color=_COLORS[stage], label=stage if i == 0 else None)
+            ax.barh(i, value, left=left, color=_COLORS[stage], label=_LABELS[stage] if i == 0 else None)
             left += value
     ax.set_yticks(range(len(bars)), list(bars))
     ax.set_xlabel("ms per iteration")
     ax.set_title("Where an iteration's time goes")
-    ax.legend(loc="lower right", fontsize=8)
+    # below the axes: inside, it would cover the end of the bars, where the fetch stall is
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3, fontsize=8, frameon=False)
     return fig
 
 
@@ -64,7 +67,7 @@ def _timeline(report: dict):
     step = np.asarray(runs[name]["step_s"], dtype=float) * 1e3
     n = min(len(wait), len(step)) if len(wait) else len(step)
     x = np.arange(n)
-    fig, ax = plt.subplots(figsize=(8, 3))
+    fig, ax = plt.subplots(figsize=(10, 3))
     ax.bar(x, step[:n], width=1.0, color=_COLORS["compute"], label="step")
     if len(wait):
         ax.bar(
@@ -94,13 +97,14 @@ def _compute_lines(ax, model: Model) -> None:
 def _whatif_cache(model: Model):
     unit, scale = _size_unit(model.dataset_bytes)
     sizes = np.linspace(0, model.dataset_bytes, 41)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = plt.subplots(figsize=(10, 3.6))
     for policy, style in (("pagecache", "--"), ("minio", "-")):
         rates = [
             model.predict(c, model.cpus, model.storage_bytes_per_s, policy=policy).samples_per_s
             for c in sizes
         ]
-        ax.plot(sizes / scale, rates, style, label=f"{policy} ({model.cpus} cpus)")
+        name = "OS page cache (LRU)" if policy == "pagecache" else "coordl MinIO cache"
+        ax.plot(sizes / scale, rates, style, label=f"{name}, {model.cpus} cpus")
     _compute_lines(ax, model)
     if model.cache_bytes <= model.dataset_bytes:  # a page-cache budget beyond the dataset is off the axis
         ax.axvline(model.cache_bytes / scale, color="black", lw=0.6, ls=":", label="measured cache")
@@ -114,7 +118,7 @@ def _whatif_cache(model: Model):
 
 def _whatif_cores(model: Model):
     cores = np.arange(1, max(32, 2 * model.cpus) + 1)
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = plt.subplots(figsize=(10, 3.6))
     for cache, label in (
         (model.cache_bytes, f"cache {format_bytes(model.cache_bytes)}"),
         (model.dataset_bytes, "all in cache"),
@@ -142,19 +146,25 @@ def _sysmon(report: dict):
     t = np.asarray(mon.get("t_s") or [], dtype=float)
     if t.size == 0:
         return None
-    fig, axes = plt.subplots(3, 1, figsize=(8, 5.5), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(10, 5.5), sharex=True)
     cpu = np.asarray(mon.get("cpu_percent_per_core") or [], dtype=float)
     if cpu.ndim == 2 and len(cpu) == len(t):
         for core in range(cpu.shape[1]):
             axes[0].plot(t, cpu[:, core], lw=0.8, label=f"cpu{core}")
         axes[0].legend(fontsize=7, ncol=4)
     axes[0].set_ylabel("CPU %")
+    other = [np.nan if v is None else v * 100 for v in mon.get("other_cpu_cores") or []]
+    if len(other) == len(t):
+        axes[0].plot(t, other, "k:", lw=1.0, label="other processes (% of a core)")
+        axes[0].legend(fontsize=7, ncol=5)
     for ax, key, label in (
-        (axes[1], "disk_read_bytes", "disk read MB"),
+        (axes[1], "disk_read_bytes", "disk read since\nthe start, MB"),
         (axes[2], "page_cache_bytes", "page cache MB"),
     ):
         series = np.asarray(mon.get(key) or [], dtype=float)
         if len(series) == len(t):
+            if key == "disk_read_bytes":
+                series = series - series[0]  # a version-1 report holds the machine's counter since boot
             ax.plot(t, series / 1e6, lw=1.0)
         ax.set_ylabel(label)
     axes[2].set_xlabel("seconds")
@@ -162,55 +172,17 @@ def _sysmon(report: dict):
     return fig
 
 
-def _rows(pairs: list[tuple[str, str]]) -> str:
-    return "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in pairs)
-
-
-def _summary(report: dict) -> str:
-    rates = report.get("rates_per_s") or {}
-    per_iter = report.get("per_iter_s") or {}
-    spread = report.get("per_iter_spread_s") or {}
-    machine = report.get("machine") or {}
-    data = report.get("dataset") or {}
-    command = report.get("command") or ""
-    command = command if isinstance(command, str) else " ".join(map(str, command))
-    device = machine.get("storage_device")
-    if isinstance(device, dict):
-        device = " ".join(str(device[k]) for k in ("device", "fstype") if device.get(k))
-    pairs = [("command", command), ("created", str(report.get("created", "")))]
-    pairs += [
-        (
-            "machine",
-            f"{machine.get('cpus')} cpus, {format_bytes(machine.get('memory_bytes'))} memory, "
-            f"storage {device}, memory bandwidth {format_bytes(machine.get('mem_bandwidth_bytes_per_s'))}/s",
-        ),
-        ("dataset", f"{data.get('items')} items, {format_bytes(data.get('bytes'))} at {data.get('path')}"),
-        (
-            "job",
-            f"batch {report.get('batch_size')}, {report.get('workers')} workers, "
-            f"cache {format_bytes(report.get('cache_bytes'))} ({report.get('cache_policy')})",
-        ),
-    ]
-    pairs += [(f"rate: {k}", f"{float(v):.1f} samples/s") for k, v in rates.items() if v is not None]
-    for k in _STAGES:
-        if per_iter.get(k) is not None:
-            s = spread.get(k) or {}
-            extra = (
-                f" (p10 {s['p10'] * 1e3:.2f}, p90 {s['p90'] * 1e3:.2f})" if "p10" in s and "p90" in s else ""
-            )
-            pairs.append((f"per iteration: {k}", f"{per_iter[k] * 1e3:.2f} ms{extra}"))
-    return f"<table>{_rows(pairs)}</table>"
-
-
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>dsanalyzer report</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:1em auto;color:#222}}
 .bound{{font-size:1.3em;padding:.5em;background:#f3f3f3;border-left:6px solid #e45756}}
 table{{border-collapse:collapse}} th,td{{text-align:left;padding:2px 10px;border-bottom:1px solid #ddd}}
-img{{max-width:100%;display:block;margin:1em 0}} .note{{color:#777}}</style></head>
+img{{width:100%;height:auto;display:block;margin:1em 0}} .note{{color:#777}}</style></head>
 <body><h1>dsanalyzer report</h1>
 <p class="bound" id="advice">{advice}</p>
+{verify}
 {summary}
+{verdict}
 {figures}
 <script>
 window.addEventListener("load", function () {{
@@ -243,7 +215,13 @@ def render_html(report: dict) -> str:
         if fig is not None:
             figures.append(f'<img id="{name}" alt="{name}" src="data:image/png;base64,{_png(fig)}">')
     advice = report.get("advice") or f"{report.get('bound', 'unknown')}-bound"
-    return _PAGE.format(advice=html.escape(str(advice)), summary=_summary(report), figures="\n".join(figures))
+    return _PAGE.format(
+        advice=html.escape(str(advice)),
+        verify=verify_block(report),
+        summary=summary_table(report),
+        verdict=verdict_block(report),
+        figures="\n".join(figures),
+    )
 
 
 def write_html(report: dict, path: str | os.PathLike) -> Path:

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dsanalyzer import comm
+from dsanalyzer.modes import MODES, RunPlan
 from dsanalyzer.timeline import Timeline, cuda_sync_or_none
 
 __all__ = ["HookConfig", "ProbeState", "TimedIterator", "install_from_env", "patch_loader_class"]
@@ -37,7 +39,7 @@ ENV_WORKERS_LIST = "DSANALYZER_WORKERS_LIST"
 ENV_DATA = "DSANALYZER_DATA"
 ENV_BUDGET = "DSANALYZER_MEMORY_BUDGET_BYTES"
 
-_TARGET_MODULES = ("torch.utils.data.dataloader", "coordl.dataloader")
+_TARGET_MODULES = ("torch.utils.data.dataloader", "coordl.dataloader", "torch.nn.parallel.distributed")
 
 
 @dataclass
@@ -66,6 +68,12 @@ class HookConfig:
             memory_budget_bytes=int(env.get(ENV_BUDGET, str(1 << 30))),
         )
 
+    def plan(self) -> RunPlan:
+        """The run this configuration asks for."""
+        return RunPlan(
+            self.mode, self.iters, self.warmup, self.workers_list, self.data_path, self.memory_budget_bytes
+        )
+
     def to_env(self) -> dict[str, str]:
         env = {
             ENV_MODE: self.mode,
@@ -84,7 +92,10 @@ class ProbeState:
     """The per-process profiler: which loader is timed, its timeline, and the result file."""
 
     def __init__(self, cfg: HookConfig) -> None:
+        if cfg.mode not in MODES:
+            raise ValueError(f"{ENV_MODE}={cfg.mode!r} is not one of {', '.join(MODES)}")
         self.cfg = cfg
+        self.comm = comm.CommLog()  # receives the trainer's collective timings (dsanalyzer.comm)
         self.pid = os.getpid()
         self.loader: Any = None
         self.timeline = Timeline()
@@ -114,69 +125,26 @@ class ProbeState:
         return TimedIterator(inner, self)
 
     def _first_iter(self, loader: Any, orig_iter: Callable[[Any], Any]) -> None:
-        from dsanalyzer import runs  # lazy: keeps the hook cheap for processes that never iterate
+        from dsanalyzer import modes  # lazy: keeps the hook cheap for processes that never iterate
 
         self.loader = loader
         if "torch" in sys.modules:
             self.timeline.sync = cuda_sync_or_none()
-        batch_size = getattr(loader, "batch_size", None) or 1
-        self.default_batch = batch_size
-        workers = int(getattr(loader, "num_workers", 0) or 0)
-        self.info["loader"] = {
-            "class": f"{type(loader).__module__}.{type(loader).__qualname__}",
-            "batch_size": batch_size,
-            "num_workers": workers,
-            "prefetch_factor": getattr(loader, "prefetch_factor", None),
-            "cache_bytes": int(getattr(loader, "cache_bytes", 0) or 0),
-        }
-        prefetch = getattr(loader, "prefetch_factor", None) or 2
-        needed = (self.cfg.warmup + self.cfg.iters + 2 + workers * prefetch) * batch_size
-        mode = self.cfg.mode
-        if mode == "prep_scaling":
-            self._prep_scaling(loader, orig_iter, needed)
-        elif mode == "compute":
-            self._replay = runs.ReplayIterator(runs.take_one_batch(loader, lambda: orig_iter(loader)))
-        elif mode == "prep":
-            self.info["memory"] = runs.serve_from_memory(
-                loader, needed, self.cfg.memory_budget_bytes, self.cfg.data_path
-            )
-        elif mode == "real":
-            self.info["cold"] = runs.start_cold(loader, self.cfg.data_path)
-        else:
-            raise ValueError(f"{ENV_MODE}={mode!r} is not one of {runs.MODES}")
-
-    def _prep_scaling(self, loader: Any, orig_iter: Callable[[Any], Any], needed: int) -> None:
-        """Dataset size, cold fetch rate, then the loader alone at each worker count; then stop."""
-        from dsanalyzer import fetchrate, runs
-
-        files = runs.loader_files(loader, self.cfg.data_path)
-        self.info["dataset"] = runs.dataset_info(loader, files)
-        source = runs.find_item_source(loader)
-        threads = max(1, int(getattr(loader, "num_workers", 0) or 0))
-        try:
-            self.info["fetch"] = fetchrate.measure_fetch_rate(
-                files=files or None, source=source if not files else None, threads=threads
-            )
-        except ValueError as e:
-            self.info["fetch"] = {"error": str(e)}
-        self.info["memory"] = runs.serve_from_memory(
-            loader, needed, self.cfg.memory_budget_bytes, self.cfg.data_path
-        )
-        # 1..cores, plus the script's own worker count when it asks for more workers than cores.
-        ks = sorted(set(self.cfg.workers_list) | ({threads} if getattr(loader, "num_workers", 0) else set()))
-        total = len(ks) * (self.cfg.warmup + self.cfg.iters)
+        self.default_batch = getattr(loader, "batch_size", None) or 1
         # A fresh iterator per worker count: torch's own __iter__ would reuse persistent workers.
         fresh = getattr(loader, "_get_iterator", None)
-        self.info["scaling"] = runs.measure_prep_scaling(
+        prepared = modes.prepare(
+            self.cfg.plan(),
             loader,
-            fresh if callable(fresh) else (lambda: orig_iter(loader)),
-            ks,
-            self.cfg.iters,
-            self.cfg.warmup,
-            progress=lambda n: self._progress(n, total),
+            lambda: orig_iter(loader),
+            fresh if callable(fresh) else None,
+            progress=self._progress,
         )
-        self.finish("stopped")
-        raise SystemExit(0)
+        self.info.update(prepared.info)
+        self._replay = prepared.replay
+        if self.cfg.mode == "prep_scaling":  # measured entirely inside prepare: stop the script
+            self.finish("stopped")
+            raise SystemExit(0)
 
     # -- results --------------------------------------------------------------------------------
     def _progress(self, done: int, total: int, force: bool = False) -> None:
@@ -202,7 +170,8 @@ class ProbeState:
             return
         self.done = True
         total = self.cfg.warmup + self.cfg.iters
-        self._progress(total - max(0, self.remaining), total, force=True)
+        if self.cfg.mode != "prep_scaling":  # its progress counts the scaling iterations, already final
+            self._progress(total - max(0, self.remaining), total, force=True)
         tl = self.timeline
         result = {
             "format": "dsanalyzer-run/1",
@@ -214,8 +183,12 @@ class ProbeState:
             "wait_s": tl.wait_s,
             "step_s": tl.step_s,
             "batch_items": tl.batch_items,
+            "rank": int(os.environ.get("RANK", "0") or 0),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
             **self.info,
         }
+        if self.comm.per_iter:
+            result["comm"] = self.comm.series(len(tl.wait_s))
         path = os.path.join(self.cfg.result_dir, f"result-{self.pid}.json")
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -257,6 +230,7 @@ class TimedIterator:
             state.timeline.abandon_pending()
             raise
         state.timeline.next_ended(_batch_items(batch, state.default_batch))
+        state.comm.iteration = len(state.timeline.wait_s) - 1  # the step that follows is this batch's
         state.remaining -= 1
         state.on_batch()
         return batch
@@ -286,10 +260,36 @@ def patch_loader_class(cls: type) -> None:
     cls.__iter__ = __iter__  # type: ignore[method-assign]
 
 
+def patch_ddp_class(cls: type) -> None:
+    """Give a DDP model without a comm hook of its own the timed default all-reduce, at its first forward.
+
+    A trainer that registers a hook (gradcomp) reports its own timings through ``dsanalyzer.comm``.
+    """
+    orig = cls.__dict__.get("_pre_forward")
+    if orig is None or getattr(orig, "_dsanalyzer_patched", False):
+        return
+
+    def _pre_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if (
+            _STATE is not None
+            and not getattr(self, "_comm_hooks", True)
+            and not self.__dict__.get("_dsanalyzer")
+        ):
+            self._dsanalyzer = True
+            self.register_comm_hook(None, comm.timed_allreduce)
+        return orig(self, *args, **kwargs)
+
+    _pre_forward._dsanalyzer_patched = True  # type: ignore[attr-defined]
+    cls._pre_forward = _pre_forward  # type: ignore[attr-defined]
+
+
 def _patch_module(module: Any) -> None:
     cls = getattr(module, "DataLoader", None)
     if isinstance(cls, type):
         patch_loader_class(cls)
+    ddp = getattr(module, "DistributedDataParallel", None)
+    if isinstance(ddp, type):
+        patch_ddp_class(ddp)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -323,6 +323,7 @@ def install_from_env() -> bool:
         return False
     cfg = HookConfig.from_env()
     _STATE = ProbeState(cfg)
+    comm.set_recorder(_STATE.comm)
     for name in _TARGET_MODULES:
         if name in sys.modules:
             _patch_module(sys.modules[name])

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dsanalyzer.intercept import HookConfig
 
@@ -117,25 +118,57 @@ def run_child(
     result = max(results, key=lambda r: (r.get("status") == "stopped", len(r.get("wait_s", []))))
     if cfg.mode != "prep_scaling" and not result.get("wait_s"):
         raise ProfileError(f"the loader yielded no batches in the {cfg.mode} run: nothing to profile")
+    ranks = [r for r in results if r.get("wait_s") and r.get("world_size", 1) > 1]
+    if len(ranks) > 1:  # a distributed job: every rank's timings; the slowest rank's stand for the job
+        ranks.sort(key=lambda r: r.get("rank", 0))
+        result = max(ranks, key=lambda r: sum(r["wait_s"]) + sum(r["step_s"]))
+        result = {**result, "ranks": ranks}
     return result
 
 
 class ProgressBar:
-    """A tqdm bar on stderr fed from the hook's progress file (silent when disabled)."""
+    """Progress on stderr fed from the hook's progress file (silent when disabled).
 
-    def __init__(self, desc: str, enabled: bool) -> None:
+    On a terminal, a tqdm bar; elsewhere (CI logs, ``| tee``) carriage-return bars would run together
+    into one long line, so a plain line is printed every ``interval_s`` seconds instead.
+    """
+
+    def __init__(self, desc: str, enabled: bool, interval_s: float = 5.0, stream: Any = None) -> None:
+        self._stream = stream or sys.stderr
+        self._desc = desc.strip()
         self._bar = None
-        if enabled:
+        self._lines = enabled and not self._stream.isatty()
+        self._interval_s = interval_s
+        self._last_line = time.monotonic()
+        self._done = self._total = 0
+        self._printed = (-1, -1)
+        if enabled and not self._lines:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=1, desc=desc, unit="it", file=sys.stderr, leave=True)
+            self._bar = tqdm(total=1, desc=desc, unit="it", file=self._stream, leave=True)
 
     def update(self, done: int, total: int) -> None:
+        self._done, self._total = done, total
         if self._bar is not None:
             self._bar.total = total
             self._bar.n = done
             self._bar.refresh()
+        elif self._lines and time.monotonic() - self._last_line >= self._interval_s:
+            self._last_line = time.monotonic()
+            self._print()
+
+    def _print(self) -> None:
+        if (self._done, self._total) == self._printed:
+            return
+        self._printed = (self._done, self._total)
+        print(
+            f"dsanalyzer: {self._desc} run: {self._done}/{self._total} iterations",
+            file=self._stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+        elif self._lines and self._total:
+            self._print()

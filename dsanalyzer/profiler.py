@@ -3,7 +3,7 @@
 Named ``profiler`` so that the module never shadows the ``dsanalyzer.profile`` function.
 
 ``profile_command(["python", "train.py", ...])`` runs the unmodified script four times under the
-import hook (:mod:`dsanalyzer.intercept`), once per run of :data:`dsanalyzer.runs.MODES`, each
+import hook (:mod:`dsanalyzer.intercept`), once per run of :data:`dsanalyzer.modes.MODES`, each
 stopped after warm-up + N iterations; ``profile(make_loader, train_step)`` does the same in this
 process. Both end in :func:`assemble_report`, which turns the raw per-run results into report.json.
 """
@@ -20,9 +20,11 @@ from typing import Any
 import psutil
 
 from dsanalyzer import runs
+from dsanalyzer.commmodel import comm_section
 from dsanalyzer.intercept import HookConfig
 from dsanalyzer.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.membw import measure_memory_bandwidth
+from dsanalyzer.modes import MODES, RunPlan, prepare
 from dsanalyzer.report import SCHEMA_VERSION, attach_model, write_report
 from dsanalyzer.stalls import bound_of, differential, per_epoch
 from dsanalyzer.sysmon import SysMonitor, concat_series
@@ -67,10 +69,7 @@ def _memory_budget() -> int:
 # -- report assembly -------------------------------------------------------------------------------
 
 
-def assemble_report(
-    results: dict[str, dict], *, command: list[str] | str, warmup: int, sysmon: dict, mem_bw: float
-) -> dict:
-    """Combine the four runs' raw results into a report (model and what-if attached)."""
+def _summaries(results: dict[str, dict], warmup: int) -> dict:
     summaries = {}
     for mode in ("compute", "prep", "real"):
         r = results[mode]
@@ -78,26 +77,68 @@ def assemble_report(
             summaries[mode] = summarize(r["wait_s"], r["step_s"], r["batch_items"], warmup)
         except ValueError as e:
             raise ProfileError(f"{mode} run: {e}") from None
+    return summaries
+
+
+def _dataset(dataset: dict, fetch: dict) -> dict:
+    if not dataset.get("avg_item_bytes") and fetch.get("items"):
+        # no files to stat (an item source over something else): size items from the fetch sample
+        avg = fetch["bytes"] / fetch["items"]
+        dataset = {**dataset, "avg_item_bytes": avg, "bytes": int(avg * int(dataset.get("items") or 0))}
+        dataset.pop("size_note", None)
+        dataset["size_method"] = "bytes the fetch-rate sample read per item"
+    return dataset
+
+
+def _runs_section(results: dict[str, dict], summaries: dict) -> dict:
+    runs = {}
+    for mode, r in results.items():
+        entry = {
+            "iters": len(r.get("wait_s", [])),
+            "status": r.get("status", "stopped"),
+            "wait_s": r.get("wait_s", []),
+            "step_s": r.get("step_s", []),
+        }
+        if mode in summaries:
+            entry.update(samples_per_s=summaries[mode].samples_per_s, summary=summaries[mode].as_dict())
+        runs[mode] = entry
+    return runs
+
+
+def assemble_report(
+    results: dict[str, dict],
+    *,
+    command: list[str] | str,
+    warmup: int,
+    sysmon: dict,
+    mem_bw: float,
+    page_cache_bytes: int | None = None,
+    storage_note: str | None = None,
+) -> dict:
+    """Combine the four runs' raw results into a report (model and what-if attached).
+
+    ``page_cache_bytes`` is the page cache the job may use (default: the memory available now);
+    ``storage_note`` labels the storage (the demo's emulated device).
+    """
+    summaries = _summaries(results, warmup)
     diff = differential(summaries["compute"], summaries["prep"], summaries["real"])
     scal_res = results["prep_scaling"]
     loader = results["real"].get("loader", {})
     batch = summaries["real"].batch_size
     workers = int(loader.get("num_workers", 0) or 0)
-    dataset = scal_res.get("dataset", {})
     scaling = scal_res.get("scaling", {"workers": [], "samples_per_s": []})
     prep_rate = summaries["prep"].samples_per_s
     for k, rate in zip(scaling.get("workers", []), scaling.get("samples_per_s", []), strict=False):
         if k == max(1, workers):
             prep_rate = rate
     fetch = scal_res.get("fetch", {})
-    if not dataset.get("avg_item_bytes") and fetch.get("items"):
-        # no files to stat (an item source over something else): size items from the fetch sample
-        avg = fetch["bytes"] / fetch["items"]
-        dataset = {**dataset, "avg_item_bytes": avg, "bytes": int(avg * int(dataset.get("items") or 0))}
+    dataset = _dataset(scal_res.get("dataset", {}), fetch)
     cache_bytes = int(loader.get("cache_bytes") or 0)
     policy = "minio" if cache_bytes > 0 else "pagecache"
     if policy == "pagecache":
-        cache_bytes = int(results["real"].get("page_cache_budget_bytes") or psutil.virtual_memory().available)
+        if page_cache_bytes is None:
+            page_cache_bytes = int(psutil.virtual_memory().available)
+        cache_bytes = int(page_cache_bytes)
     per_iter = diff["per_iter_s"]
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -107,6 +148,7 @@ def assemble_report(
             "cpus": available_cpus(),
             "memory_bytes": int(psutil.virtual_memory().total),
             "storage_device": _storage_device(dataset.get("path")),
+            "storage_note": storage_note,
             "mem_bandwidth_bytes_per_s": mem_bw,
         },
         "dataset": dataset,
@@ -134,16 +176,10 @@ def assemble_report(
         "prep_memory": results["prep"].get("memory", {}),
         "real_cold": results["real"].get("cold", {}),
     }
-    for mode, r in results.items():
-        entry = {
-            "iters": len(r.get("wait_s", [])),
-            "status": r.get("status", "stopped"),
-            "wait_s": r.get("wait_s", []),
-            "step_s": r.get("step_s", []),
-        }
-        if mode in summaries:
-            entry.update(samples_per_s=summaries[mode].samples_per_s, summary=summaries[mode].as_dict())
-        report["runs"][mode] = entry
+    report["runs"] = _runs_section(results, summaries)
+    comm = comm_section(results, warmup)
+    if comm is not None:
+        report["comm"] = comm
     return attach_model(report)
 
 
@@ -158,8 +194,14 @@ def profile_command(
     data_path: str | None = None,
     timeout_s: float = 600.0,
     show_progress: bool = True,
+    page_cache_bytes: int | None = None,
+    storage_note: str | None = None,
 ) -> dict:
-    """Profile an unmodified training command; writes report.json/html into ``out_dir``; returns the report."""
+    """Profile an unmodified training command; writes report.json/html into ``out_dir``; returns the report.
+
+    ``page_cache_bytes``: the page cache the job may use (a shared server's limit; default: the memory
+    available now); ``storage_note``: a label for the storage, shown in the report.
+    """
     if not command:
         raise ProfileError(
             "no command to profile: put it after `--`, e.g. dsanalyzer profile -- python train.py"
@@ -171,7 +213,7 @@ def profile_command(
     budget = _memory_budget()
     results: dict[str, dict] = {}
     series = []
-    for mode in runs.MODES:
+    for mode in MODES:
         cfg = HookConfig(mode, str(out / "logs" / mode), iters, warmup, workers_list, data_path, budget)
         bar = ProgressBar(f"{mode:>12}", show_progress)
         with SysMonitor() as mon:
@@ -187,7 +229,15 @@ def profile_command(
                 file=sys.stderr,
             )
     mem_bw = measure_memory_bandwidth()
-    report = assemble_report(results, command=command, warmup=warmup, sysmon=_join(series), mem_bw=mem_bw)
+    report = assemble_report(
+        results,
+        command=command,
+        warmup=warmup,
+        sysmon=_join(series),
+        mem_bw=mem_bw,
+        page_cache_bytes=page_cache_bytes,
+        storage_note=storage_note,
+    )
     write_report(report, out)
     report["_out_dir"] = str(out)
     return report
@@ -254,51 +304,24 @@ def profile(
         The report as a dict (the report.json layout).
     """
     n = warmup + iters
-    budget = _memory_budget()
-    ks = list(workers_list or range(1, available_cpus() + 1))
+    ks = tuple(workers_list or range(1, available_cpus() + 1))
     results: dict[str, dict] = {}
     series = []
-    for mode in runs.MODES:
+    for mode in MODES:
+        plan = RunPlan(mode, iters, warmup, ks, data_path, _memory_budget())
         loader = make_loader()
-        batch_size = getattr(loader, "batch_size", None) or 1
-        workers = int(getattr(loader, "num_workers", 0) or 0)
-        info: dict[str, Any] = {
-            "loader": {
-                "class": type(loader).__qualname__,
-                "batch_size": batch_size,
-                "num_workers": workers,
-                "cache_bytes": getattr(loader, "cache_bytes", 0),
-            }
-        }
-        needed = (n + 2 + workers * 2) * batch_size
         with SysMonitor() as mon:
-            if mode == "prep_scaling":
-                files = runs.loader_files(loader, data_path)
-                info["dataset"] = runs.dataset_info(loader, files)
-                from dsanalyzer.fetchrate import measure_fetch_rate
-
-                source = runs.find_item_source(loader)
-                try:
-                    info["fetch"] = measure_fetch_rate(
-                        files or None, None if files else source, threads=max(1, workers)
-                    )
-                except ValueError as e:
-                    info["fetch"] = {"error": str(e)}
-                info["memory"] = runs.serve_from_memory(loader, needed, budget, data_path)
-                k_all = sorted(set(ks) | ({workers} if workers else set()))
-                info["scaling"] = runs.measure_prep_scaling(loader, _fresh_iter(loader), k_all, iters, warmup)
-            elif mode == "compute":
-                batch = runs.take_one_batch(loader, _fresh_iter(loader))
-                info.update(_drive(lambda b=batch: runs.ReplayIterator(b), train_step, n))
-            elif mode == "prep":
-                info["memory"] = runs.serve_from_memory(loader, needed, budget, data_path)
-                info.update(_drive(lambda ld=loader: iter(ld), train_step, n))
-            else:
-                info["cold"] = runs.start_cold(loader, data_path)
-                info.update(_drive(lambda ld=loader: iter(ld), train_step, n))
+            prepared = prepare(plan, loader, lambda ld=loader: iter(ld), _fresh_iter(loader))
+            try:
+                info = prepared.info
+                if mode == "compute":
+                    info.update(_drive(lambda r=prepared.replay: r, train_step, n))
+                elif mode != "prep_scaling":
+                    info.update(_drive(lambda ld=loader: iter(ld), train_step, n))
+            finally:
+                prepared.undo()  # make_loader may hand the same dataset to the next run
         series.append({**mon.series(), "run": mode})
         results[mode] = info
-        runs.restore_fetch(loader)  # make_loader may hand the same dataset to the next run
         close = getattr(loader, "close", None)
         if callable(close):
             close()

@@ -1,12 +1,13 @@
 """report.json: the schema other tools read, its writer, its loader, and the terminal summary.
 
-``schema_version`` 1. Required fields (other tools code against them): ``schema_version``,
+``schema_version`` 2 (version 1 reports, which lack ``verdict`` and count ``sysmon.disk_read_bytes``
+from boot, are still read). Required fields (other tools code against them): ``schema_version``,
 ``batch_size``, ``rates_per_s`` {compute, prep, fetch, observed} in samples/s, ``per_iter_s``
 {compute, prep_stall, fetch_stall} in seconds (medians), ``bound`` (compute|prep|fetch), ``whatif``
 {grid, to_compute_bound}. The full layout is in ``docs/dsanalyzer.md``.
 
-:func:`load_report` refuses a report of another version with an error that names the file and both
-versions, instead of failing later on a missing key.
+:func:`load_report` refuses a report of another version, or a file that is not a JSON object, with an
+error that names the file (and both versions), instead of failing later on a missing key.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from dsanalyzer.files import atomic_write_text
+
 __all__ = [
     "SCHEMA_VERSION",
+    "READABLE_VERSIONS",
     "ReportError",
     "REQUIRED",
     "validate_report",
@@ -29,7 +32,8 @@ __all__ = [
     "attach_model",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 # field -> required sub-fields
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -51,10 +55,16 @@ def validate_report(report: Any, where: str = "report") -> dict:
     if not isinstance(report, dict):
         raise ReportError(f"{where}: a report is a JSON object, got {type(report).__name__}")
     version = report.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            age = "a newer dsanalyzer; upgrade dsanalyzer to read it"
+        elif version is None:
+            age = "no schema_version field: not a dsanalyzer report, or one from before versions"
+        else:
+            age = "an older dsanalyzer; re-run `dsanalyzer profile` with this version"
         raise ReportError(
-            f"{where}: schema_version is {version!r} but this dsanalyzer reads version {SCHEMA_VERSION}; "
-            "re-run `dsanalyzer profile` with this version to get a current report"
+            f"{where}: schema_version is {version!r}, this dsanalyzer reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))} ({age})"
         )
     missing = []
     for key, subkeys in REQUIRED.items():
@@ -79,23 +89,13 @@ def load_report(path: str | os.PathLike) -> dict:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ReportError(f"{path}: cannot read the report: {e.strerror or e}") from e
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not a report.json (binary content, not UTF-8 text)") from None
     try:
         report = json.loads(text)
     except json.JSONDecodeError as e:
         raise ReportError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     return validate_report(report, str(path))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file and a rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def attach_model(report: dict) -> dict:
@@ -106,15 +106,17 @@ def attach_model(report: dict) -> dict:
     """
     report.setdefault("whatif", {"grid": [], "to_compute_bound": {}})
     try:
-        from dsanalyzer.whatif import Model, advice_sentence
+        from dsanalyzer.verdict import verdict
+        from dsanalyzer.whatif import Model
 
         model = Model.from_report(report)
         report["model"] = model.params()
         report["whatif"] = {"grid": model.grid(), "to_compute_bound": model.to_compute_bound()}
-        report["advice"] = advice_sentence(report)
+        report["verdict"] = verdict(report)
+        report["advice"] = report["verdict"]["sentence"]
     except (ImportError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
         report["model"] = {"error": f"{type(e).__name__}: {e}"}
-        report["advice"] = f"{report.get('bound', 'unknown')}-bound (no what-if model: {e})"
+        report["advice"] = f"{report.get('bound', 'unknown')}-bound as measured; no what-if model: {e}"
         print(f"dsanalyzer: what-if model not available: {e}", file=sys.stderr)
     return report
 
@@ -168,5 +170,18 @@ def summary_text(report: dict) -> str:
         "rates (samples/s): "
         + " | ".join(f"{k} {_rate(rates.get(k))}" for k in ("compute", "prep", "fetch", "observed"))
     )
-    lines.append(f"bound: {report['bound']}. {report.get('advice', '')}".rstrip())
+    comm = report.get("comm")
+    if isinstance(comm, dict):
+        for row in comm.get("per_rank") or []:
+            mark = " (slowest)" if row["rank"] == comm.get("slowest_rank") else ""
+            lines.append(
+                f"rank {row['rank']}{mark}: compute {_ms(row['compute_s'])} | prep stall {_ms(row['prep_stall_s'])} | "
+                f"fetch stall {_ms(row['fetch_stall_s'])} | communication stall {_ms(row['comm_stall_s'])}"
+            )
+        lines.append(
+            f"communication per iteration: {_ms(comm['per_iter_s']['comm_total'])} in collectives, "
+            f"{_ms(comm['per_iter_s']['comm_stall'])} exposed ({comm.get('bytes_per_iter', 0) / 1e6:.2f} MB)"
+        )
+    lines.append(f"stalls as measured: {report['bound']}-bound")
+    lines.append(f"verdict: {report.get('advice', '')}".rstrip())
     return "\n".join(lines)

@@ -10,15 +10,18 @@ read each stall off as the difference between two runs.
 ``prep``          the full job with raw items from memory: compute + prep stall.
 ``real``          the full job starting from a cold page cache: compute + prep stall + fetch stall.
 
-Serving raw items from memory: for a coordl item source (``fetch``) the source's ``fetch`` is
-replaced by a lookup in a dict filled before timing; for anything that reads files the files are
-read into the page cache first and their residency checked with ``mincore``. Limit: when the data
-do not fit the memory budget, a source's uncached items are substituted by cached ones (same
+Serving raw items from memory: a ``coordl.DataLoader`` gets a :class:`MemoryTier` through its public
+``add_fetch_tier`` (asked before every other tier); a plain torch loader over a coordl item source
+gets the source's ``fetch`` replaced by a dict lookup (torch has no fetch hook); anything else that
+reads files has its files read into the page cache first, residency checked with ``mincore``. Limit:
+when the data do not fit the memory budget, uncached items are substituted by cached ones (same
 dataset, same prep, different item), and a file dataset is only partly resident (the report says
 how much).
 
-Every function here works on a loader object and an ``open_iter`` callable, so the same code serves
-the import hook (an unmodified script) and the Python API.
+coordl is optional: it is imported only when the loader or its dataset is a coordl object (then it
+is already loaded). Every function works on a loader object and an ``open_iter`` callable, so the
+same code serves the import hook (an unmodified script) and the Python API
+(:mod:`dsanalyzer.modes` composes them).
 """
 
 from __future__ import annotations
@@ -29,27 +32,26 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from coordl.source import is_item_source
 from dsanalyzer import fetchrate
 
 __all__ = [
-    "MODES",
     "MemoryFetch",
+    "MemoryTier",
+    "is_coordl_loader",
     "ReplayIterator",
     "find_item_source",
     "loader_files",
+    "data_files",
+    "traced_files",
     "set_workers",
     "shutdown_iterator",
     "take_one_batch",
     "serve_from_memory",
-    "restore_fetch",
     "start_cold",
     "measure_prep_scaling",
     "batch_items",
     "dataset_info",
 ]
-
-MODES = ("prep_scaling", "compute", "prep", "real")
 
 
 def batch_items(batch: Any, default: int = 1) -> int:
@@ -79,11 +81,26 @@ def _unwrap(obj: Any) -> list[Any]:
     return chain
 
 
+def _is_item_source(obj: Any) -> bool:
+    # The item-source protocol (coordl.data.source.ItemSource) is duck-typed: a source need not come
+    # from coordl, so the check is structural and never imports coordl.
+    return all(callable(getattr(obj, name, None)) for name in ("__len__", "fetch", "prep"))
+
+
+def is_coordl_loader(loader: Any) -> bool:
+    """True for a ``coordl.DataLoader`` (coordl is imported only when the object comes from it)."""
+    if type(loader).__module__.partition(".")[0] != "coordl":
+        return False
+    from coordl.dataloader import DataLoader
+
+    return isinstance(loader, DataLoader)
+
+
 def find_item_source(loader: Any) -> Any | None:
     """The coordl item source (``fetch``/``prep``) behind a loader, if any."""
     for start in (getattr(loader, "source", None), getattr(loader, "dataset", None)):
         for obj in _unwrap(start):
-            if is_item_source(obj):
+            if _is_item_source(obj):
                 return obj
     return None
 
@@ -97,6 +114,26 @@ def loader_files(loader: Any, data_path: str | None = None) -> list[str]:
         if files:
             return files
     return []
+
+
+_TRACED: dict[int, dict] = {}
+
+
+def traced_files(loader: Any) -> dict:
+    """What :func:`dsanalyzer.itemsize.trace_item_files` found for the loader's dataset (cached)."""
+    from dsanalyzer import itemsize
+
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None:
+        return {}
+    if id(dataset) not in _TRACED:
+        _TRACED[id(dataset)] = itemsize.trace_item_files(dataset)
+    return _TRACED[id(dataset)]
+
+
+def data_files(loader: Any, data_path: str | None = None) -> list[str]:
+    """:func:`loader_files`, else the files the dataset was seen opening."""
+    return loader_files(loader, data_path) or list(traced_files(loader).get("files") or [])
 
 
 def dataset_info(loader: Any, files: list[str]) -> dict:
@@ -122,14 +159,14 @@ def dataset_info(loader: Any, files: list[str]) -> dict:
 
 
 def set_workers(loader: Any, workers: int) -> None:
-    """Change a loader's worker count between iterators (torch allows it; prefetch needs a value).
+    """Change a loader's worker count between iterators.
 
-    A ``coordl.DataLoader`` builds a torch loader inside (``_torch``): that one is changed.
+    torch's ``num_workers`` is a plain attribute (prefetch then needs a value); coordl's is a public
+    property that takes effect at the next ``iter``.
     """
-    target = loader.__dict__.get("_torch") or loader
-    target.num_workers = workers
-    if workers > 0 and getattr(target, "prefetch_factor", 2) is None:
-        target.prefetch_factor = 2
+    loader.num_workers = workers
+    if not is_coordl_loader(loader) and workers > 0 and getattr(loader, "prefetch_factor", 2) is None:
+        loader.prefetch_factor = 2
 
 
 def shutdown_iterator(it: Any) -> None:
@@ -184,61 +221,89 @@ class MemoryFetch:
         return raw
 
 
-def restore_fetch(loader: Any) -> None:
-    """Undo :func:`serve_from_memory` on an item source (the class's own ``fetch`` again)."""
-    source = find_item_source(loader)
-    if source is not None and isinstance(getattr(source, "__dict__", {}).get("fetch"), MemoryFetch):
-        del source.fetch
+class MemoryTier:
+    """A coordl fetch tier (``coordl.fetch.pipeline.FetchTier``) answering every read from a dict."""
+
+    name = "dsanalyzer-memory"
+    in_memory = True
+
+    def __init__(self, items: dict[int, bytes]) -> None:
+        self._fetch = MemoryFetch(items)
+        self.hits = 0
+
+    def get(self, index: int) -> bytes:
+        self.hits += 1
+        return self._fetch(index)
+
+    def offer(self, index: int, raw: bytes | memoryview) -> None:
+        """Every read hits: nothing is ever offered."""
+
+    def stats(self) -> dict[str, int]:
+        return {"dsanalyzer_memory_hits": self.hits}
+
+
+def _items_from(source: Any, needed_items: int, budget_bytes: int) -> dict[int, bytes]:
+    """Raw bytes of up to ``needed_items`` random items, within ``budget_bytes``."""
+    n = len(source)
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+    items: dict[int, bytes] = {}
+    used = 0
+    for i in order[: max(1, min(n, needed_items))]:
+        raw = source.fetch(i)
+        if items and used + len(raw) > budget_bytes:
+            break
+        items[i] = bytes(raw)
+        used += len(raw)
+    return items
+
+
+def _memory_info(method: str, items: dict[int, bytes], n: int) -> dict:
+    return {
+        "method": method,
+        "items": len(items),
+        "bytes": sum(len(v) for v in items.values()),
+        "resident_fraction": len(items) / n if n else 1.0,
+    }
 
 
 def serve_from_memory(
     loader: Any, needed_items: int, budget_bytes: int, data_path: str | None = None
-) -> dict:
-    """Make the loader's raw reads come from memory; returns how (for the report)."""
+) -> tuple[dict, Callable[[], None]]:
+    """Make the loader's raw reads come from memory; returns how (for the report) and the undo."""
     source = find_item_source(loader)
     if source is not None and not data_path:
-        n = len(source)
-        order = list(range(n))
-        random.Random(0).shuffle(order)
-        items: dict[int, bytes] = {}
-        used = 0
-        for i in order[: max(1, min(n, needed_items))]:
-            raw = source.fetch(i)
-            if items and used + len(raw) > budget_bytes:
-                break
-            items[i] = bytes(raw)
-            used += len(raw)
+        items = _items_from(source, needed_items, budget_bytes)
+        if is_coordl_loader(loader) and getattr(loader, "source", None) is not None:
+            tier = MemoryTier(items)
+            loader.add_fetch_tier(tier)
+            info = _memory_info("coordl fetch tier from a dict", items, len(source))
+            return info, lambda: loader.remove_fetch_tier(tier)
         try:
             source.fetch = MemoryFetch(items)
         except (AttributeError, TypeError):
-            source = None  # a class with __slots__: fall back to the page cache
+            pass  # a class with __slots__: fall back to the page cache
         else:
-            return {
-                "method": "source.fetch from a dict",
-                "items": len(items),
-                "bytes": used,
-                "resident_fraction": len(items) / n if n else 1.0,
-            }
-    files = loader_files(loader, data_path)
+            return _memory_info("source.fetch from a dict", items, len(source)), lambda: _restore_fetch(
+                source
+            )
+    files = data_files(loader, data_path)
     if not files:
-        return {
-            "method": "none: no item source and no files found",
-            "items": 0,
-            "bytes": 0,
-            "resident_fraction": 0.0,
-        }
+        info = {"method": "none: no item source and no files found", "items": 0, "bytes": 0}
+        return {**info, "resident_fraction": 0.0}, lambda: None
     order = list(files)
     if sum(_size(p) for p in files) > budget_bytes:
         random.Random(0).shuffle(order)
     n_files, n_bytes = fetchrate.warm_files(order, budget_bytes)
-    warmed = order[:n_files]
-    resident = fetchrate.resident_fraction(warmed) * (n_files / len(files))
-    return {
-        "method": "files read into the page cache",
-        "items": n_files,
-        "bytes": n_bytes,
-        "resident_fraction": resident,
-    }
+    resident = fetchrate.resident_fraction(order[:n_files]) * (n_files / len(files))
+    info = {"method": "files read into the page cache", "items": n_files, "bytes": n_bytes}
+    return {**info, "resident_fraction": resident}, lambda: None
+
+
+def _restore_fetch(source: Any) -> None:
+    """Undo the ``fetch`` replacement (the class's own ``fetch`` again)."""
+    if isinstance(getattr(source, "__dict__", {}).get("fetch"), MemoryFetch):
+        del source.fetch
 
 
 def _size(path: str) -> int:
@@ -250,7 +315,7 @@ def _size(path: str) -> int:
 
 def start_cold(loader: Any, data_path: str | None = None) -> dict:
     """Drop the loader's files from the page cache so the real run reads storage."""
-    files = loader_files(loader, data_path)
+    files = data_files(loader, data_path)
     evicted = fetchrate.evict_files(files)
     return {
         "files": len(files),

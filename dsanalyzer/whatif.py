@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from dsanalyzer.cachemodel import POLICIES, hit_ratio
 from dsanalyzer.scaling import PrepScaling
 
-__all__ = ["Model", "Prediction", "advice_sentence", "format_bytes"]
+__all__ = ["Model", "Prediction", "format_bytes"]
 
 _TOL = 1e-6
 
@@ -111,6 +111,9 @@ class Model:
         cpus = int(_get(report, "machine", "cpus"))
         avg = _get(report, "dataset", "avg_item_bytes", required=False)
         items = int(_get(report, "dataset", "items"))
+        if not avg and not _get(report, "dataset", "bytes", required=False):
+            note = _get(report, "dataset", "size_note", required=False, default=None)
+            raise ValueError(f"report.json: the dataset's item size is unknown: {note or 'give --data DIR'}")
         if avg is None:
             avg = _positive(_get(report, "dataset", "bytes"), "dataset.bytes") / max(1, items)
         avg = _positive(avg, "dataset.avg_item_bytes")
@@ -347,54 +350,3 @@ def format_bytes(n: float | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n:.0f} B"
-
-
-def advice_sentence(report: dict) -> str:
-    """One sentence: what binds (as measured), and what would make the job compute-bound."""
-    model = Model.from_report(report)
-    bound = report.get("bound") or model.predict_measured().bound
-    need = model.to_compute_bound()
-    cpus, cache = need["cpus_needed"], need["cache_bytes_needed"]
-    target = need["compute_samples_per_s"]
-    if bound == "compute":
-        return "compute-bound: the input pipeline keeps up; more cores, cache or storage speed will not help."
-    if bound == "prep":
-        if cpus is None:
-            cap = need["prep_max_samples_per_s"]
-            at = f" at {cap:.0f} samples/s" if cap is not None else ""
-            return (
-                f"prep-bound: prep saturates{at} however many cores it gets; make prep cheaper "
-                "(cache the decoded samples with memcache, or decode smaller images)."
-            )
-        if cpus <= max(1, model.workers):
-            return (
-                f"prep-bound as measured, though the model says {model.workers} workers keep up with the step "
-                f"({target:.0f} samples/s): other processes probably took CPU time during the runs; "
-                "profile on a quiet machine."
-            )
-        if cpus <= model.cpus:
-            return f"prep-bound: num_workers={cpus} (this machine has {model.cpus} cores) makes it compute-bound."
-        return f"prep-bound: {cpus} CPU cores for data prep (one loader worker each) make it compute-bound."
-    more_cores = (
-        f" with {need['cache_assumes_cpus']} cores" if need["cache_assumes_cpus"] > model.cpus else ""
-    )
-    if cache["minio"] is None:
-        storage = need["storage_bytes_per_s_needed"]
-        if storage is None:
-            return "fetch-bound: not even a cache of the whole dataset makes it compute-bound; add loader workers."
-        return f"fetch-bound: no cache suffices{more_cores}; storage at {format_bytes(storage)}/s makes it compute-bound."
-    if cache["minio"] <= min(model.cache_bytes, model.dataset_bytes) or cache["minio"] == 0:
-        return (
-            f"fetch-bound as measured, though storage at {format_bytes(model.storage_bytes_per_s)}/s with this "
-            "cache should keep up: likely a cold start or interference; profile with more iterations."
-        )
-    page = cache["pagecache"]
-    page_text = (
-        f"the OS page cache would need {format_bytes(page)}"
-        if page is not None
-        else "the OS page cache cannot"
-    )
-    return (
-        f"fetch-bound: a MinIO cache of {format_bytes(cache['minio'])}{more_cores} makes it compute-bound "
-        f"({page_text}; the dataset is {format_bytes(model.dataset_bytes)})."
-    )

@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 
 from dsanalyzer.cachemodel import POLICIES
-from dsanalyzer.whatif import Model, advice_sentence, format_bytes
+from dsanalyzer.commmodel import CommModel
+from dsanalyzer.report import load_report
+from dsanalyzer.verdict import advice_sentence
+from dsanalyzer.whatif import Model, format_bytes
 
 __all__ = ["add_whatif_parser", "run_whatif", "load_report_file"]
 
@@ -21,22 +24,8 @@ _BOUND_MARK = {"compute": "C", "prep": "P", "fetch": "F"}
 
 
 def load_report_file(path: str | Path) -> dict:
-    """Load report.json through dsanalyzer.report (schema check) when present, else plain JSON."""
-    try:
-        from dsanalyzer.report import load_report
-    except ImportError:  # the report module is optional for this command; check the basics here
-        load_report = None
-    if load_report is not None:
-        return load_report(path)
-    path = Path(path)
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read a report: {e}") from e
-    if not isinstance(report, dict) or report.get("schema_version") != 1:
-        got = report.get("schema_version") if isinstance(report, dict) else None
-        raise ValueError(f"{path}: schema_version {got!r} is not supported (this dsanalyzer reads version 1)")
-    return report
+    """Load and check report.json (errors name the file)."""
+    return load_report(path)
 
 
 def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -44,7 +33,7 @@ def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p = subparsers.add_parser(
         "whatif",
         help="predict samples/s for another cache size, core count, storage speed or GPU",
-        description=__doc__,
+        description=(__doc__ or "").replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("report", help="report.json written by `dsanalyzer profile`")
@@ -59,6 +48,17 @@ def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "--storage-mbps", type=float, help="storage bandwidth in MB/s (1e6 bytes/s); default: measured"
     )
     p.add_argument("--gpu-speedup", type=float, default=1.0, help="compute rate multiplier (a faster GPU)")
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        help="network link speed in Gbit/s for a distributed job's all-reduce (default: as measured)",
+    )
+    p.add_argument(
+        "--compress-ratio",
+        type=float,
+        default=1.0,
+        help="gradient compression: bytes on the wire divided by this (e.g. gradcomp's ratio; default 1)",
+    )
     p.add_argument(
         "--cache-policy", choices=POLICIES, help="pagecache (LRU) or minio; default: the measured one"
     )
@@ -87,14 +87,37 @@ def _table(
     return "\n".join(lines)
 
 
+def _comm_factor(report: dict, args: argparse.Namespace) -> float | None:
+    """Factor on the compute rate for another link speed / compression (None after printing an error)."""
+    try:
+        comm = CommModel.from_report(report)
+        step_s = float(report["per_iter_s"]["compute"])
+        factor = comm.compute_speedup(step_s, args.link_gbps, args.compress_ratio)
+    except (ValueError, KeyError, TypeError) as e:
+        print(f"dsanalyzer whatif: error: {e}", file=sys.stderr)
+        return None
+    link = f"{args.link_gbps:g} Gbit/s" if args.link_gbps is not None else "the measured link"
+    print(
+        f"communication: {comm.comm_exposed_s * 1e3:.1f} ms exposed per step as measured; with {link} and "
+        f"compression x{args.compress_ratio:g}: {comm.exposed_s(args.link_gbps, args.compress_ratio) * 1e3:.1f} ms "
+        f"(compute rate x{factor:.3f})"
+    )
+    return factor
+
+
 def run_whatif(args: argparse.Namespace) -> int:
     """Print the grid tables, the way to compute-bound, and the asked point (last line)."""
     try:
         report = load_report_file(args.report)
         model = Model.from_report(report)
     except (ValueError, KeyError, TypeError) as e:
-        print(f"dsanalyzer whatif: {e}", file=sys.stderr)
+        print(f"dsanalyzer whatif: error: {e}", file=sys.stderr)
         return 2
+    if args.link_gbps is not None or args.compress_ratio != 1.0:
+        factor = _comm_factor(report, args)
+        if factor is None:
+            return 2
+        args.gpu_speedup *= factor
     cache = args.cache_gb * 1e9 if args.cache_gb is not None else model.cache_bytes
     cpus = args.cpus if args.cpus is not None else model.cpus
     storage = args.storage_mbps * 1e6 if args.storage_mbps else model.storage_bytes_per_s
@@ -108,7 +131,7 @@ def run_whatif(args: argparse.Namespace) -> int:
         or (workers is not None and workers < 0)
     ):
         print(
-            "dsanalyzer whatif: --cache-gb and --workers must be >= 0, --cpus >= 1, --storage-mbps and --gpu-speedup > 0",
+            "dsanalyzer whatif: error: --cache-gb and --workers must be >= 0, --cpus >= 1, --storage-mbps and --gpu-speedup > 0",
             file=sys.stderr,
         )
         return 2
@@ -117,8 +140,15 @@ def run_whatif(args: argparse.Namespace) -> int:
     cpus_list = sorted(set(cpus_list) | {cpus})
     print(
         f"dataset {model.dataset_items} items, {format_bytes(model.dataset_bytes)}; batch {model.batch_size}; "
-        f"compute {model.compute_per_s * args.gpu_speedup:.1f} samples/s; storage {format_bytes(storage)}/s"
+        f"compute {model.compute_per_s * args.gpu_speedup:.1f} samples/s (the step alone); "
+        f"storage {format_bytes(storage)}/s"
     )
+    if model.batch_overhead_s > 0:
+        print(
+            f"per-batch overhead: {model.batch_overhead_s * 1e3:.2f} ms in the main process per batch (receiving it "
+            f"from the workers, measured in the in-memory run) caps the job at "
+            f"{model.compute_rate(args.gpu_speedup):.1f} samples/s: the 'compute-bound' cells below are at that cap"
+        )
     for pol in POLICIES:
         print(
             f"\nsamples/s with the {pol} cache at {format_bytes(storage)}/s (bound: C compute, P prep, F fetch)"

@@ -164,7 +164,7 @@ def test_coordl_dataloader_is_intercepted(tmp_path):
     result = run_child([PY, str(script)], cfg, tmp_path / "log.txt", timeout_s=120)
     assert result["loader"]["class"] == "coordl.dataloader.DataLoader"
     assert len(result["wait_s"]) == 6
-    assert result["memory"]["method"] == "source.fetch from a dict"
+    assert result["memory"]["method"] == "coordl fetch tier from a dict"
 
 
 def test_a_crashing_script_fails_with_its_output(tmp_path, capsys):
@@ -196,3 +196,21 @@ def test_a_loader_that_yields_nothing_is_a_clear_error(tmp_path):
 def test_a_missing_command_is_a_clear_error(tmp_path, capsys):
     rc = cli_main(["profile", "--quiet", "--out", str(tmp_path / "o"), "--", str(tmp_path / "nope")])
     assert rc == 1 and "cannot start" in capsys.readouterr().err
+
+
+def test_progress_off_a_terminal_is_a_line_every_few_seconds(monkeypatch):
+    import io
+
+    from dsanalyzer import launch
+
+    clock = [100.0]
+    monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
+    stream = io.StringIO()  # not a terminal
+    bar = launch.ProgressBar("        real", True, interval_s=5.0, stream=stream)
+    for done in range(1, 21):
+        clock[0] += 1.0  # one iteration a second
+        bar.update(done, 20)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue()
+    assert lines == [f"dsanalyzer: real run: {n}/20 iterations" for n in (5, 10, 15, 20)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -58,7 +59,10 @@ def test_a_complete_report_validates():
 def test_an_older_schema_version_names_the_file_and_both_versions(tmp_path):
     path = tmp_path / "report.json"
     path.write_text(json.dumps({**minimal_report(), "schema_version": 0}))
-    with pytest.raises(ReportError, match=r"report\.json.*schema_version is 0.*reads version 1"):
+    with pytest.raises(
+        ReportError,
+        match=r"report\.json.*schema_version is 0, this dsanalyzer reads versions 1, 2 \(an older dsanalyzer",
+    ):
         load_report(path)
 
 
@@ -105,5 +109,38 @@ def test_write_refuses_an_invalid_report(tmp_path):
 def test_summary_says_what_binds_and_the_stalls():
     text = summary_text(minimal_report())
     assert "compute 50.0 ms" in text and "prep stall 30.0 ms" in text and "fetch stall 30.0 ms" in text
-    assert "bound: fetch" in text
+    assert "fetch-bound" in text
     assert "observed 290" in text
+
+
+def test_a_newer_schema_version_says_to_upgrade(tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({**minimal_report(), "schema_version": 99}))
+    with pytest.raises(ReportError, match=r"report\.json: schema_version is 99.*newer dsanalyzer"):
+        load_report(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "binary content"),
+        (b"[1, 2, 3]", "a report is a JSON object, got list"),
+        (b'"text"', "a report is a JSON object, got str"),
+        (b"{not json", "not valid JSON"),
+    ],
+)
+def test_an_unreadable_report_names_the_file(tmp_path, content, message):
+    path = tmp_path / "weird.json"
+    path.write_bytes(content)
+    with pytest.raises(ReportError, match=rf"weird\.json.*{message}"):
+        load_report(path)
+
+
+def test_report_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        json_path, html_path = write_report(minimal_report(), tmp_path)
+    finally:
+        os.umask(old)
+    assert json_path.stat().st_mode & 0o777 == 0o644
+    assert html_path.stat().st_mode & 0o777 == 0o644

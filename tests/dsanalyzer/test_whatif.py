@@ -10,7 +10,8 @@ import pytest
 
 from dsanalyzer.cachemodel import lru_hit_ratio
 from dsanalyzer.scaling import PrepScaling
-from dsanalyzer.whatif import Model, advice_sentence
+from dsanalyzer.verdict import advice_sentence
+from dsanalyzer.whatif import Model
 from dsanalyzer.whatif_cli import main as whatif_main
 
 
@@ -132,7 +133,7 @@ def test_cache_needed_for_compute_bound_is_minimal_and_pagecache_needs_more():
     assert 0 < minio < page <= 1e9
     assert m.predict(minio, 2, 50e6, policy="minio").bound == "compute"
     assert m.predict(minio * 0.98, 2, 50e6, policy="minio").bound == "fetch"
-    assert "MinIO cache of" in advice_sentence(dict(rep, bound="fetch"))
+    assert "cache_bytes=" in advice_sentence(dict(rep, bound="fetch"))
     assert need["storage_bytes_per_s_needed"] > 50e6
 
 

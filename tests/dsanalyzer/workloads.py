@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from coordl.counters import SharedCounters
+from shmem.counters import SharedCounters
 
 
 class TimedSource(Dataset):

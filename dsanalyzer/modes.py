@@ -1,0 +1,150 @@
+"""The four differential runs, written once: what each run does to a loader before it is timed.
+
+Both front ends call :func:`prepare`: the import hook inside an unmodified script
+(:mod:`dsanalyzer.intercept`) and the Python API (:func:`dsanalyzer.profile`). They differ only in
+how they obtain an iterator (a patched ``__iter__`` vs a plain call), which they pass in.
+
+``prepare(plan, loader, open_iter)`` returns a :class:`Prepared`: the facts to record in the run's
+result (``info``), for the compute run the replayed batch, and ``undo`` to put the loader back
+(a dataset object may be shared by the next run's loader).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsanalyzer.runs import ReplayIterator
+
+__all__ = ["MODES", "RunPlan", "Prepared", "prepare", "loader_facts"]
+
+# In the order they run: the prep-scaling run measures the dataset the others are compared against.
+MODES = ("prep_scaling", "compute", "prep", "real")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One differential run: its mode, how long, and the limits it must respect."""
+
+    mode: str
+    iters: int = 100
+    warmup: int = 5
+    workers_list: tuple[int, ...] = (1,)
+    data_path: str | None = None
+    memory_budget_bytes: int = 1 << 30
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` did: facts for the result, the compute run's batch, how to undo it."""
+
+    info: dict
+    replay: ReplayIterator | None = None
+    undo: Callable[[], None] = field(default=lambda: None)
+
+
+def loader_facts(loader: Any) -> dict:
+    """The loader's settings that the report and the what-if model need."""
+    return {
+        "class": f"{type(loader).__module__}.{type(loader).__qualname__}",
+        "batch_size": getattr(loader, "batch_size", None) or 1,
+        "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None),
+        "cache_bytes": int(getattr(loader, "cache_bytes", 0) or 0),
+    }
+
+
+def _items_needed(plan: RunPlan, loader: Any) -> int:
+    """Items a run touches: its iterations plus what the workers prefetch."""
+    batch = getattr(loader, "batch_size", None) or 1
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    prefetch = getattr(loader, "prefetch_factor", None) or 2
+    return (plan.warmup + plan.iters + 2 + workers * prefetch) * batch
+
+
+def _prep_scaling(
+    plan: RunPlan,
+    loader: Any,
+    fresh_iter: Callable[[], Iterator],
+    progress: Callable[[int, int], None] | None,
+) -> Prepared:
+    """Dataset size, cold fetch rate, then the loader alone (items from memory) at each worker count."""
+    from dsanalyzer import fetchrate, itemsize, runs
+
+    files = runs.loader_files(loader, plan.data_path)
+    info: dict = {"dataset": runs.dataset_info(loader, files)}
+    if not files:  # nothing lists the files: watch which files the dataset opens
+        traced = runs.traced_files(loader)
+        info["dataset"] = itemsize.merge(info["dataset"], traced)
+        files = traced.get("files") or []
+    source = runs.find_item_source(loader)
+    threads = max(1, int(getattr(loader, "num_workers", 0) or 0))
+    try:
+        # Through the item source when there is one: its fetch is what the job reads storage with
+        # (it may front a remote or rate-limited store); its files are evicted first, so reads are cold.
+        if source is not None and not plan.data_path:
+            fetchrate.evict_files(files)
+        info["fetch"] = fetchrate.measure_fetch_rate(
+            files=None if source is not None and not plan.data_path else (files or None),
+            source=source,
+            threads=threads,
+        )
+    except ValueError as e:
+        info["fetch"] = {"error": str(e)}
+    info["memory"], undo = runs.serve_from_memory(
+        loader, _items_needed(plan, loader), plan.memory_budget_bytes, plan.data_path
+    )
+    # 1..cores, plus the script's own worker count when it asks for more workers than cores.
+    ks = sorted(set(plan.workers_list) | ({threads} if getattr(loader, "num_workers", 0) else set()))
+    total = len(ks) * (plan.warmup + plan.iters)
+    try:
+        info["scaling"] = runs.measure_prep_scaling(
+            loader,
+            fresh_iter,
+            ks,
+            plan.iters,
+            plan.warmup,
+            progress=(lambda n: progress(n, total)) if progress is not None else None,
+        )
+    finally:
+        undo()
+    return Prepared(info)
+
+
+def prepare(
+    plan: RunPlan,
+    loader: Any,
+    open_iter: Callable[[], Iterator],
+    fresh_iter: Callable[[], Iterator] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Prepared:
+    """Set ``loader`` up for ``plan.mode`` (the prep-scaling run is measured here entirely).
+
+    Args:
+        plan: the run.
+        loader: the loader the job iterates (torch's or coordl's).
+        open_iter: a new iterator of the loader, as the job would get it.
+        fresh_iter: a new iterator with new workers (torch's ``__iter__`` reuses persistent ones);
+            defaults to ``open_iter``.
+        progress: called with (done, total) iterations during the prep-scaling run.
+    """
+    from dsanalyzer import runs  # here, not at the top: the import hook loads this module in every process
+
+    fresh = fresh_iter or open_iter
+    facts = {"loader": loader_facts(loader)}
+    if plan.mode == "prep_scaling":
+        done = _prep_scaling(plan, loader, fresh, progress)
+        done.info.update(facts)
+        return done
+    if plan.mode == "compute":
+        return Prepared(facts, replay=runs.ReplayIterator(runs.take_one_batch(loader, fresh)))
+    if plan.mode == "prep":
+        memory, undo = runs.serve_from_memory(
+            loader, _items_needed(plan, loader), plan.memory_budget_bytes, plan.data_path
+        )
+        return Prepared({**facts, "memory": memory}, undo=undo)
+    if plan.mode == "real":
+        return Prepared({**facts, "cold": runs.start_cold(loader, plan.data_path)})
+    raise ValueError(f"run mode {plan.mode!r} is not one of {', '.join(MODES)}")

@@ -1,0 +1,242 @@
+"""The report's verdict: the model's bound at the measured rates, its check against the run, and the fix.
+
+The verdict is a consequence of the numbers, in three steps:
+
+1. **Bound.** The what-if model (:mod:`dsanalyzer.whatif`) evaluated at the measured configuration
+   names the binding stage; that is the bound the verdict states.
+2. **Check.** The model's samples/s is compared with the real run's. The run's own spread is the
+   p10..p90 range of its per-block rates (blocks of consecutive iterations, as the summaries use);
+   a gap wider than that spread is a disagreement, reported with the numbers and with the causes the
+   run *measured*: a cold cache (the run read fewer items than the dataset, so every read was a first
+   read, while the model's steady state counts cache hits), other processes' CPU time (the system
+   monitor's ``other_cpu_cores``), too few iterations (a spread wider than 15%). When none of them
+   shows, the report says so rather than guessing.
+3. **Fix.** The smallest change that makes the job compute-bound on this machine, as the arguments
+   to change (``num_workers``, ``cache_bytes``) and the samples/s the model predicts with them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dsanalyzer.whatif import Model, Prediction, format_bytes
+
+__all__ = ["verdict", "advice_sentence", "rate_spread", "recommend"]
+
+_FEW_ITERS_SPREAD = 0.15  # a block-rate spread above this: the run was too short (or too noisy) to read
+_OTHER_CPU_SHARE = 0.10  # other processes using this share of the cores: interference
+_CACHE_MARGIN = (
+    1.10  # the recommended cache is this much above the model's threshold, never above the dataset
+)
+
+
+def rate_spread(report: dict, run: str = "real", blocks: int = 8) -> dict | None:
+    """Median and p10/p90 samples/s over blocks of the run's iterations (warm-up dropped)."""
+    entry = (report.get("runs") or {}).get(run) or {}
+    wait, step = entry.get("wait_s") or [], entry.get("step_s") or []
+    n = min(len(wait), len(step))
+    skip = min(int(report.get("warmup_iters") or 0), max(0, n - 1))
+    total = np.asarray(wait[skip:n], dtype=float) + np.asarray(step[skip:n], dtype=float)
+    if total.size < 2:
+        return None
+    parts = np.array_split(total, max(1, min(blocks, total.size // 4)))
+    batch = float(report.get("batch_size") or 1)
+    rates = np.array([batch / p.mean() for p in parts if p.size and p.mean() > 0])
+    if rates.size == 0:
+        return None
+    return {
+        "median": float(np.median(rates)),
+        "p10": float(np.percentile(rates, 10)),
+        "p90": float(np.percentile(rates, 90)),
+        "blocks": int(rates.size),
+        "iters": int(total.size),
+    }
+
+
+def _other_cpu_cores(report: dict, run: str = "real") -> float | None:
+    """Mean cores used by processes outside the job during ``run`` (None when not recorded)."""
+    mon = report.get("sysmon") or {}
+    series = mon.get("other_cpu_cores")
+    if not series:
+        return None
+    start = 0
+    for part in mon.get("runs") or []:
+        if part.get("run") == run:
+            values = [v for v in series[start : start + int(part["samples"])] if v is not None]
+            return float(np.mean(values)) if values else None
+        start += int(part.get("samples") or 0)
+    return None
+
+
+def _causes(report: dict, model: Model, pred: Prediction, spread: dict | None, gap: float) -> list[str]:
+    """The causes of a disagreement that the run measured, one sentence each.
+
+    A cold cache and other processes slow a run down: they are named only for a run slower than the model.
+    """
+    causes = []
+    runs = report.get("runs") or {}
+    read = len((runs.get("real") or {}).get("wait_s") or []) * model.batch_size
+    slower = gap < 0
+    if slower and pred.hit_ratio > 0.05 and read < model.dataset_items:
+        causes.append(
+            f"cold cache: the real run read {read} of {model.dataset_items} items, all first reads, "
+            f"while the model's steady state has a hit ratio of {pred.hit_ratio:.2f}"
+        )
+    other = _other_cpu_cores(report)
+    if slower and other is not None and other >= _OTHER_CPU_SHARE * model.cpus:
+        causes.append(
+            f"interference: other processes used {other:.2f} of the {model.cpus} cores during the real run"
+        )
+    if spread is not None:
+        width = (spread["p90"] - spread["p10"]) / 2 / spread["median"]
+        if width > _FEW_ITERS_SPREAD:
+            causes.append(
+                f"too few iterations: the real run's rate varied by ±{width:.0%} over {spread['iters']} "
+                "iterations; profile with more (--iters)"
+            )
+    return causes
+
+
+def recommend(model: Model) -> dict | None:
+    """The change that makes the job compute-bound here, with its predicted samples/s.
+
+    Workers first (prep), then a MinIO cache (fetch) at that worker count; None when the job is
+    compute-bound already or no change on this machine gets there.
+    """
+    target = model.compute_rate()
+    current = model.predict_measured()
+    if current.bound == "compute":
+        return None
+    change: dict = {}
+    workers = model.workers
+    cores = model.prep.cores_for_rate(target)
+    if cores is not None and max(1, workers) < cores <= model.cpus:  # prep cannot keep up at this count
+        workers = cores
+        change["num_workers"] = workers
+    kw = {"cpus": model.cpus, "storage_bytes_per_s": model.storage_bytes_per_s, "workers": workers}
+    at_workers = model.predict(model.cache_bytes, policy=model.cache_policy, **kw)
+    if at_workers.bound == "fetch":
+        need = model.cache_bytes_for_rate(target, model.cpus, model.storage_bytes_per_s, "minio")
+        if need is None:
+            need = model.dataset_bytes  # the most a cache can do: everything in memory
+        cache = int(min(model.dataset_bytes, math.ceil(need * _CACHE_MARGIN / 1e6) * 1e6))
+        change["cache_bytes"] = cache
+        predicted = model.predict(cache, policy="minio", **kw)
+    else:
+        predicted = at_workers
+    if not change:
+        return None
+    return {"change": change, "predicted_samples_per_s": predicted.samples_per_s, "bound": predicted.bound}
+
+
+def _change_text(change: dict) -> str:
+    args = ", ".join(f"{k}={v}" for k, v in change.items())
+    if "cache_bytes" in change:
+        return f"coordl.DataLoader(..., {args})"
+    return f"DataLoader(..., {args})"
+
+
+def verdict(report: dict) -> dict:
+    """Bound, check against the measured run, causes and fix, as JSON-ready fields."""
+    model = Model.from_report(report)
+    pred = model.predict_measured()
+    observed = float((report.get("rates_per_s") or {}).get("observed") or 0.0)
+    spread = rate_spread(report)
+    gap = (observed - pred.samples_per_s) / pred.samples_per_s if pred.samples_per_s > 0 else 0.0
+    if spread is not None and spread["median"] > 0:
+        allowed = max(spread["median"] - spread["p10"], spread["p90"] - spread["median"]) / spread["median"]
+    else:
+        allowed = 0.0
+    disagrees = abs(gap) > allowed
+    fix = recommend(model)
+    out = {
+        "bound": pred.bound,
+        "measured_bound": report.get("bound"),
+        "predicted_samples_per_s": pred.samples_per_s,
+        "observed_samples_per_s": observed,
+        "gap": gap,
+        "spread": allowed,
+        "disagrees": disagrees,
+        "causes": _causes(report, model, pred, spread, gap) if disagrees else [],
+        "overhead": _overhead(model),
+        "fix": None if fix is None else {**fix, "code": _change_text(fix["change"])},
+    }
+    out["sentence"] = _sentence(model, pred, out)
+    return out
+
+
+def _overhead(model: Model) -> dict | None:
+    """The main process's per-batch cost that caps the job below the step-alone rate, when there is one."""
+    if model.batch_overhead_s <= 0:
+        return None
+    return {
+        "batch_overhead_s": model.batch_overhead_s,
+        "step_alone_samples_per_s": model.compute_per_s,
+        "ceiling_samples_per_s": model.compute_rate(),
+        "text": (
+            f"the step alone runs at {model.compute_per_s:,.0f} samples/s, but the main process spends "
+            f"{model.batch_overhead_s * 1e3:.1f} ms per batch receiving it from the loader workers (measured "
+            f"in the in-memory run), so the job tops out at {model.compute_rate():,.0f} samples/s"
+        ),
+    }
+
+
+def _sentence(model: Model, pred: Prediction, v: dict) -> str:
+    parts = [
+        f"{pred.bound}-bound: the model predicts {pred.samples_per_s:,.0f} samples/s at the measured rates"
+    ]
+    if pred.bound == "fetch":
+        parts[0] += f" (storage {format_bytes(model.storage_bytes_per_s)}/s, hit ratio {pred.hit_ratio:.2f})"
+    if v["disagrees"]:
+        if v["causes"]:
+            why = "; ".join(v["causes"])
+        elif v["gap"] > 0:
+            stages = ", ".join(
+                f"{k} {r:,.0f}" for k, r in sorted(pred.stage_rates.items()) if math.isfinite(r)
+            )
+            why = (
+                f"the job ran faster than the model's slowest stage (stage rates {stages} samples/s): "
+                "a measured stage rate is below what the job reached"
+            )
+        else:
+            why = (
+                "none of the measured causes shows (cache cold, other processes, few iterations): "
+                "the model misses a cost of this job"
+            )
+        parts.append(
+            f"the real run measured {v['observed_samples_per_s']:,.0f} samples/s ({v['gap']:+.0%}, "
+            f"beyond its own spread of ±{v['spread']:.0%}): {why}"
+        )
+    else:
+        parts.append(f"the real run agrees ({v['observed_samples_per_s']:,.0f} samples/s)")
+    if v["overhead"] is not None and pred.bound == "compute":
+        parts.append(v["overhead"]["text"])
+    fix = v["fix"]
+    if fix is not None:
+        parts.append(f"fix: {fix['code']}, predicted {fix['predicted_samples_per_s']:,.0f} samples/s")
+        if fix["bound"] != "compute":
+            parts.append(f"then {fix['bound']}-bound: {_no_fix_text(model, fix['bound'])}")
+    elif pred.bound == "compute":
+        parts.append("more cores, cache or storage speed will not help")
+    else:
+        parts.append(_no_fix_text(model, pred.bound))
+    return "; ".join(parts) + "."
+
+
+def _no_fix_text(model: Model, bound: str) -> str:
+    need = model.to_compute_bound()
+    if bound == "prep":
+        if need["cpus_needed"] is None:
+            return "prep saturates however many cores it gets: make prep cheaper (cache decoded samples)"
+        return f"{need['cpus_needed']} CPU cores for data prep would make it compute-bound (this machine has {model.cpus})"
+    storage = need["storage_bytes_per_s_needed"]
+    if storage:
+        return f"storage at {format_bytes(storage)}/s would make it compute-bound"
+    return "no cache or storage speed on this machine makes it compute-bound; add loader workers"
+
+
+def advice_sentence(report: dict) -> str:
+    """The verdict as one sentence (what ``report.json`` stores under ``advice``)."""
+    return verdict(report)["sentence"]

@@ -1,0 +1,136 @@
+"""The verdict follows from the numbers: each bound, agreement, and disagreement with measured causes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsanalyzer.verdict import rate_spread, recommend, verdict
+from dsanalyzer.whatif import Model
+from tests.dsanalyzer.test_whatif import synthetic_report
+
+FAST_STORAGE = {"bytes_per_s": 1e12, "items_per_s": None}
+
+
+def base(**over) -> dict:
+    """The synthetic report with no per-batch overhead (its in-memory run is not a measurement here)."""
+    rep = synthetic_report(**over)
+    rep["runs"] = {**rep["runs"], "prep": {**rep["runs"]["prep"], "samples_per_s": None}}
+    return rep
+
+
+def with_real_run(rep: dict, observed: float, iters: int = 40, jitter: float = 0.0, seed: int = 0) -> dict:
+    """``rep`` whose real run delivered ``observed`` samples/s, iteration times spread by ``jitter``."""
+    rng = np.random.default_rng(seed)
+    t = rep["batch_size"] / observed * (1 + jitter * rng.uniform(-1, 1, iters))
+    runs = dict(
+        rep["runs"], real={"iters": iters, "wait_s": (t * 0.5).tolist(), "step_s": (t * 0.5).tolist()}
+    )
+    return dict(rep, runs=runs, warmup_iters=0, rates_per_s=dict(rep["rates_per_s"], observed=observed))
+
+
+def at_model_rate(rep: dict, **kw) -> dict:
+    """``rep`` with a real run at exactly the model's prediction for the measured configuration."""
+    return with_real_run(rep, Model.from_report(rep).predict_measured().samples_per_s, **kw)
+
+
+def test_compute_bound_agrees_and_asks_for_nothing():
+    rep = at_model_rate(
+        base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, fetch=FAST_STORAGE)
+    )
+    v = verdict(rep)
+    assert v["bound"] == "compute" and not v["disagrees"] and v["fix"] is None
+    assert v["sentence"].startswith("compute-bound") and "will not help" in v["sentence"]
+
+
+def test_prep_bound_names_the_worker_count_that_fixes_it():
+    rep = base(
+        machine={"cpus": 8, "memory_bytes": 24e9, "mem_bandwidth_bytes_per_s": 10e9},
+        prep_scaling={"workers": [1, 2, 4], "samples_per_s": [150.0, 300.0, 600.0]},
+        fetch=FAST_STORAGE,
+        cache_bytes=1e9,
+    )
+    v = verdict(at_model_rate(rep))
+    assert v["bound"] == "prep" and not v["disagrees"]
+    workers = v["fix"]["change"]["num_workers"]
+    model = Model.from_report(rep)
+    assert model.prep.rate(workers) >= model.compute_rate() * (1 - 1e-6) > model.prep.rate(workers - 1)
+    assert f"num_workers={workers}" in v["sentence"] and v["fix"]["bound"] == "compute"
+
+
+def test_prep_bound_beyond_this_machine_says_how_many_cores():
+    v = verdict(at_model_rate(base(fetch=FAST_STORAGE, cache_bytes=1e9)))
+    assert v["bound"] == "prep" and v["fix"] is None
+    assert "5 CPU cores" in v["sentence"] and "this machine has 2" in v["sentence"]
+
+
+def test_fetch_bound_names_a_cache_and_its_predicted_rate():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]})
+    v = verdict(at_model_rate(rep))
+    assert v["bound"] == "fetch" and not v["disagrees"]
+    cache = v["fix"]["change"]["cache_bytes"]
+    model = Model.from_report(rep)
+    assert model.predict(cache, 2, 50e6, policy="minio", workers=2).bound == "compute"
+    assert v["fix"]["predicted_samples_per_s"] == pytest.approx(model.compute_rate())
+    assert f"coordl.DataLoader(..., cache_bytes={cache})" in v["sentence"]
+
+
+def test_disagreement_with_a_cold_cache_is_named_with_the_numbers():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, cache_bytes=5e8)
+    predicted = Model.from_report(rep).predict_measured()
+    assert predicted.hit_ratio > 0.05
+    v = verdict(with_real_run(rep, 0.5 * predicted.samples_per_s))
+    assert v["disagrees"] and v["gap"] == pytest.approx(-0.5)
+    assert v["bound"] == "fetch"  # the model's bound, not the run's
+    assert any(c.startswith("cold cache: the real run read 1280 of 10000 items") for c in v["causes"])
+    assert "-50%" in v["sentence"]
+
+
+def test_disagreement_with_interference_from_other_processes():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, cache_bytes=0)
+    rep["sysmon"] = {
+        "other_cpu_cores": [None, 1.2, 1.0, 0.0, 0.0],
+        "runs": [{"run": "prep", "samples": 2}, {"run": "real", "samples": 3}],
+    }
+    v = verdict(with_real_run(rep, 0.7 * Model.from_report(rep).predict_measured().samples_per_s))
+    assert v["disagrees"]
+    assert v["causes"] == ["interference: other processes used 0.33 of the 2 cores during the real run"]
+
+
+def test_disagreement_without_a_measured_cause_says_so():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, cache_bytes=0)
+    v = verdict(with_real_run(rep, 0.7 * Model.from_report(rep).predict_measured().samples_per_s))
+    assert v["disagrees"] and v["causes"] == []
+    assert "none of the measured causes shows" in v["sentence"]
+
+
+def test_a_gap_inside_the_runs_own_spread_is_agreement():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, cache_bytes=0)
+    predicted = Model.from_report(rep).predict_measured().samples_per_s
+    v = verdict(with_real_run(rep, 0.9 * predicted, jitter=0.5, seed=3))
+    assert not v["disagrees"] and abs(v["gap"]) <= v["spread"]
+    assert "agrees" in v["sentence"]
+
+
+def test_a_short_noisy_run_that_disagrees_is_too_few_iterations():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, cache_bytes=0)
+    predicted = Model.from_report(rep).predict_measured().samples_per_s
+    noisy = with_real_run(rep, 0.4 * predicted, iters=16, jitter=0.9, seed=3)
+    spread = rate_spread(noisy)
+    assert spread["blocks"] == 4 and (spread["p90"] - spread["p10"]) / 2 / spread["median"] > 0.15
+    v = verdict(noisy)
+    assert v["disagrees"] and v["causes"][0].startswith("too few iterations")
+
+
+def test_per_batch_overhead_is_named_when_it_caps_the_job():
+    rep = base(
+        prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]},
+        fetch=FAST_STORAGE,
+        cache_bytes=1e9,
+    )
+    rep["runs"]["prep"]["samples_per_s"] = 400.0  # the in-memory run: half the step-alone rate of 800
+    rep = at_model_rate(rep)
+    v = verdict(rep)
+    assert v["overhead"]["batch_overhead_s"] == pytest.approx(32 / 400 - 32 / 800)
+    assert "tops out at 400 samples/s" in v["sentence"] and "800 samples/s" in v["sentence"]
+    assert recommend(Model.from_report(rep)) is None

@@ -1,0 +1,86 @@
+"""verify: the change read from the run's loader, the prediction for it, the measured rate, report.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from dsanalyzer.cli import main as cli_main
+from dsanalyzer.report import load_report, write_report
+from dsanalyzer.verify import verify_result, verify_text
+from dsanalyzer.whatif import Model
+from tests.dsanalyzer.test_verdict import base, with_real_run
+from tests.dsanalyzer.workloads import write_files, write_script
+
+
+def fake_run(rate: float, loader: dict, iters: int = 30, batch: int = 32) -> dict:
+    step = batch / rate
+    return {
+        "wait_s": [0.0] * iters,
+        "step_s": [step] * iters,
+        "batch_items": [batch] * iters,
+        "loader": loader,
+    }
+
+
+def test_verify_predicts_the_configuration_the_run_used():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]})
+    loader = {"class": "coordl.dataloader.DataLoader", "num_workers": 2, "cache_bytes": 600_000_000}
+    model = Model.from_report(rep)
+    expected = model.predict(6e8, 2, model.storage_bytes_per_s, policy="minio", workers=2).samples_per_s
+    v = verify_result(rep, fake_run(expected * 1.05, loader), warmup=5, command=["python", "t.py"])
+    assert v["change"] == {"cache_bytes": 600_000_000}  # the worker count did not change
+    assert v["predicted_samples_per_s"] == pytest.approx(expected)
+    assert v["measured_samples_per_s"] == pytest.approx(expected * 1.05)
+    assert v["error"] == pytest.approx(0.05) and v["within_target"]
+    text = verify_text(v)
+    assert "predicted" in text and "measured" in text and "+5.0%" in text
+
+
+def test_verify_outside_the_target_says_so():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]})
+    v = verify_result(rep, fake_run(100.0, {"num_workers": 1}), warmup=0, command=["x"])
+    assert v["change"] == {"num_workers": 1} and not v["within_target"]
+    assert "outside the ±10% target" in verify_text(v)
+
+
+def test_verify_keeps_every_key_of_the_report(tmp_path):
+    rep = with_real_run(base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}), 300.0)
+    rep["schema_version"] = 2
+    write_report(rep, tmp_path)
+    before = set(json.loads((tmp_path / "report.json").read_text()))
+    rep["verify"] = verify_result(rep, fake_run(300.0, {"num_workers": 2}), 0, ["x"])
+    write_report(rep, tmp_path)
+    after = load_report(tmp_path / "report.json")
+    assert before | {"verify"} == set(after)
+    assert 'id="verify"' in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_cli_verify_runs_the_changed_job(tmp_path, capsys):
+    data = write_files(tmp_path / "data", n=48, size=8192)
+    out = tmp_path / "run"
+    common = ["--quiet", "--iters", "10", "--warmup", "2"]
+    rc = cli_main(
+        [
+            "profile",
+            *common,
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            str(write_script(tmp_path / "t1.py", workers=1)),
+            str(data),
+        ]
+    )
+    assert rc == 0
+    changed = write_script(tmp_path / "t2.py", workers=2)
+    rc = cli_main(
+        ["verify", str(out / "report.json"), *common, "--", sys.executable, str(changed), str(data)]
+    )
+    printed = capsys.readouterr().out
+    assert rc == 0 and "verify (num_workers=2)" in printed
+    v = load_report(out / "report.json")["verify"]
+    assert v["change"] == {"num_workers": 2} and v["measured_samples_per_s"] > 0 and v["warmup_iters"] == 2
