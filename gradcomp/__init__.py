@@ -9,21 +9,28 @@ and a lazy lookup would hand back the module once anything imported it. The rest
 
 from __future__ import annotations
 
-from coordl.lazy import lazy_exports
 from gradcomp.mstopk import mstopk as mstopk
 from gradcomp.mstopk import recall as recall
 from gradcomp.mstopk import topk as topk
 from gradcomp.register import register as register
+from shmem.lazy import lazy_exports
 
 _LAZY = {
-    "get_compressor": "gradcomp.compressors",
+    "get_compressor": "gradcomp.methods",
+    "METHODS": "gradcomp.methods",
+    "Compressor": "gradcomp.compressors",
+    "Communicator": "gradcomp.communicators",
+    "Memory": "gradcomp.memory",
     "GradcompState": "gradcomp.hooks",
     "gradcomp_hook": "gradcomp.hooks",
+    "NoMemory": "gradcomp.memory",
     "ResidualMemory": "gradcomp.memory",
     "PowerSGDReducer": "gradcomp.powersgd",
     "PartitionedOptimizer": "gradcomp.pto",
     "Planner": "gradcomp.planner",
     "compressors": "gradcomp.compressors",
+    "communicators": "gradcomp.communicators",
+    "methods": "gradcomp.methods",
     "collectives": "gradcomp.collectives",
     "planner": "gradcomp.planner",
 }

@@ -4,8 +4,8 @@
   one byte buffer, so one all-gather moves values and indices together; raw bytes, never pickled.
 - ``gtopk``: global top-k by log2(P) rounds of pairwise exchange (Shi et al.); world sizes that are not a power
   of two fold the extra ranks into the lower ones first and get the result back at the end.
-- ``hierarchical_topk``: reduce-scatter inside a node, top-k of each shard, sparse all-gather across nodes among
-  ranks with the same local rank, scatter-add, all-gather inside the node (HiTopKComm, MLSys'21).
+- ``node_groups``: the two process groups hierarchical top-k needs (``communicators.hierarchical``).
+- ``all_gather_flat`` / ``reduce_scatter_flat``: tensor-in, tensor-out collectives under either torch spelling.
 """
 
 from __future__ import annotations
@@ -13,11 +13,22 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-# torch 2.13 renamed the tensor-in/tensor-out collectives; older releases only have the old names.
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+from gradcomp import futures
 
-__all__ = ["pack", "unpack", "allgather_payloads", "gtopk", "merge_topk", "node_groups", "hierarchical_topk"]
+# torch 2.13 renamed the tensor-in/tensor-out collectives; older releases only have the old names.
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+__all__ = [
+    "pack",
+    "unpack",
+    "allgather_payloads",
+    "gtopk",
+    "merge_topk",
+    "node_groups",
+    "all_gather_flat",
+    "reduce_scatter_flat",
+]
 
 
 def pack(payload: list[torch.Tensor]) -> torch.Tensor:
@@ -34,8 +45,10 @@ def unpack(buf: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     for t in like:
         n = t.numel() * t.element_size()
         piece = buf[offset : offset + n]
-        if offset % t.element_size():
-            piece = piece.clone()  # a view as a wider dtype needs an aligned start
+        if piece.storage_offset() % t.element_size():
+            # A view as a wider dtype needs an aligned start in the storage, not just in ``buf``: a peer's
+            # payload is a slice of the all-gather output that starts wherever the previous one ended.
+            piece = piece.clone()
         out.append(piece.view(t.dtype).reshape(t.shape))
         offset += n
     return out
@@ -53,9 +66,9 @@ def allgather_payloads(
     def split(_: object = None) -> list[list[torch.Tensor]]:
         return [unpack(out[r * n : (r + 1) * n], payload) for r in range(world)]
 
-    work = _all_gather_flat(out, buf, group=group, async_op=async_op)
+    work = all_gather_flat(out, buf, group=group, async_op=async_op)
     if async_op:
-        return work.get_future().then(split)
+        return futures.then(work.get_future(), split, keep=(buf, out))
     return split()
 
 
@@ -139,39 +152,3 @@ def node_groups(local_size: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
             inter = g
     assert intra is not None and inter is not None
     return intra, inter
-
-
-def hierarchical_topk(
-    x: torch.Tensor,
-    ratio: float,
-    intra: dist.ProcessGroup,
-    inter: dist.ProcessGroup,
-    memory: object,
-    key: object,
-    select: object = None,
-) -> torch.Tensor:
-    """Sum over all ranks of flat ``x``, with top-k (density ``ratio``) applied to each node's shards.
-
-    ``memory`` (a ResidualMemory or NoMemory) keeps each rank's shard residual under ``key``.
-    """
-    from gradcomp.compressors.sparse import k_for
-    from gradcomp.mstopk import topk
-
-    select = select or topk
-    local = dist.get_world_size(intra)
-    n = x.numel()
-    padded = torch.nn.functional.pad(x, (0, (-n) % local))
-    shard = torch.empty(padded.numel() // local, dtype=x.dtype, device=x.device)
-    _reduce_scatter_flat(shard, padded, group=intra)
-    comp = memory.compensate(shard, key)
-    val, idx = select(comp, k_for(comp.numel(), ratio))
-    sent = torch.zeros_like(comp)
-    sent[idx] = val
-    memory.update(comp, key, sent)
-    gathered = allgather_payloads([val, idx.to(torch.int32)], group=inter)
-    node_sum = torch.zeros_like(shard).index_add_(
-        0, torch.cat([g[1] for g in gathered]).long(), torch.cat([g[0] for g in gathered])
-    )
-    full = torch.empty_like(padded)
-    _all_gather_flat(full, node_sum, group=intra)
-    return full[:n]

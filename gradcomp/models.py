@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["SmallCNN", "VGGLike", "build_model"]
+__all__ = ["SmallCNN", "VGGLike", "build_model", "parse_model_name"]
 
 
 class SmallCNN(nn.Module):
@@ -48,11 +48,22 @@ class VGGLike(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
+def parse_model_name(name: str) -> tuple[str, int | None]:
+    """``("small", None)`` or ``("vgg", hidden)`` for ``small``, ``vgg`` and ``vgg:<hidden>``; else ValueError."""
+    if name == "small":
+        return "small", None
+    if name == "vgg":
+        return "vgg", 2048
+    if name.startswith("vgg:"):
+        hidden = name.split(":", 1)[1]
+        if hidden.isdigit() and int(hidden) > 0:
+            return "vgg", int(hidden)
+    raise ValueError(f"unknown model {name!r}; choose small, vgg or vgg:<hidden> (hidden a positive integer)")
+
+
 def build_model(name: str, classes: int) -> nn.Module:
     """``small`` or ``vgg`` (also ``vgg:<hidden>``)."""
-    if name == "small":
+    kind, hidden = parse_model_name(name)
+    if kind == "small":
         return SmallCNN(classes)
-    if name == "vgg" or name.startswith("vgg:"):
-        hidden = int(name.split(":", 1)[1]) if ":" in name else 2048
-        return VGGLike(classes, hidden)
-    raise ValueError(f"unknown --model {name!r}; choose small, vgg or vgg:<hidden>")
+    return VGGLike(classes, hidden or 2048)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gradcomp.memory import NoMemory, ResidualMemory
+from gradcomp.memory import Memory, NoMemory, ResidualMemory
 
 __all__ = ["PowerSGDReducer"]
 
@@ -28,13 +28,15 @@ class PowerSGDReducer:
         min_compression_rate: float = 2.0,
         error_feedback: bool = True,
         seed: int = 0,
+        memory: Memory | None = None,
     ) -> None:
+        """``memory`` overrides ``error_feedback`` (a communicator passes the memory it was built with)."""
         if rank < 1:
             raise ValueError(f"powersgd rank must be >= 1, got {rank}")
         self.rank = rank
         self.start_iter = start_iter
         self.min_compression_rate = min_compression_rate
-        self.memory = ResidualMemory() if error_feedback else NoMemory()
+        self.memory = memory if memory is not None else ResidualMemory() if error_feedback else NoMemory()
         self.seed = seed
         self._q: dict[object, torch.Tensor] = {}
         self._steps: dict[object, int] = {}

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
-from gradcomp.compressors import NAMES, get_compressor
 from gradcomp.hooks import GradcompState, gradcomp_hook
 from gradcomp.memory import NoMemory
+from gradcomp.methods import build_communicator, method
 from gradcomp.planner import Decision, Planner, fit_line, time_at_sizes
-from gradcomp.powersgd import PowerSGDReducer
 
 __all__ = ["register", "fit_planner"]
 
@@ -31,7 +28,8 @@ def fit_planner(state: GradcompState, max_numel: int, device: torch.device, reps
     """
     # At least two sizes even for a tiny model: a line through one point has no intercept to speak of.
     sizes = sorted({n for n in (1024, 16384, 262144, 1 << 20) if n <= max(max_numel, 16384)})
-    probe_memory, state.memory = state.memory, NoMemory()
+    comm = state.communicator
+    probe_memory, comm.memory = comm.memory, NoMemory()
     try:
         dense = time_at_sizes(
             lambda x: dist.all_reduce(x, group=state.group), sizes, reps, device, state.group
@@ -41,13 +39,13 @@ def fit_planner(state: GradcompState, max_numel: int, device: torch.device, reps
         )
 
         def encode(x: torch.Tensor) -> None:
-            payload, ctx = state.compressor.compress(x, "__probe__")
-            state.compressor.decompress(payload, ctx)
-            state.compressor.aggregate([payload] * state.world, ctx)
+            payload, ctx = comm.compressor.compress(x, "__probe__")
+            comm.compressor.decompress(payload, ctx)
+            comm.compressor.aggregate([payload] * state.world, ctx)
 
         enc = time_at_sizes(encode, sizes, reps, device, state.group)
     finally:
-        state.memory = probe_memory
+        comm.memory = probe_memory
     return Planner(fit_line(sizes, dense), fit_line(sizes, sync), fit_line(sizes, enc))
 
 
@@ -64,7 +62,7 @@ def register(
 
     Args:
         model: a ``DistributedDataParallel`` model; every rank must call ``register`` with the same arguments.
-        compressor: one of ``gradcomp.compressors.NAMES``.
+        compressor: one of ``gradcomp.methods.NAMES`` (a compressor paired with a communicator).
         ratio: density kept by sparsifiers (top-k, MSTopK, random-k, gTop-k, hierarchical top-k).
         error_feedback: keep what was dropped and add it to the next gradient (needed by biased methods).
         plan: ``"auto"`` fits a cost model now (a few timed collectives) and compresses a bucket only when it is
@@ -81,40 +79,14 @@ def register(
         raise TypeError(
             f"gradcomp.register needs a DistributedDataParallel model, got {type(model).__name__}"
         )
-    if compressor not in NAMES:
-        raise ValueError(f"unknown compressor {compressor!r}; choose one of {', '.join(NAMES)}")
+    method(compressor)  # an unknown name fails here, before any collective
     if plan not in _PLANS:
         raise ValueError(f"plan must be one of {_PLANS}, got {plan!r}")
-    elem = get_compressor(
-        compressor, ratio, **{k: v for k, v in options.items() if k in ("rounds", "levels", "seed")}
-    )
-    psgd = None
-    if compressor == "powersgd":
-        psgd = PowerSGDReducer(
-            rank=int(options.get("powersgd_rank", 1)),
-            start_iter=int(options.get("start_iter", 10)),
-            min_compression_rate=float(options.get("min_compression_rate", 2.0)),
-            error_feedback=error_feedback,
-        )
-    node_groups = None
-    if compressor == "hitopk":
-        from gradcomp.collectives import node_groups as make_groups
-
-        local = int(options.get("local_size", os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
-        node_groups = make_groups(local)
-    state = GradcompState(
-        compressor,
-        elem,
-        ratio,
-        error_feedback,
-        plan,
-        group=process_group,
-        powersgd=psgd,
-        node_groups=node_groups,
-        partitions=int(options.get("partitions", 1)),
-    )
-    # PowerSGD applies its own per-tensor rule (min_compression_rate); "none" never compresses.
-    if plan == "auto" and compressor not in ("none", "powersgd", "hitopk"):
+    communicator = build_communicator(compressor, ratio, error_feedback, process_group, options)
+    state = GradcompState(communicator, plan, partitions=int(options.get("partitions", 1)), name=compressor)
+    # Communicators that are not plannable apply their own rule (PowerSGD) or always compress (hierarchical
+    # top-k); the dense one never compresses.
+    if plan == "auto" and communicator.plannable:
         total = sum(p.numel() for p in model.parameters() if p.requires_grad)
         state.planner = fit_planner(state, total, _model_device(model))
         if "margin" in options:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -71,10 +70,9 @@ def _init_dist(backend: str) -> tuple[int, int, torch.device]:
         if "RANK" in os.environ:
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300))
         else:
-            with socket.socket() as s:  # a world of one: any free port
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+            # A world of one rendezvouses with itself: an in-process store, no port to pick (a port found free
+            # can be taken by another process before it is bound).
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     rank = dist.get_rank()
     device = torch.device("cpu")
     if backend == "nccl":
@@ -93,7 +91,6 @@ def _datasets(args, rank: int) -> tuple[Dataset, Dataset | None]:
 
         return make(args.samples, "train"), make(args.eval_samples, "eval") if evaluate else None
     import coordl
-    from coordl.transforms import eval_transform, train_transform
 
     root = args.data
     if root is None:
@@ -101,14 +98,16 @@ def _datasets(args, rank: int) -> tuple[Dataset, Dataset | None]:
         if rank == 0:  # one writer; make_dataset is idempotent, the others wait at the barrier
             coordl.synth.make_dataset(root, args.samples, args.classes, width=64, height=48, workers=1)
         dist.barrier()
-    train_set = coordl.ImageFolder(root, transform=train_transform(args.image_size))
+    train_set = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(args.image_size))
     if not evaluate:
         return train_set, None
     # Hold out every k-th file (a fixed, class-balanced-enough subset) and train on the rest.
     items = train_set.items
     n_eval = min(args.eval_samples, len(items) // 2)
     held = set(range(0, len(items), max(len(items) // max(n_eval, 1), 1))[:n_eval])
-    eval_set = coordl.ImageFolder(root, transform=eval_transform(args.image_size, resize=args.image_size))
+    eval_set = coordl.ImageFolder(
+        root, transform=coordl.transforms.eval_transform(args.image_size, resize=args.image_size)
+    )
     eval_set.items = [it for i, it in enumerate(items) if i in held]
     train_set.items = [it for i, it in enumerate(items) if i not in held]
     return train_set, eval_set
@@ -212,13 +211,8 @@ def _summary(rows: list[dict], batch: int, warmup: int) -> dict:
     }
 
 
-def train(args) -> dict:
-    """Train for ``args.iters`` iterations; returns the report (rank 0 also writes it to ``args.report``)."""
-    rank, world, device = _init_dist(args.backend)
-    torch.manual_seed(args.seed)
-    if args.target_acc is not None and args.eval_every <= 0:
-        args.eval_every = 10  # a target needs evaluations to be reached
-    dataset, eval_set = _datasets(args, rank)
+def _setup(args, device: torch.device):
+    """(DDP model, the installed sync's timer/state, seconds ``register`` took, optimizer)."""
     model = build_model(args.model, args.classes).to(device)
     bucket_cap_mb = args.bucket_cap_mb
     if args.baseline == "torch-powersgd" and args.backend == "gloo":
@@ -237,6 +231,33 @@ def train(args) -> dict:
         opt = PartitionedOptimizer(ddp.parameters(), torch.optim.SGD, lr=args.lr, momentum=0.9)
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    return ddp, sync, register_s, opt
+
+
+def _step(ddp, opt, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> tuple:
+    """One training step: (logits, loss, time backward ended, time the step ended)."""
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    opt.zero_grad()
+    out = ddp(x)
+    loss = torch.nn.functional.cross_entropy(out, y)
+    loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t_bwd = time.perf_counter()
+    opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, loss, t_bwd, time.perf_counter()
+
+
+def train(args) -> dict:
+    """Train for ``args.iters`` iterations; returns the report (rank 0 also writes it to ``args.report``)."""
+    rank, world, device = _init_dist(args.backend)
+    torch.manual_seed(args.seed)
+    if args.target_acc is not None and args.eval_every <= 0:
+        args.eval_every = 10  # a target needs evaluations to be reached
+    dataset, eval_set = _datasets(args, rank)
+    ddp, sync, register_s, opt = _setup(args, device)
     loader, sampler = _loader(dataset, args, rank, world)
     held_out = HeldOut(eval_set, rank, world, device) if eval_set is not None else None
     eval_curve: list[tuple[int, float, float]] = []  # (iterations done, training wall s, held-out accuracy)
@@ -261,22 +282,11 @@ def train(args) -> dict:
             it = iter(loader)
             continue
         t_got = timeline.next_ended(len(y))
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        opt.zero_grad()
-        out = ddp(x)
-        loss = torch.nn.functional.cross_entropy(out, y)
-        loss.backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t_bwd = time.perf_counter()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t_end = time.perf_counter()
+        out, loss, t_bwd, t_end = _step(ddp, opt, x, y, device)
         t_s = t_end - t_start - eval_s
         stats = sync.take_stats()
         exposed = max(0.0, t_bwd - stats["last_ready"]) if stats["buckets"] else 0.0
-        acc = float((out.argmax(1) == y).float().mean())
+        acc = float((out.argmax(1) == y.to(device)).float().mean())
         acc_window = (acc_window + [acc])[-20:]
         step_s = t_end - t_got
         rows.append({
@@ -296,9 +306,8 @@ def train(args) -> dict:
                 reached = (len(rows), t_s)
                 break
     timeline.next_started()  # closes the last step
-    method = args.baseline or f"gradcomp:{args.compressor}"
     report = {
-        "method": method,
+        "method": args.baseline or f"gradcomp:{args.compressor}",
         "args": {k: v for k, v in vars(args).items() if k != "func"},
         "world_size": world,
         "device": str(device),
@@ -313,12 +322,16 @@ def train(args) -> dict:
         "eval_curve": eval_curve,
         "iterations": rows,
     }
+    _write_report(report, rank, args)
+    return report
+
+
+def _write_report(report: dict, rank: int, args) -> None:
     if rank == 0 and args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(json.dumps(report, indent=1))
     if rank == 0 and not args.quiet:
         print(format_summary(report), file=sys.stdout, flush=True)
-    return report
 
 
 def format_summary(report: dict) -> str:

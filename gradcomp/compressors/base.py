@@ -1,12 +1,13 @@
-"""The compressor interface shared by every method (GRACE's compressor/memory/communicator split).
+"""The compressor interface shared by every method (GRACE's compressor role).
 
 A compressor turns a flat gradient into a list of payload tensors plus a context that only holds what every rank
-can rebuild on its own (numel, dtype, device), so a peer's payload can be decoded with the local context. Its
-``collective`` says how payloads travel:
+can rebuild on its own (numel, dtype, device), so a peer's payload can be decoded with the local context. How
+payloads travel is the communicator's business (``gradcomp.communicators``); a compressor only says whether its
+payloads may be summed on the wire (``summable``):
 
-- ``"allreduce"``: ``payload[0]`` of all ranks can be summed element-wise (fp16, random-k with a shared seed);
+- ``summable = True``: ``payload[0]`` of all ranks can be summed element-wise (fp16, random-k with a shared seed);
   any further payload tensors are metadata every rank computes identically (random-k's indices) and stay local;
-- ``"allgather"``: each rank's payload is gathered and decoded, then the decoded tensors are summed.
+- otherwise each rank's payload has to be decoded on its own and the decoded tensors summed (``aggregate``).
 
 Payload shapes depend only on the input's numel, never on its values, so all-gathers are fixed-size.
 """
@@ -14,7 +15,9 @@ Payload shapes depend only on the input's numel, never on its values, so all-gat
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,7 +39,13 @@ class Compressor(ABC):
     name: str = "base"
     #: True when E[decompress(compress(x))] != x: such methods need error feedback to converge.
     biased: bool = False
-    collective: str = "allgather"
+    #: True when ``payload[0]`` of every rank can be summed by an all-reduce (see the module docstring).
+    summable: bool = False
+
+    @classmethod
+    def from_options(cls, ratio: float, options: Mapping[str, Any]) -> Compressor:
+        """Build from ``gradcomp.register``'s arguments; each method reads only the options it has."""
+        return cls()
 
     @abstractmethod
     def compress(self, x: torch.Tensor, key: object = None) -> tuple[list[torch.Tensor], Context]:

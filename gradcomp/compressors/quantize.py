@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from gradcomp.compressors.base import Compressor, Context
 
-__all__ = ["NoCompression", "CastCompressor", "QSGD", "TernGrad", "SignSGD"]
+__all__ = ["NoCompression", "CastCompressor", "Fp16", "Bf16", "QSGD", "TernGrad", "SignSGD"]
 
 
 def _ctx(x: torch.Tensor) -> Context:
@@ -17,7 +20,7 @@ class NoCompression(Compressor):
     """Plain all-reduce of the float32 gradient."""
 
     name = "none"
-    collective = "allreduce"
+    summable = True
 
     def compress(self, x: torch.Tensor, key: object = None) -> tuple[list[torch.Tensor], Context]:
         return [x.reshape(-1)], _ctx(x)
@@ -32,7 +35,7 @@ class NoCompression(Compressor):
 class CastCompressor(Compressor):
     """Cast to a 16-bit float for the wire (the hook divides by the world size first, so sums cannot overflow)."""
 
-    collective = "allreduce"
+    summable = True
 
     def __init__(self, dtype: torch.dtype = torch.float16) -> None:
         self.wire_dtype = dtype
@@ -48,6 +51,20 @@ class CastCompressor(Compressor):
         return numel * 2
 
 
+class Fp16(CastCompressor):
+    """IEEE half precision on the wire: 10 mantissa bits, range up to 65504."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.float16)
+
+
+class Bf16(CastCompressor):
+    """bfloat16 on the wire: float32's range, 7 mantissa bits."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.bfloat16)
+
+
 class QSGD(Compressor):
     """QSGD (Alistarh et al.): ``norm * sign * l / s`` with l stochastically rounded; unbiased."""
 
@@ -58,6 +75,10 @@ class QSGD(Compressor):
             raise ValueError(f"qsgd levels must be >= 1, got {levels}")
         self.levels = levels
         self.wire_dtype = torch.int8 if levels <= 127 else torch.int16 if levels <= 32767 else torch.int32
+
+    @classmethod
+    def from_options(cls, ratio: float, options: Mapping[str, Any]) -> QSGD:
+        return cls(levels=int(options.get("levels", 127)))
 
     def compress(self, x: torch.Tensor, key: object = None) -> tuple[list[torch.Tensor], Context]:
         flat = x.reshape(-1).float()

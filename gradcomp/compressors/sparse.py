@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from gradcomp.compressors.base import Compressor, Context
 from gradcomp.mstopk import mstopk, topk
 
-__all__ = ["TopK", "MSTopK", "RandomK", "k_for"]
+__all__ = ["Sparsifier", "TopK", "MSTopK", "RandomK", "k_for"]
 
 
 def k_for(numel: int, ratio: float) -> int:
@@ -22,15 +25,24 @@ def _index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2**31 else torch.int64
 
 
-class _Sparse(Compressor):
+class Sparsifier(Compressor):
+    """Keeps ``k_for(numel, ratio)`` entries: payload ``[values, indices]``; subclasses choose which (``select``).
+
+    gTop-k and hierarchical top-k communicators accept any sparsifier, since they only need that payload.
+    """
+
     biased = True
-    collective = "allgather"
 
     def __init__(self, ratio: float) -> None:
         k_for(1, ratio)  # validates ratio
         self.ratio = ratio
 
+    @classmethod
+    def from_options(cls, ratio: float, options: Mapping[str, Any]) -> Sparsifier:
+        return cls(ratio)
+
     def select(self, x: torch.Tensor, k: int, key: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(values, indices)`` of the ``k`` entries of flat ``x`` to send."""
         raise NotImplementedError
 
     def compress(self, x: torch.Tensor, key: object = None) -> tuple[list[torch.Tensor], Context]:
@@ -58,7 +70,7 @@ class _Sparse(Compressor):
         return f"{type(self).__name__}(ratio={self.ratio})"
 
 
-class TopK(_Sparse):
+class TopK(Sparsifier):
     """Exact top-k by magnitude (``torch.topk``)."""
 
     name = "topk"
@@ -67,7 +79,7 @@ class TopK(_Sparse):
         return topk(x, k)
 
 
-class MSTopK(_Sparse):
+class MSTopK(Sparsifier):
     """Sort-free approximate top-k (``gradcomp.mstopk``), exactly k entries."""
 
     name = "mstopk"
@@ -76,23 +88,31 @@ class MSTopK(_Sparse):
         super().__init__(ratio)
         self.rounds = rounds
 
+    @classmethod
+    def from_options(cls, ratio: float, options: Mapping[str, Any]) -> MSTopK:
+        return cls(ratio, rounds=int(options.get("rounds", 20)))
+
     def select(self, x: torch.Tensor, k: int, key: object) -> tuple[torch.Tensor, torch.Tensor]:
         return mstopk(x, k, rounds=self.rounds)
 
 
-class RandomK(_Sparse):
+class RandomK(Sparsifier):
     """k random coordinates, the same on every rank (seeded by ``seed``, key and call count).
 
     Because all ranks pick the same coordinates, only the values travel and they are summed by an all-reduce.
     """
 
     name = "randomk"
-    collective = "allreduce"
+    summable = True
 
     def __init__(self, ratio: float, seed: int = 0) -> None:
         super().__init__(ratio)
         self.seed = seed
         self._calls: dict[object, int] = {}
+
+    @classmethod
+    def from_options(cls, ratio: float, options: Mapping[str, Any]) -> RandomK:
+        return cls(ratio, seed=int(options.get("seed", 0)))
 
     def _indices(self, numel: int, k: int, key: object) -> torch.Tensor:
         n = self._calls.get(key, 0)
@@ -110,7 +130,7 @@ class RandomK(_Sparse):
 
     def compress(self, x: torch.Tensor, key: object = None) -> tuple[list[torch.Tensor], Context]:
         values, idx = super().compress(x, key)[0]
-        # The indices are known to every rank; they ride in the payload list but are not summed (see hooks).
+        # The indices are known to every rank; they ride in the payload list but are not summed (AllReduce).
         return [values, idx], Context(x.numel(), x.dtype, x.device)
 
     def payload_bytes(self, numel: int) -> int:

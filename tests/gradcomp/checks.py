@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gradcomp.collectives import gtopk, node_groups
-from gradcomp.compressors import get_compressor
+from gradcomp.collectives import gtopk
 from gradcomp.hooks import GradcompState
+from gradcomp.methods import build_communicator
 from gradcomp.planner import Decision
-from gradcomp.powersgd import PowerSGDReducer
 
 
 def _data(rank: int, n: int, seed: int = 0) -> torch.Tensor:
@@ -22,12 +21,12 @@ def _dense_sum(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _state(name: str, ratio: float = 1.0, **kw) -> GradcompState:
-    comp = get_compressor(name, ratio, **{k: v for k, v in kw.items() if k in ("levels",)})
-    psgd = PowerSGDReducer(rank=64, start_iter=0, min_compression_rate=0.0) if name == "powersgd" else None
-    world = dist.get_world_size()
-    groups = node_groups(2 if world % 2 == 0 else 1) if name == "hitopk" else None
-    return GradcompState(name, comp, ratio, True, "always", powersgd=psgd, node_groups=groups)
+def _state(name: str, ratio: float = 1.0, **options) -> GradcompState:
+    # PowerSGD at rank 64 from the first step is exact on an 8 x 12 matrix; hierarchical top-k on 2 ranks per node
+    # where the world size allows it.
+    options.update(powersgd_rank=64, start_iter=0, min_compression_rate=0.0)
+    options.update(local_size=2 if dist.get_world_size() % 2 == 0 else 1)
+    return GradcompState(build_communicator(name, ratio, True, None, options), "always", name=name)
 
 
 def lossless(rank: int, world: int) -> None:
@@ -56,6 +55,8 @@ def lossless(rank: int, world: int) -> None:
         state = _state(name, levels=1 << 20)
         shapes = [torch.Size([8, 12])] if name == "powersgd" else None
         got = state.sync(inp.clone(), 0, Decision(True, 2 if name == "topk" else 1), shapes).wait()
+        # The dense all-reduce hands back the collective's own one-element list.
+        got = got[0] if isinstance(got, list) else got
         err = (got - expect).abs().max().item()
         assert err <= tol + 1e-6, f"{name}: max error {err} > {tol} (world {world})"
 
@@ -181,22 +182,32 @@ def all_checks(rank: int, world: int) -> None:
 
 
 def _clusters(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` points of a fixed 10-class task (the class centres never change), sampled with ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     centers = torch.randn(10, 32, generator=torch.Generator().manual_seed(99)) * 0.45
     y = torch.randint(0, 10, (n,), generator=gen)
     return centers[y] + torch.randn(n, 32, generator=gen), y
 
 
-def _accuracy_after(rank: int, hook_args: dict | None, steps: int) -> float:
+#: Steps to the plateau of dense training (at 200 steps top-1% + EF still lags by ~2.5 points).
+EF_STEPS = 500
+
+
+def accuracy_after(rank: int, hook_args: dict | None, seed: int = 0, steps: int = EF_STEPS) -> float:
+    """Held-out accuracy of a 32-512-10 MLP after ``steps`` DDP steps of 32 samples per rank.
+
+    ``seed`` fixes the initial weights and each rank's training draw (seed 0 is the historical single run); the
+    held-out set and the class centres are the same for every seed, so seeds differ only in init and sampling.
+    """
     import gradcomp
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(32, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
     model = torch.nn.parallel.DistributedDataParallel(net)
     if hook_args is not None:
         gradcomp.register(model, **hook_args)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x, y = _clusters(steps * 32, seed=rank)
+    x, y = _clusters(steps * 32, seed=rank + 10_000 * seed)
     for i in range(steps):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x[i * 32 : (i + 1) * 32]), y[i * 32 : (i + 1) * 32])
@@ -207,13 +218,30 @@ def _accuracy_after(rank: int, hook_args: dict | None, steps: int) -> float:
         return float((net(xt).argmax(1) == yt).float().mean())
 
 
+TOPK_EF = dict(compressor="topk", ratio=0.01, error_feedback=True, plan="always")
+TOPK_NO_EF = dict(compressor="topk", ratio=0.01, error_feedback=False, plan="always")
+
+# Why several seeds and this margin. The top-1% run is chaotic: a last-bit difference in any sum flips one
+# top-k pick and the runs part ways, so the same seed gives a different accuracy on a CPU with other vector
+# kernels (seed 0 alone: 0.7910-0.7945 across ATEN_CPU_CAPABILITY / MKL_CBWR settings on one machine, while
+# dense stays at 0.8030). That spread is the seed-to-seed spread in small, so the check averages seeds and its
+# margin comes from the distribution over seeds, measured with
+# ``python -m tests.gradcomp.measure_ef_margin --seeds 20`` (numbers in that module's docstring).
+EF_SEEDS = (0, 1, 2, 3)
+EF_MARGIN = 0.015  # 4.5 standard deviations of the 4-seed mean below its measured mean (20 seeds)
+
+
 def topk_ef_accuracy_close_to_dense(rank: int, world: int) -> None:
-    """Top-1% with error feedback reaches within 1 point of dense accuracy in the same number of steps."""
-    steps = 500  # to the plateau of dense training (at 200 steps top-1% still lags by ~2.5 points)
-    dense = _accuracy_after(rank, None, steps)
-    sparse = _accuracy_after(
-        rank, dict(compressor="topk", ratio=0.01, error_feedback=True, plan="always"), steps
+    """Top-1% with error feedback reaches dense accuracy within ``EF_MARGIN``, averaged over ``EF_SEEDS``."""
+    gaps = []
+    for seed in EF_SEEDS:
+        dense = accuracy_after(rank, None, seed)
+        sparse = accuracy_after(rank, TOPK_EF, seed)
+        gaps.append(sparse - dense)
+        if rank == 0:
+            print(f"seed {seed}: dense {dense:.4f}, top-1% + EF {sparse:.4f}")
+    mean_gap = sum(gaps) / len(gaps)
+    assert mean_gap >= -EF_MARGIN, (
+        f"top-1% + EF trails dense by {-mean_gap:.4f} on average over seeds {EF_SEEDS} "
+        f"(per seed {[round(g, 4) for g in gaps]}); allowed {EF_MARGIN}"
     )
-    if rank == 0:
-        print(f"accuracy after {steps} steps: dense {dense:.4f}, top-1% + EF {sparse:.4f}")
-    assert sparse >= dense - 0.01, f"top-1% + EF accuracy {sparse:.4f} vs dense {dense:.4f}"

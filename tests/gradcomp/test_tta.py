@@ -17,9 +17,11 @@ CAP = 200
 
 
 def _args(report: str, *extra: str):
+    # --plan never: plan=auto decides from timings taken at register time, so the same seed could train with
+    # compressed buckets on one machine and dense ones on another. These tests are about stopping, not compression.
     return build_parser().parse_args([
         "train", "--data", "tensors", "--model", "small", "--samples", "256", "--eval-samples", "64",
-        "--batch-size", "8", "--warmup-report", "0", "--report", report, "--quiet", *extra,
+        "--batch-size", "8", "--warmup-report", "0", "--plan", "never", "--report", report, "--quiet", *extra,
     ])  # fmt: skip
 
 
@@ -32,7 +34,8 @@ def _same_on_all_ranks(value: int) -> bool:
 
 
 def _reaches_target(rank: int, world: int, report: str) -> None:
-    # An easy task (strong class signal): the small CNN passes 70% long before the cap.
+    # An easy task (strong class signal): the small CNN passes 70% long before the cap. Measured over seeds 0-9
+    # (2 ranks): the target was reached after 2 or 4 iterations every time, against a cap of 200.
     rep = train(
         _args(report, "--signal", "3", "--lr", "0.05", "--iters", str(CAP), "--eval-every", "2",
               "--target-acc", "0.7")
