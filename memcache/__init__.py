@@ -14,22 +14,18 @@ the ``memcache`` it imports is this package.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from memcache.keys import KeySpace as KeySpace
+from memcache.keys import sample_key as sample_key
+from memcache.local import LocalStore as LocalStore
+from shmem.lazy import lazy_exports
 
-from memcache.keys import KeySpace, sample_key
-from memcache.local import LocalStore
-
-__all__ = ["LocalStore", "RedisStore", "KeySpace", "sample_key", "IS_COORDL_MEMCACHE"]
-
-# Marker that coordl.sample_cache checks, so that python-memcached's module is never mistaken for ours.
+# Marker that coordl.fetch.sample_cache checks, so that python-memcached's module is never mistaken for ours.
 IS_COORDL_MEMCACHE = True
 
-
-def __getattr__(name: str) -> Any:
-    # RedisStore is imported on first use: LocalStore users need neither redis-py nor its import time.
-    if name == "RedisStore":
-        value = importlib.import_module("memcache.redis_store").RedisStore
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'memcache' has no attribute {name!r}")
+# RedisStore is imported on first use: LocalStore users need neither redis-py nor its import time.
+__getattr__, __dir__, __all__ = lazy_exports(
+    "memcache",
+    globals(),
+    {"RedisStore": "memcache.redis_store"},
+    eager=["LocalStore", "KeySpace", "sample_key", "IS_COORDL_MEMCACHE"],
+)

@@ -1,8 +1,11 @@
 """``memcache serve`` / ``memcache stop``: run a node's Redis with the settings the sample cache needs.
 
+    memcache serve                                                   # 127.0.0.1, a free port, 25% of RAM
     memcache serve --bind 10.0.0.5 --maxmemory 16G --port 6390       # prints the address and pid
     MEMCACHE_PASSWORD=s3cret memcache serve --maxmemory 16G          # requirepass from the environment
     memcache stop --port 6390
+
+Errors are one line (``memcache SUBCMD: error: ...``), never a traceback.
 
 The server runs detached (it outlives the command) with its config, log and pid file in
 ``--dir`` (default ``$TMPDIR/memcache-<uid>/<host>-<port>``); ``stop`` finds it there.
@@ -31,6 +34,41 @@ def parse_bytes(text: str) -> int:
     return int(float(m[1]) * _UNITS[m[2].upper()])
 
 
+# Default cache budget: a quarter of the machine's memory leaves room for the training job itself (its model,
+# its loader workers' page cache and prep buffers), which runs on the same node.
+DEFAULT_MAXMEMORY_FRACTION = 0.25
+
+
+def default_maxmemory() -> int:
+    """A quarter of this machine's memory, in bytes (what ``memcache serve`` uses without ``--maxmemory``)."""
+    import psutil
+
+    return int(psutil.virtual_memory().total * DEFAULT_MAXMEMORY_FRACTION)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 65535, got {value}")
+    return value
+
+
+def _size(text: str) -> int:
+    value = parse_bytes(text)
+    if value < 1 << 20:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is below 1M: too small for a sample cache (e.g. 512M, 16G)"
+        )
+    return value
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
 def _state_dir(args: argparse.Namespace, port: int) -> Path:
     if args.dir:
         return Path(args.dir)
@@ -39,15 +77,25 @@ def _state_dir(args: argparse.Namespace, port: int) -> Path:
 
 def _serve(args: argparse.Namespace) -> int:
     password = os.environ.get(args.password_env) or None
-    port = args.port or free_port(args.bind)
+    maxmemory = args.maxmemory
+    if maxmemory is None:
+        maxmemory = default_maxmemory()
+        print(
+            f"memcache: no --maxmemory given: using {_gib(maxmemory)}, a quarter of this machine's memory",
+            flush=True,
+        )
+    try:
+        port = args.port or free_port(args.bind)
+    except OSError as e:
+        raise ValueError(f"argument --bind: cannot listen on {args.bind!r}: {e.strerror or e}") from e
     workdir = _state_dir(args, port)
     server = start_redis(
-        args.maxmemory, host=args.bind, port=port, password=password, workdir=workdir, detach=True
+        maxmemory, host=args.bind, port=port, password=password, workdir=workdir, detach=True
     )
     print(
         f"memcache: redis-server pid {server.pid} serving {server.address} "
-        f"(maxmemory {args.maxmemory} bytes, noeviction, password {'set' if password else 'none'}, "
-        f"dir {workdir})\n"
+        f"(maxmemory {maxmemory} bytes = {_gib(maxmemory)}, noeviction, "
+        f"password {'set' if password else 'none'}, dir {workdir})\n"
         f"use: memcache.RedisStore(nodes=['{server.address}', ...]{', password=...' if password else ''})\n"
         f"stop: memcache stop {f'--dir {workdir}' if args.dir else f'--bind {args.bind} --port {port}'}"
     )
@@ -61,15 +109,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    if not args.dir and not args.port:
-        print("memcache stop: give --port (and --bind if not 127.0.0.1) or --dir", file=sys.stderr)
-        return 2
     pidfile = _state_dir(args, args.port) / "redis.pid"
     try:
         pid = int(pidfile.read_text().strip())
     except FileNotFoundError:
-        print(f"memcache stop: no server recorded in {pidfile}", file=sys.stderr)
-        return 1
+        where = "argument --dir" if args.dir else "argument --port"
+        raise ValueError(
+            f"{where}: no server recorded in {pidfile} (was it started by 'memcache serve'?)"
+        ) from None
+    except ValueError:
+        raise ValueError(f"{pidfile} does not hold a pid: remove it and stop the server by hand") from None
     stopped = stop_pid(pid)
     print(f"memcache: {'stopped' if stopped else 'no running'} redis-server pid {pid} ({pidfile.parent})")
     return 0
@@ -80,8 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start redis-server (detached) with maxmemory + noeviction")
     serve.add_argument("--bind", default="127.0.0.1", help="interface address to listen on")
-    serve.add_argument("--port", type=int, default=0, help="TCP port (default: a free one)")
-    serve.add_argument("--maxmemory", type=parse_bytes, required=True, help="cache budget, e.g. 16G")
+    serve.add_argument("--port", type=_port, default=0, help="TCP port (default: a free one)")
+    serve.add_argument(
+        "--maxmemory",
+        type=_size,
+        default=None,
+        help="cache budget, e.g. 16G (default: a quarter of this machine's memory, printed at start)",
+    )
     serve.add_argument(
         "--password-env",
         default="MEMCACHE_PASSWORD",
@@ -92,18 +146,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
     stop = sub.add_parser("stop", help="stop a server started by 'memcache serve'")
     stop.add_argument("--bind", default="127.0.0.1")
-    stop.add_argument("--port", type=int, default=0)
+    stop.add_argument("--port", type=_port, default=0)
     stop.add_argument("--dir")
     stop.set_defaults(func=_stop)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "stop" and not args.dir and not args.port:
+        print("memcache stop: error: give --port (and --bind if not 127.0.0.1) or --dir", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
-    except (FileNotFoundError, RuntimeError, ValueError) as e:
-        print(f"memcache {args.command}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"memcache {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, RuntimeError, ValueError) as e:  # FileNotFoundError (no redis-server) is an OSError
+        print(f"memcache {args.command}: error: {e}", file=sys.stderr)
         return 1
 
 

@@ -5,11 +5,12 @@ maps the same file ``<directory>/coordl-memcache-<name>``, so a sample prepped b
 every other worker and job. MinIO semantics: values are appended until the byte budget is used, then
 puts stop; nothing is ever evicted or overwritten, which is what makes lock-free reads safe.
 
-Layout of the file: a 4 KiB header (sizes, fill pointer, item count, full flag, table of attached
-processes), an open-addressing index of 32-byte slots (16-byte key digest, offset, length), then the
-data region of encoded values (see :mod:`memcache.codec`). Writers take an ``flock`` on the file;
-readers take no lock: a writer fills a slot's offset and length before its digest, and a reader checks
-each value's key tag and checksum, so a half-written value is at worst a counted miss.
+Layout of the file: a 4 KiB header (magic, size, table of attached processes), then the project's one
+never-evicting shared-memory table (:class:`shmem.table.AppendTable`) keyed by a 128-bit digest of each
+key, holding encoded values (see :mod:`memcache.codec`). Writers claim space under an ``flock``; readers
+take no lock and serve a value only when the table's checksum over it matches, so a half-written value
+(or one seen early on a weakly ordered CPU) is at worst a miss. Each value also carries its key tag,
+checked on read.
 
 Lifecycle: each process that uses the store records its pid and start time in the header. ``close()``
 (also run at interpreter exit) removes this process; the last live process removes the file. A store
@@ -30,19 +31,19 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from coordl.shm import DEFAULT_DIR, Segment, flock_timeout, owner_alive, start_ticks
-from memcache.codec import CodecError, decode, encode_header, payload_view
+from memcache.codec import CodecError, decode, encode_parts
+from shmem import members
+from shmem.segment import DEFAULT_DIR, Segment, flock_timeout
+from shmem.table import AppendTable, table_bytes
 
 __all__ = ["LocalStore"]
 
 _MAGIC = int.from_bytes(b"MCLSTOR1", "little")
 _HEADER_BYTES = 4096
-_SLOT_WORDS = 4  # digest lo, digest hi, offset, length
 _MAX_ATTACH = 200
-# Header words (int64): magic, file size, slots, data offset, data bytes, fill, items, full, reserved.
-_H_MAGIC, _H_SIZE, _H_SLOTS, _H_DATA_OFF, _H_DATA_BYTES, _H_FILL, _H_ITEMS, _H_FULL, _H_RESERVED = range(9)
-_H_ATTACH = 16  # pairs (pid, start ticks) from here on
-_RESERVE_CHUNK = 8 << 20  # fallocate in chunks: one syscall per 8 MiB, not per value
+# Header words (int64): magic, file size; pairs (pid, start ticks) of attached processes from _H_ATTACH.
+_H_MAGIC, _H_SIZE = range(2)
+_H_ATTACH = 16
 _LOCK_TIMEOUT_S = 30.0
 _NAME_RE = re.compile(r"[A-Za-z0-9_.]{1,64}")
 _FILE_PREFIX = "coordl-memcache-"
@@ -50,16 +51,17 @@ _FILE_PREFIX = "coordl-memcache-"
 
 def _digest(key: str) -> tuple[int, int]:
     d = hashlib.blake2b(key.encode(), digest_size=16).digest()
-    return int.from_bytes(d[:8], "little") | 1, int.from_bytes(d[8:], "little")  # lo never 0: 0 = empty
+    # signed 64-bit halves, lo never 0 (0 marks an empty row of the table)
+    return int.from_bytes(d[:8], "little", signed=True) | 1, int.from_bytes(d[8:], "little", signed=True)
 
 
 def _lock(fd: int, path: str, timeout_s: float = _LOCK_TIMEOUT_S) -> None:
     flock_timeout(fd, timeout_s, f"LocalStore {path}: writer lock")
 
 
-def _live_pids(header: np.ndarray) -> list[int]:
-    pairs = header[_H_ATTACH : _H_ATTACH + 2 * _MAX_ATTACH].reshape(_MAX_ATTACH, 2)
-    return [int(p) for p, s in pairs if p and owner_alive(int(p), int(s))]
+def _attached(header: np.ndarray) -> np.ndarray:
+    """The table of attached processes in a store's header (rows of pid, start ticks)."""
+    return header[_H_ATTACH : _H_ATTACH + 2 * _MAX_ATTACH].reshape(_MAX_ATTACH, 2)
 
 
 def reclaim_stale_stores(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:
@@ -79,7 +81,7 @@ def reclaim_stale_stores(directory: str | os.PathLike = DEFAULT_DIR) -> list[str
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # busy: someone is using it, skip
             raw = os.pread(fd, _HEADER_BYTES, 0)
             header = np.frombuffer(raw.ljust(_HEADER_BYTES, b"\0"), dtype=np.int64)
-            if not _live_pids(header) and os.path.exists(path):
+            if not members.live_pids(_attached(header)) and os.path.exists(path):
                 os.unlink(path)
                 removed.append(path)
         except BlockingIOError:
@@ -99,9 +101,10 @@ class LocalStore:
         directory: where the file lives; ``/dev/shm`` (RAM) by default.
         max_items: size of the index (default: one slot pair per 4 KiB of capacity); puts stop when
             either the bytes or the index run out.
-        verify: check each value's CRC-32 on every read (default). The header and key tag are always
-            checked; values are published only when complete and never overwritten, so the CRC
-            guards only against foreign writes to the file. ``verify=False`` reads at the speed of a copy.
+        verify: check each value's CRC-32 on every read (default): this is what makes a value seen
+            before its bytes on a weakly ordered CPU (aarch64) a miss, not a wrong sample. The header
+            and key tag are always checked. ``verify=False`` reads at the speed of a copy and is safe
+            only on x86-64, where stores become visible in order.
 
     The constructing process attaches at once; it keeps the store alive until it calls :meth:`close`
     or exits. Picklable: only the arguments travel; each process maps the file itself.
@@ -162,55 +165,49 @@ class LocalStore:
             os.close(fd)  # the last user removed it between our open and our lock: open it again
         try:
             if os.fstat(fd).st_size == 0:
-                self._initialize(fd)
+                self._size_file(fd)
             self._seg = Segment.attach(self.path)
-            self._header = self._seg.array(np.int64, 0, _HEADER_BYTES // 8)
-            if int(self._header[_H_MAGIC]) != _MAGIC:
+            magic = int(self._seg.array(np.int64, 0, 1)[0])
+            if magic == 0:  # new, or its creator died before laying it out: lay it out (under the lock)
+                self._initialize(fd)
+            elif magic != _MAGIC:
                 raise ValueError(f"{self.path} is not a memcache LocalStore (bad magic); remove it")
-            self._register(os.getpid())
-            slots = int(self._header[_H_SLOTS])
-            self._slots = self._seg.buf[_HEADER_BYTES : _HEADER_BYTES + slots * 32].cast("Q")
-            self._mask = slots - 1
-            self._data_off = int(self._header[_H_DATA_OFF])
+            self._header = self._seg.array(np.int64, 0, _HEADER_BYTES // 8)
+            self._table = AppendTable(self._seg, _HEADER_BYTES)
+            members.join(_attached(self._header), what=f"LocalStore {self.path}: attached processes")
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         self._fd = fd
         self._pid = os.getpid()
         atexit.register(self.close)
 
-    def _initialize(self, fd: int) -> None:
-        slots = 1 << max(10, (2 * self.max_items - 1).bit_length())  # load factor <= 1/2
-        index_bytes = slots * 32
-        data_off = _HEADER_BYTES + index_bytes
-        if data_off + (1 << 16) > self.capacity_bytes:
+    def _size_file(self, fd: int) -> None:
+        """A new store's file: its full size, sparse (the caller holds the lock)."""
+        if _HEADER_BYTES + table_bytes(self.max_items, 0) + (1 << 16) > self.capacity_bytes:
             raise ValueError(
                 f"LocalStore {self.name!r}: capacity_bytes={self.capacity_bytes} leaves no room for values "
-                f"after a {index_bytes}-byte index; raise capacity_bytes or lower max_items"
+                f"after an index of {self.max_items} items; raise capacity_bytes or lower max_items"
             )
         os.ftruncate(fd, self.capacity_bytes)
+
+    def _initialize(self, fd: int) -> None:
+        """Lay out the header and the table in a new store's file (the caller holds the lock)."""
+        index_bytes = table_bytes(self.max_items, 0)
+        data_bytes = self.capacity_bytes - _HEADER_BYTES - index_bytes
         try:
-            os.posix_fallocate(fd, 0, data_off)  # header + index are touched at random: back them now
+            if not self._seg.reserve(0, _HEADER_BYTES):
+                raise OSError(28, "no space")
+            AppendTable.create(
+                self._seg, self.max_items, data_bytes, stop_when_full=True, base=_HEADER_BYTES
+            ).close()
         except OSError as e:
             os.ftruncate(fd, 0)
             raise OSError(
                 e.errno, f"LocalStore {self.path}: no room for its index in {self.directory}"
             ) from e
-        header = np.zeros(_HEADER_BYTES // 8, dtype=np.int64)
-        header[[_H_SIZE, _H_SLOTS, _H_DATA_OFF]] = self.capacity_bytes, slots, data_off
-        header[_H_DATA_BYTES] = self.capacity_bytes - data_off
-        header[_H_MAGIC] = _MAGIC
-        os.pwrite(fd, header.tobytes(), 0)
-
-    def _register(self, pid: int) -> None:
-        """Record ``pid`` in the attach table, dropping dead entries (caller holds the lock)."""
-        pairs = self._header[_H_ATTACH : _H_ATTACH + 2 * _MAX_ATTACH].reshape(_MAX_ATTACH, 2)
-        for row in pairs:
-            if row[0] and not owner_alive(int(row[0]), int(row[1])):
-                row[:] = 0
-        free = [i for i in range(_MAX_ATTACH) if pairs[i, 0] == 0]
-        if not free:
-            raise RuntimeError(f"LocalStore {self.path}: more than {_MAX_ATTACH} live processes attached")
-        pairs[free[0]] = (pid, start_ticks(pid))
+        header = self._seg.array(np.int64, 0, _HEADER_BYTES // 8)
+        header[_H_SIZE] = self.capacity_bytes
+        header[_H_MAGIC] = _MAGIC  # last: a half-made store is never taken for one
 
     # ---- the store interface ----------------------------------------------------------------
     def get_many(self, keys: Iterable[str], *, copy: bool = True) -> dict[str, np.ndarray]:
@@ -222,93 +219,51 @@ class LocalStore:
                 into their input; the views stay valid until this handle is closed.
         """
         self._ensure()
-        slots, mask, buf, base = self._slots, self._mask, self._seg.buf, self._data_off
+        table = self._table
         out: dict[str, np.ndarray] = {}
         for key in keys:
-            lo, hi = _digest(key)
-            i = lo & mask
-            while True:
-                s = slots[4 * i]
-                if s == 0:
-                    self._stats["misses"] += 1
-                    break
-                if s == lo and slots[4 * i + 1] == hi:
-                    off, length = slots[4 * i + 2], slots[4 * i + 3]
-                    try:
-                        out[key] = decode(
-                            key, buf[base + off : base + off + length], copy=copy, verify=self.verify
-                        )
-                        self._stats["hits"] += 1
-                    except CodecError:
-                        self._stats["errors"] += 1
-                        self._stats["misses"] += 1
-                    break
-                i = (i + 1) & mask
+            torn = table.torn_reads
+            view = table.get(*_digest(key), verify=self.verify)
+            if view is None:
+                self._stats["misses"] += 1
+                self._stats["errors"] += table.torn_reads - torn  # present, but its check failed
+                continue
+            try:
+                # The table checked a CRC over the whole value: the codec's own CRC would repeat it.
+                out[key] = decode(key, view, copy=copy, verify=False)
+                self._stats["hits"] += 1
+            except CodecError:
+                self._stats["errors"] += 1
+                self._stats["misses"] += 1
         return out
 
     def put_many(self, items: Mapping[str, np.ndarray]) -> int:
         """Store values not yet present; returns how many were stored. Stops (never raises) when full."""
         self._ensure()
-        if self._header[_H_FULL]:
-            self._stats["put_rejected"] += len(items)
-            return 0
-        encoded = [(k, encode_header(k, a), payload_view(a)) for k, a in items.items()]
         stored = 0
-        _lock(self._fd, self.path)
-        try:
-            for n, (key, head, payload) in enumerate(encoded):
-                if not self._put_locked(key, head, payload):
-                    self._stats["put_rejected"] += len(encoded) - n
-                    break
+        for n, (key, array) in enumerate(items.items()):
+            if self._table.stats()["full"]:
+                self._stats["put_rejected"] += len(items) - n
+                break
+            parts = encode_parts(key, array)
+            if self._table.put(*_digest(key), parts):
                 stored += 1
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+                self._stats["put_bytes"] += sum(memoryview(p).nbytes for p in parts)
+            elif _digest(key) not in self._table:
+                self._stats["put_rejected"] += 1  # no room (present values are not a rejection)
         self._stats["puts"] += stored
         return stored
-
-    def _put_locked(self, key: str, head: bytes, payload: memoryview) -> bool:
-        h, slots, mask = self._header, self._slots, self._mask
-        lo, hi = _digest(key)
-        i = lo & mask
-        while slots[4 * i] != 0:
-            if slots[4 * i] == lo and slots[4 * i + 1] == hi:
-                return True  # another worker stored it first: values are never overwritten
-            i = (i + 1) & mask
-        length = len(head) + payload.nbytes
-        fill = int(h[_H_FILL])
-        end = fill + ((length + 7) & ~7)
-        if 2 * (int(h[_H_ITEMS]) + 1) > mask + 1 or end > int(h[_H_DATA_BYTES]):
-            h[_H_FULL] = 1
-            return False
-        reserved = int(h[_H_RESERVED])
-        if end > reserved:
-            grow_to = min(max(end, reserved + _RESERVE_CHUNK), int(h[_H_DATA_BYTES]))
-            if not self._seg.reserve(self._data_off + reserved, grow_to - reserved):
-                h[_H_FULL] = 1  # the file system (/dev/shm) is full: stop, never SIGBUS
-                return False
-            h[_H_RESERVED] = grow_to
-        start = self._data_off + fill
-        buf = self._seg.buf
-        buf[start : start + len(head)] = head
-        buf[start + len(head) : start + length] = payload
-        # Publish: offset and length first, then the digest that readers look for.
-        slots[4 * i + 2], slots[4 * i + 3], slots[4 * i + 1] = fill, length, hi
-        slots[4 * i] = lo
-        h[_H_FILL] = end
-        h[_H_ITEMS] += 1
-        self._stats["put_bytes"] += length
-        return True
 
     def stats(self) -> dict[str, int]:
         """This process's hits/misses/errors/puts plus the store's items, used and capacity bytes."""
         self._ensure()
-        h = self._header
+        table = self._table.stats()
         return {
             **self._stats,
-            "items": int(h[_H_ITEMS]),
-            "used_bytes": int(h[_H_DATA_OFF] + h[_H_FILL]),
-            "capacity_bytes": int(h[_H_SIZE]),
-            "full": int(h[_H_FULL]),
+            "items": table["items"],
+            "used_bytes": self.capacity_bytes - table["data_bytes"] + table["used_bytes"],
+            "capacity_bytes": int(self._header[_H_SIZE]),
+            "full": table["full"],
         }
 
     def close(self) -> None:
@@ -318,17 +273,14 @@ class LocalStore:
         atexit.unregister(self.close)
         _lock(self._fd, self.path)
         try:
-            pairs = self._header[_H_ATTACH : _H_ATTACH + 2 * _MAX_ATTACH].reshape(_MAX_ATTACH, 2)
-            mine = np.flatnonzero(pairs[:, 0] == os.getpid())
-            if mine.size:
-                pairs[mine[0]] = 0  # one entry per handle: another handle in this process keeps its own
-            if not _live_pids(self._header) and os.path.exists(self.path):
+            members.leave(_attached(self._header))  # one row per handle: another handle keeps its own
+            if not members.live_pids(_attached(self._header)) and os.path.exists(self.path):
                 os.unlink(self.path)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
-        self._slots.release()
-        self._slots = self._header = None
+        self._table.close()
+        self._table = self._header = None
         self._seg.close()
         self._seg = None
         self._pid = -1

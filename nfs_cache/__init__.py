@@ -5,7 +5,7 @@ later reads are local. ``StagedSource`` is what ``coordl.ImageFolder(..., stage_
 ``coordl stage SRC DST``. This package does not import coordl (coordl depends on it, not the reverse).
 """
 
-from nfs_cache.prefetch import stage_all
+from nfs_cache.bulk import stage_all
 from nfs_cache.sources import FsspecSource, LocalSource, NfsSource, RemoteFile, Source, open_source
 from nfs_cache.stager import StagedSource
 

@@ -10,7 +10,9 @@ import json
 import re
 import sys
 
-from nfs_cache.prefetch import stage_all
+from nfs_cache.bulk import stage_all
+from nfs_cache.layout import StageDirError
+from nfs_cache.sources import open_source
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -23,19 +25,30 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "stage",
         help="copy a dataset from NFS/remote storage to a local directory (resumable)",
         description="Stage SRC (a directory, nfs://server/export/path[?version=4&nfsport=N], or an fsspec URL) "
-        "into the local directory DST, the same layout coordl's read-through staging uses "
-        "(ImageFolder(..., stage_dir=DST)). Interrupt and re-run at will: staged files are skipped.",
+        "into the local directory DST, which mirrors SRC (bookkeeping hidden in DST/.coordl/): once complete, "
+        "coordl.ImageFolder(DST) loads it; while partial, use coordl.ImageFolder(SRC, stage_dir=DST). "
+        "Interrupt and re-run at will: staged files are skipped.",
     )
     p.add_argument("src", help="dataset root: directory, nfs:// URL or fsspec URL")
-    p.add_argument("dst", help="local stage directory")
+    p.add_argument("dst", help="local stage directory (new, empty, or one this command staged into before)")
     p.add_argument(
         "--workers",
-        type=int,
+        type=_workers,
         default=1,
         help="parallel copy processes (default 1: one stream fills a bandwidth-bound link; more help when "
         "per-file latency dominates, e.g. many small files on a far or busy server)",
@@ -48,14 +61,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _error(message: str) -> int:
+    print(f"coordl stage: error: {message}", file=sys.stderr)
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
     try:
+        source = open_source(args.src)
+    except (OSError, ValueError) as e:
+        return _error(f"argument src: {e}")
+    try:
         summary = stage_all(
-            args.src, args.dst, progress=not args.no_progress, workers=args.workers, budget_bytes=args.budget
+            source, args.dst, progress=not args.no_progress, workers=args.workers, budget_bytes=args.budget
         )
-    except (OSError, ValueError, RuntimeError, TimeoutError, ConnectionError) as e:
-        print(f"coordl stage: {e}", file=sys.stderr)
-        return 1
+    except StageDirError as e:
+        return _error(f"argument dst: {e}")
+    except (OSError, ValueError, RuntimeError) as e:  # TimeoutError and ConnectionError are OSErrors
+        return _error(str(e))
     if args.json:
         print(json.dumps(summary))
         return 0
@@ -65,9 +88,17 @@ def run(args: argparse.Namespace) -> int:
         f"{summary['already_files']} were already staged; {summary['files']} files "
         f"({summary['bytes'] / 1e6:.1f} MB) in the dataset"
     )
-    if summary["unstaged_files"]:
-        print(f"{summary['unstaged_files']} files left remote (budget or disk full)")
-    return 0
+    if not summary["unstaged_files"]:
+        print(f"complete: coordl.ImageFolder({args.dst!r}) reads the staged copy")
+        return 0
+    reason = summary.get("stopped") or "budget or disk full"
+    print(
+        f"{summary['unstaged_files']} files left remote ({reason}): the stage is partial, "
+        f"read it as coordl.ImageFolder({args.src!r}, stage_dir={args.dst!r})"
+    )
+    if args.budget is not None and reason.startswith("budget"):
+        return 0  # what was asked for: stage up to the budget
+    return _error(f"{args.dst}: {reason}; {summary['unstaged_files']} files were not staged (free space there)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("coordl stage: interrupted (run it again to resume)", file=sys.stderr)
         return 130
 
 

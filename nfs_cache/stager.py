@@ -1,18 +1,11 @@
 """``StagedSource``: read a remote dataset through a local stage directory (read-through staging).
 
-The first read of a file copies it to local disk: into ``tmp/``, then an atomic rename into ``files/``, then a
-manifest record with its size and CRC32. Later reads are local and verified against that record; a file that fails
-verification is thrown away and copied again. Several processes (DataLoader workers, other jobs on the node) may
-share one stage directory: striped ``flock`` locks make each file be copied once, and the manifest is an append-only
-log they all read. When the disk budget (or the disk) is full, staging stops and reads go to the remote source.
-
-Layout of a stage directory::
-
-    source.txt      the source it belongs to (refuses to mix two datasets in one directory)
-    manifest.log    what is staged (see manifest.py)
-    files/<relpath> staged copies
-    tmp/            copies in progress, named <pid>.<thread>.<n>; a dead owner's leftovers are removed on open
-    locks/          lock stripes
+The first read of a file copies it to local disk: into ``.coordl/tmp/``, then an atomic rename to ``<relpath>``
+(the stage directory mirrors the source), then a manifest record with its size and CRC32. Later reads are local and
+verified against that record; a file that fails verification is thrown away and copied again. Several processes
+(DataLoader workers, other jobs on the node) may share one stage directory: striped ``flock`` locks make each file be
+copied once, and the manifest is an append-only log they all read. When the disk budget (or the disk) is full,
+staging stops and reads go to the remote source. The layout is described in ``layout.py``.
 """
 
 from __future__ import annotations
@@ -27,9 +20,10 @@ import urllib.parse
 import zlib
 from typing import Any
 
+from nfs_cache.layout import META_DIR, StageDirError, StageLayout, old_layout_message
 from nfs_cache.locks import StripedLocks
 from nfs_cache.manifest import Entry, Manifest
-from nfs_cache.sources import RemoteFile, Source, open_source
+from nfs_cache.sources import RemoteFile, Source, _check_relpath, open_source
 
 __all__ = ["StagedSource", "source_identity"]
 
@@ -90,6 +84,7 @@ class StagedSource:
         self.min_free_bytes = min_free_bytes
         self.lock_timeout_s = lock_timeout_s
         self._prefetch_requested = prefetch
+        self._check_stage_dir()
         self._open_local_state()
         self._claim_stage_dir()
         self._remove_dead_tmp()
@@ -117,14 +112,38 @@ class StagedSource:
         self._prefetcher = None
         self._open_local_state()
 
+    def _check_stage_dir(self) -> None:
+        """Refuse a directory this class would damage or misread (before anything is written to it)."""
+        layout = StageLayout(self.stage_dir)
+        if layout.is_old_layout():
+            raise StageDirError(old_layout_message(self.stage_dir))
+        root = getattr(self.source, "root", None)
+        if root is not None:  # a mounted directory: the copies must not land inside the source (or be it)
+            src, dst = os.path.realpath(root), os.path.realpath(self.stage_dir)
+            if os.path.commonpath([src, dst]) in (src, dst):
+                raise StageDirError(
+                    f"stage_dir {self.stage_dir!r} and the source {root!r} overlap: "
+                    "stage into a directory outside the dataset"
+                )
+        if os.path.exists(self.stage_dir) and not os.path.isdir(self.stage_dir):
+            raise StageDirError(f"stage_dir {self.stage_dir!r} is a file, not a directory")
+        if layout.is_stage_dir() or not os.path.isdir(self.stage_dir):
+            return
+        # Staged copies mirror the source at the top of stage_dir: never mix them into someone's folder.
+        foreign = sorted(n for n in os.listdir(self.stage_dir) if not n.startswith(".") and n != "lost+found")
+        if foreign:
+            raise StageDirError(
+                f"stage_dir {self.stage_dir!r} is not empty ({', '.join(foreign[:3])}...) and is not a stage "
+                f"directory (no {META_DIR}/): use a new or empty directory"
+            )
+
     def _open_local_state(self) -> None:
-        self.files_dir = os.path.join(self.stage_dir, "files")
-        self.tmp_dir = os.path.join(self.stage_dir, "tmp")
-        for d in (self.files_dir, self.tmp_dir):
-            os.makedirs(d, exist_ok=True)
-        self.manifest = Manifest(os.path.join(self.stage_dir, "manifest.log"))
+        self.layout = StageLayout(self.stage_dir)
+        self.tmp_dir = self.layout.tmp
+        os.makedirs(self.tmp_dir, exist_ok=True)
+        self.manifest = Manifest(self.layout.manifest)
         self.manifest.refresh()
-        self.locks = StripedLocks(os.path.join(self.stage_dir, "locks"))
+        self.locks = StripedLocks(self.layout.locks)
         self._listing: dict[str, RemoteFile] = {}
         self._listed = False
         self._stats_lock = threading.Lock()
@@ -132,7 +151,7 @@ class StagedSource:
         self.staging_stopped = ""  # why this process stopped staging ("" while it stages)
 
     def _claim_stage_dir(self) -> None:
-        path = os.path.join(self.stage_dir, "source.txt")
+        path = self.layout.source_file
         ident = source_identity(self.source)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -161,16 +180,23 @@ class StagedSource:
 
     # -- public API ------------------------------------------------------------------------------------------------
 
-    def list_files(self, extensions: list[str] | tuple[str, ...] | None = None) -> list[str]:
-        """Sorted relative paths of the remote files (optionally only those ending in one of ``extensions``).
+    def remote_files(self) -> list[RemoteFile]:
+        """The remote files (sorted by path), listed once per instance: listing a large NFS tree is slow.
 
-        The remote is listed once per instance (listing a large NFS tree is slow); later calls reuse it. Also
-        forgets staged copies whose remote file changed size or mtime since they were staged.
+        Listing also forgets staged copies whose remote file changed size or mtime since they were staged, and
+        records the list in the stage directory (so that a partial stage can be told from a complete one). A
+        ``.coordl/`` folder at the source's top is another stage directory's bookkeeping and is left out.
         """
         if not self._listed:
-            self._listing.update((f.relpath, f) for f in self.source.list_files())
+            self._listing.update(
+                (f.relpath, f) for f in self.source.list_files() if f.relpath.split("/", 1)[0] != META_DIR
+            )
             self._listed = True
-        files = sorted(self._listing.values(), key=lambda f: f.relpath)
+            self._forget_changed()
+            self.layout.write_listing(sorted(self._listing), f"{os.getpid()}.{threading.get_ident()}.listing")
+        return sorted(self._listing.values(), key=lambda f: f.relpath)
+
+    def _forget_changed(self) -> None:
         self.manifest.refresh()
         for rel, entry in list(self.manifest.entries.items()):
             remote = self._listing.get(rel)
@@ -178,6 +204,16 @@ class StagedSource:
             changed = entry.mtime_ns != 0 and remote is not None and remote.mtime_ns != entry.mtime_ns
             if remote is not None and (remote.size != entry.size or changed):
                 self.manifest.remove(rel)
+                # The stage directory is a dataset too: a stale copy must not stay readable there.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.local_path(rel))
+
+    def list_files(self, extensions: list[str] | tuple[str, ...] | None = None) -> list[str]:
+        """Sorted relative paths of the remote files (optionally only those ending in one of ``extensions``).
+
+        See :meth:`remote_files` for what listing does besides.
+        """
+        files = self.remote_files()
         if extensions is None:
             return [f.relpath for f in files]
         exts = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
@@ -189,6 +225,10 @@ class StagedSource:
 
     def read(self, relpath: str) -> bytes:
         """The bytes of ``relpath``: from the stage directory if staged and verified, else copied there first."""
+        if _check_relpath(relpath).split("/", 1)[0] == META_DIR:
+            raise ValueError(
+                f"invalid dataset path {relpath!r}: {META_DIR}/ holds the stage directory's bookkeeping"
+            )
         entry = self.manifest.get(relpath)
         if entry is None:
             self.manifest.refresh()
@@ -205,7 +245,7 @@ class StagedSource:
 
     def local_path(self, relpath: str) -> str:
         """Where the staged copy of ``relpath`` lives (it may not exist yet)."""
-        return os.path.join(self.files_dir, *relpath.split("/"))
+        return self.layout.local_path(relpath)
 
     def describe(self, relpath: str) -> str:
         return self.source.describe(relpath)

@@ -34,3 +34,22 @@ def test_serve_then_stop(tmp_path, capsys, monkeypatch):
         assert main(["stop", "--dir", str(d)]) == 0
     with pytest.raises(redis.ConnectionError):
         redis.Redis(host=host, port=int(port), socket_timeout=1, retry=Retry(NoBackoff(), 0)).ping()
+
+
+def test_serve_without_maxmemory_uses_a_quarter_of_the_machine_and_says_so(tmp_path, capsys):
+    import psutil
+
+    from memcache.cli import default_maxmemory
+
+    assert default_maxmemory() == int(psutil.virtual_memory().total * 0.25)
+    d = tmp_path / "node"
+    assert main(["serve", "--dir", str(d)]) == 0  # as the README shows it: no arguments needed
+    try:
+        out = capsys.readouterr().out
+        assert "no --maxmemory given: using" in out and "a quarter of this machine's memory" in out
+        address = out.split("serving ")[1].split()[0]
+        host, port = address.rsplit(":", 1)
+        r = redis.Redis(host=host, port=int(port))
+        assert int(r.config_get("maxmemory")["maxmemory"]) == default_maxmemory()
+    finally:
+        assert main(["stop", "--dir", str(d)]) == 0

@@ -103,7 +103,7 @@ def test_corrupted_value_is_a_counted_miss(shm_dir):
     s = LocalStore(8 << 20, name="t7", directory=shm_dir)
     try:
         s.put_many({"a": _img(1)})
-        base = s._data_off
+        base = s._table._data_off
         s._seg.buf[base + 200] ^= 0xFF  # flip a payload byte behind the store's back
         assert s.get_many(["a"]) == {}
         assert s.stats()["errors"] == 1

@@ -9,9 +9,9 @@ import types
 import numpy as np
 import pytest
 
-from coordl.counters import SharedCounters
-from coordl.sample_cache import COUNTER_NAMES, SampleCacheTier, import_memcache
+from coordl.fetch.sample_cache import COUNTER_NAMES, SampleCacheTier, import_memcache
 from memcache import LocalStore
+from shmem.counters import SharedCounters
 
 
 class _Source:
@@ -64,7 +64,7 @@ def test_hits_misses_and_changed_transform(shm_dir, counters):
 
 def test_store_failures_are_counted_and_warned_once(counters, caplog):
     tier = SampleCacheTier(_BrokenStore(), _Source(), counters)
-    with caplog.at_level(logging.WARNING, logger="coordl.sample_cache"):
+    with caplog.at_level(logging.WARNING, logger="coordl.fetch.sample_cache"):
         for _ in range(3):
             assert tier.get_many([1, 2]) == {}
             tier.put_many({1: np.zeros(3)})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nfs_cache.testing.ganesha import GaneshaServer, ganesha_missing_reason
+from tests.support.ganesha import GaneshaServer, ganesha_missing_reason
 
 
 def make_dataset(root: Path, classes: int = 3, per_class: int = 8, seed: int = 0) -> dict[str, bytes]:

@@ -31,9 +31,9 @@ def test_kill_9_during_copy_then_restart(dataset, tmp_path):
     stage = tmp_path / "stage"
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(root), str(stage)], timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    assert len(os.listdir(stage / "tmp")) == 1  # the interrupted copy
+    assert len(os.listdir(stage / ".coordl" / "tmp")) == 1  # the interrupted copy
     with StagedSource(root, stage) as staged:
-        assert os.listdir(stage / "tmp") == []  # the dead owner's partial copy is removed
+        assert os.listdir(stage / ".coordl" / "tmp") == []  # the dead owner's partial copy is removed
         rels = staged.list_files()
         assert staged.stats()["staged_items"] == 5
         for rel in rels:
@@ -49,7 +49,7 @@ def test_torn_manifest_line_is_ignored(dataset, tmp_path):
     with StagedSource(root, stage) as staged:
         rels = staged.list_files()
         staged.read(rels[0])
-    with open(stage / "manifest.log", "ab") as f:
+    with open(stage / ".coordl" / "manifest.log", "ab") as f:
         f.write(b"0badc0de + 12 0 000")  # a crash in the middle of an append
     with StagedSource(root, stage) as staged:
         assert staged.stats()["staged_items"] == 1

@@ -37,7 +37,7 @@ def test_disk_full_during_staging(dataset, tmpfs_dir):
         assert "disk full" in staged.staging_stopped
         stats = staged.stats()
         assert 0 < stats["staged_items"] < len(big)
-        assert os.listdir(tmpfs_dir / "stage" / "tmp") == []  # no half-written copy left behind
+        assert os.listdir(tmpfs_dir / "stage" / ".coordl" / "tmp") == []  # no half-written copy left behind
     with StagedSource(root, tmpfs_dir / "stage") as staged:  # whatever the manifest lists is complete
         for rel in staged.manifest.entries:
             assert staged.read(rel) == big[rel]

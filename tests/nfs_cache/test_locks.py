@@ -37,7 +37,7 @@ def test_concurrent_readers_copy_each_file_once(dataset, tmp_path):
         p.join(60)
         assert p.exitcode == 0
     assert counters.remote_bytes_read == sum(len(d) for d in files.values())
-    lines = (stage / "manifest.log").read_bytes().splitlines()
+    lines = (stage / ".coordl" / "manifest.log").read_bytes().splitlines()
     records = [_decode(line) for line in lines]
     assert all(r is not None and r[0] == "+" for r in records)
     assert sorted(r[1] for r in records) == sorted(files)  # one record per file: nobody copied twice

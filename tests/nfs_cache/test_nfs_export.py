@@ -84,7 +84,7 @@ def test_stage_all_over_nfs_then_rerun(nfs_dataset, tmp_path):
     assert summary["files"] == len(files) == summary["staged_files"]
     assert summary["staged_bytes"] == sum(len(d) for d in files.values())
     for rel, data in files.items():
-        assert (tmp_path / "stage" / "files" / rel).read_bytes() == data
+        assert (tmp_path / "stage" / rel).read_bytes() == data
     again = stage_all(server.url(), tmp_path / "stage", progress=False, workers=2)
     assert again["staged_files"] == 0 and again["already_files"] == len(files)
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from nfs_cache import StagedSource
-from nfs_cache.testing.ganesha import GaneshaServer, ganesha_missing_reason
+from tests.support.ganesha import GaneshaServer, ganesha_missing_reason
 
 pytestmark = [pytest.mark.nfs, pytest.mark.netns, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ def test_kill_9_of_coordl_stage_then_rerun(tmp_path):
         proc = subprocess.Popen(cmd, start_new_session=True)
         try:
             deadline = time.monotonic() + 60
-            manifest = stage / "manifest.log"
+            manifest = stage / ".coordl" / "manifest.log"
             while time.monotonic() < deadline:
                 if manifest.exists() and manifest.read_bytes().count(b"\n") >= 8:
                     break
@@ -45,10 +45,10 @@ def test_kill_9_of_coordl_stage_then_rerun(tmp_path):
             done = staged.stats()["staged_items"]
             assert 8 <= done < len(files)
             for rel in staged.manifest.entries:  # every recorded copy is complete
-                assert (stage / "files" / rel).read_bytes() == files[rel]
+                assert (stage / rel).read_bytes() == files[rel]
         rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert rerun.returncode == 0, rerun.stderr
         assert f"{done} were already staged" in rerun.stdout
     for rel, data in files.items():
-        assert (stage / "files" / rel).read_bytes() == data
-    assert os.listdir(stage / "tmp") == []
+        assert (stage / rel).read_bytes() == data
+    assert os.listdir(stage / ".coordl" / "tmp") == []

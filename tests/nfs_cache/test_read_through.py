@@ -19,12 +19,12 @@ def test_first_read_stages_and_second_read_is_local(dataset, tmp_path):
         rel = "class1/img 002.jpg"
         assert staged.read(rel) == files[rel]
         assert staged.stats()["remote_bytes_read"] == len(files[rel])
-        assert (tmp_path / "stage" / "files" / rel).read_bytes() == files[rel]
+        assert (tmp_path / "stage" / rel).read_bytes() == files[rel]
         assert staged.read(rel) == files[rel]
         stats = staged.stats()
         assert stats["remote_bytes_read"] == len(files[rel]) == counters.remote_bytes_read
         assert stats["staged_items"] == 1 and stats["staged_bytes"] == len(files[rel])
-        assert os.listdir(tmp_path / "stage" / "tmp") == []
+        assert os.listdir(tmp_path / "stage" / ".coordl" / "tmp") == []
 
 
 def test_list_files_sorted_and_filtered(dataset, tmp_path):

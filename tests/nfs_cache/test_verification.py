@@ -10,7 +10,7 @@ def test_corrupted_staged_file_is_detected_and_restaged(dataset, tmp_path):
     rel = "class0/img 001.jpg"
     with StagedSource(root, tmp_path / "stage") as staged:
         staged.read(rel)
-    local = tmp_path / "stage" / "files" / rel
+    local = tmp_path / "stage" / rel
     data = bytearray(local.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, one flipped byte: only the checksum can tell
     local.write_bytes(bytes(data))
@@ -29,8 +29,8 @@ def test_truncated_or_deleted_staged_file_is_restaged(dataset, tmp_path):
     with StagedSource(root, tmp_path / "stage") as staged:
         staged.read(a)
         staged.read(b)
-    (tmp_path / "stage" / "files" / a).write_bytes(files[a][:10])
-    (tmp_path / "stage" / "files" / b).unlink()
+    (tmp_path / "stage" / a).write_bytes(files[a][:10])
+    (tmp_path / "stage" / b).unlink()
     with StagedSource(root, tmp_path / "stage") as staged:
         assert staged.read(a) == files[a]
         assert staged.read(b) == files[b]
@@ -42,5 +42,5 @@ def test_unverified_mode_still_checks_size(dataset, tmp_path):
     rel = "class2/img 003.jpg"
     with StagedSource(root, tmp_path / "stage", verify=False) as staged:
         staged.read(rel)
-        (tmp_path / "stage" / "files" / rel).write_bytes(b"short")
+        (tmp_path / "stage" / rel).write_bytes(b"short")
         assert staged.read(rel) == files[rel]

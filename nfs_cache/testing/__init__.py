@@ -1,1 +1,0 @@
-"""Helpers for tests and benchmarks: a throw-away nfs-ganesha server."""
