@@ -9,7 +9,10 @@ demo: setup
 	.venv/bin/dsanalyzer demo
 
 # Fast suite by default; slow tests too when CI=true (as in .ci/run) or COORDL_SLOW=1.
+# The tests also cover coordl.dali on DALI's CPU backend: the `dali` extra is installed for them
+# (not for the demo or the core install).
 test: setup
+	@COORDL_EXTRAS=dev,nfs,dali bash scripts/setup.sh
 	@bash scripts/test.sh
 
 lint: setup

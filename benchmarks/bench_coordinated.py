@@ -28,7 +28,7 @@ from pathlib import Path
 JOB = r"""
 import resource, sys, time, torch
 import coordl
-from coordl.coordinate import Group
+from coordl.coordinated.job import Group
 root, group, epochs, bs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -85,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     args.root = args.root or os.path.join(tempfile.gettempdir(), f"coordl-bench-coord-{args.images}")
 
-    from coordl.synth import make_dataset
+    from coordl.data.synth import make_dataset
 
     root = str(make_dataset(args.root, n=args.images, classes=10, seed=0))
     for path in Path(root).rglob("*.jpg"):  # warm the page cache: this benchmark is about prep

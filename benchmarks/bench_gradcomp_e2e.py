@@ -5,7 +5,7 @@
 
 Each run is ``gradcomp train`` on ``--ranks`` ranks in network namespaces ("nodes" of ``--ranks-per-node`` ranks each)
 joined by a bridge whose links are limited with tc tbf to the given rate (``none``: unthrottled veth), built by
-``coordl.testing.netns``. Ranks of one node talk over the namespace's own address (loopback, not limited); each
+``tests.support.netns``. Ranks of one node talk over the namespace's own address (loopback, not limited); each
 node's link is shared by its ranks, as a real node's NIC is. ``hitopk`` needs 2+ ranks per node to be hierarchical. Data are
 in-memory tensors, so the numbers isolate compute and communication. Prints, per (model, rate), the median over
 ``--repeat`` runs of each method's median iteration time (after warm-up), its speed-up over DDP allreduce measured in the same network, the
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from coordl.testing.netns import VirtualNetwork, cleanup_stale
+from tests.support.netns import VirtualNetwork, cleanup_stale
 
 METHODS = {
     "ddp": ["--baseline", "ddp"],

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gradcomp_e2e import METHODS, run_one  # noqa: E402
 
-from coordl.testing.netns import VirtualNetwork, cleanup_stale  # noqa: E402
+from tests.support.netns import VirtualNetwork, cleanup_stale  # noqa: E402
 
 TTA_METHODS = ["ddp", "torch-fp16", "torch-powersgd", "topk", "mstopk", "gtopk", "mstopk-auto"]
 

@@ -79,8 +79,8 @@ class PillowFolder:
     """An ImageFolder-style dataset doing torchvision's PIL path: open, convert, resize, crop, flip."""
 
     def __init__(self, root: str) -> None:
-        from coordl.datasets import ImageFolder
-        from coordl.transforms import RandomResizedCrop
+        from coordl.data.datasets import ImageFolder
+        from coordl.data.transforms import RandomResizedCrop
 
         self.samples = ImageFolder(root).samples
         self.rrc = RandomResizedCrop(CROP)  # only its crop-parameter sampler (torch RNG)
@@ -195,7 +195,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     import coordl
-    from coordl.transforms import train_transform
+    from coordl.data.transforms import train_transform
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(args.seed)
@@ -211,9 +211,9 @@ def child(args: argparse.Namespace) -> None:
     else:
         ds = coordl.ImageFolder(args.root, train_transform(CROP, RESIZE))
         if args.child == "g":  # attribution only: the ring without its mallopt in the workers
-            import coordl.ring_writer
+            import coordl.ring.writer
 
-            coordl.ring_writer._keep_freed_heap = lambda batch_bytes: None
+            coordl.ring.writer._keep_freed_heap = lambda batch_bytes: None
         ring, persistent = COORDL[args.child], args.child == "h"
         loader = coordl.DataLoader(
             ds, cache_bytes=args.cache_bytes, batch_ring=ring, persistent_workers=persistent, **common
@@ -248,8 +248,8 @@ def child(args: argparse.Namespace) -> None:
 def _decode_worker(root: str, count: int, queue) -> None:
     import torch
 
-    from coordl.datasets import ImageFolder
-    from coordl.transforms import train_transform
+    from coordl.data.datasets import ImageFolder
+    from coordl.data.transforms import train_transform
 
     torch.set_num_threads(1)
     ds = ImageFolder(root)
@@ -497,7 +497,7 @@ def main() -> None:
 
     from slowstore import SlowStore, copy_tree
 
-    from coordl import synth
+    from coordl.data import synth
 
     src = synth.make_dataset(
         Path(args.data_dir) / f"synth-{args.n}-{args.classes}", n=args.n, classes=args.classes

@@ -21,9 +21,12 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.support
 
 from nfs_cache import NfsSource, StagedSource, stage_all
-from nfs_cache.testing.ganesha import GaneshaServer, ganesha_missing_reason
+from tests.support.ganesha import GaneshaServer, ganesha_missing_reason
 
 STAGE_WORKERS = (1, 2, 4)
 

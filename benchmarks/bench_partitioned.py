@@ -1,7 +1,7 @@
 """Partitioned MinIO cache across emulated nodes vs each node's own MinIO cache vs torch DataLoader.
 
 Setup: ``--nodes`` N network namespaces (one rank each, gloo) plus one storage namespace, joined by a
-bridge (:class:`coordl.testing.VirtualNetwork`). Node links run at ``--node-mbit``; the storage host's
+bridge (:class:`tests.support.netns.VirtualNetwork`). Node links run at ``--node-mbit``; the storage host's
 link at ``--storage-mbit``, shared by all nodes like an NFS server's. Storage serves ``--items`` items
 of ``--item-kb`` KiB from RAM over TCP, so its only limit is its link. Each node has a cache budget of
 1/N of the dataset plus 10 % slack. Prep is trivial by default (the runs are fetch-bound, the case the
@@ -31,11 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.support
+
 MODES = ("torch", "minio", "partitioned")
 
 STORAGE = r"""
-import sys, time
-from coordl.peer import PeerServer
+import os, sys, time
+from coordl.partitioned.server import PeerServer
 
 class Store:
     def __init__(self, n, size):
@@ -47,17 +49,18 @@ class Store:
     def put(self, i, raw):
         return False
 
-server = PeerServer(Store(int(sys.argv[1]), int(sys.argv[2])))
+server = PeerServer(Store(int(sys.argv[1]), int(sys.argv[2])), secret=os.environ["BENCH_STORAGE_SECRET"].encode(),
+                    owns=lambda i: False, host=sys.argv[3])
 print(server.address[1], flush=True)
 time.sleep(3600)
 """
 
 RANK = r"""
-import datetime, json, sys, time
+import datetime, json, os, sys, time
 import torch, torch.distributed as dist
 import coordl
-from coordl.counters import SharedCounters
-from coordl.peer import PeerClient
+from shmem.counters import SharedCounters
+from coordl.partitioned.peer import PeerClient
 
 storage_ip, storage_port, n_items, item_bytes, epochs, workers = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:7])
 modes, prep_ms = sys.argv[7].split(","), float(sys.argv[8])
@@ -66,7 +69,8 @@ torch.set_num_threads(1)
 class RemoteStorage:
     # An item source whose fetch reads from the storage host; counts bytes across worker processes.
     def __init__(self, counters):
-        self.client = PeerClient([(storage_ip, storage_port)], timeout_s=60, backoff_s=1)
+        self.client = PeerClient([(storage_ip, storage_port)], secret=os.environ["BENCH_STORAGE_SECRET"].encode(),
+                                 timeout_s=60, backoff_s=1)
         self.counters = counters
     def __len__(self):
         return n_items
@@ -127,16 +131,20 @@ dist.destroy_process_group()
 
 
 def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
-    from coordl.testing import VirtualNetwork
+    from tests.support.netns import VirtualNetwork
 
     (tmp / "storage.py").write_text(STORAGE)
     (tmp / "rank.py").write_text(RANK)
     item_bytes = args.item_kb * 1024
+    # The storage stand-in speaks the peer protocol, so it needs a secret; the transport under test is
+    # chosen for the partitioned loader with COORDL_PEER_TRANSPORT.
+    env = {"BENCH_STORAGE_SECRET": "bench-storage-secret-0123456789", "COORDL_PEER_TRANSPORT": args.transport}
     with VirtualNetwork(n_nodes + 1, rate_mbit=args.node_mbit, prefix="cdlbench") as net:
         store = net.hosts[n_nodes]
         net.set_rate(n_nodes, args.storage_mbit)
         server = store.popen(
-            [sys.executable, str(tmp / "storage.py"), str(args.items), str(item_bytes)],
+            [sys.executable, str(tmp / "storage.py"), str(args.items), str(item_bytes), store.ip],
+            env=env,
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -147,7 +155,7 @@ def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
         procs = [
             net.hosts[r].popen(
                 argv,
-                env={**net.dist_env(r, n_nodes, master_port), "OMP_NUM_THREADS": "1"},
+                env={**net.dist_env(r, n_nodes, master_port), "OMP_NUM_THREADS": "1", **env},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -196,7 +204,8 @@ def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace
     base = summary.get("torch", next(iter(summary.values())))["steady_sps"]
     print(
         f"\n{n_nodes} nodes, {args.items} items x {args.item_kb} KiB, storage link {args.storage_mbit} Mbit/s, "
-        f"node links {args.node_mbit} Mbit/s, cache per node 1/{n_nodes} + 10%, prep {args.prep_ms} ms/item"
+        f"node links {args.node_mbit} Mbit/s, cache per node 1/{n_nodes} + 10%, prep {args.prep_ms} ms/item, "
+        f"transport {args.transport}"
     )
     head = ("mode", "epoch-1 samples/s", "steady samples/s", "vs torch", "storage MB ep1", "storage MB/epoch after",
             "peer MB/epoch after")  # fmt: skip
@@ -222,9 +231,12 @@ def main() -> int:
     p.add_argument("--prep-ms", type=float, default=0.0, help="CPU-seconds of simulated prep per item, in ms")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--timeout-s", type=float, default=600)
+    p.add_argument(
+        "--transport", default="tcp", choices=("tcp", "redis"), help="the partitioned cache's peer path"
+    )
     p.add_argument("--json", help="also write the summaries here")
     args = p.parse_args()
-    from coordl.testing import skip_reason
+    from tests.support.netns import skip_reason
 
     reason = skip_reason()
     if reason:

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(redis-server nfs-ganesha nfs-ganesha-vfs libnfs-dev libnfs-utils rpcbind iproute2 chromium)
 EXTRAS="${COORDL_EXTRAS:-dev,nfs}"
+TORCH_VERSION=2.13.0
 
 missing=()
 if [ "${COORDL_SKIP_APT:-0}" != "1" ] && command -v dpkg-query >/dev/null; then
@@ -32,12 +33,30 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.coordl-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$EXTRAS" ]; then
-  echo "setup: installing coordl[$EXTRAS] into .venv (torch 2.13.0 CPU)"
+# Installed already when the stamp is newer than pyproject.toml and lists every extra asked for now.
+have_extras() {
+  [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] || return 1
+  local e
+  for e in ${EXTRAS//,/ }; do
+    grep -qx "$e" <(tr ',' '\n' < "$stamp") || return 1
+  done
+}
+if ! have_extras; then
+  echo "setup: installing coordl[$EXTRAS] into .venv (torch $TORCH_VERSION CPU)"
   .venv/bin/pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  # The package accepts torch>=2.6,<3 (pyproject.toml); the quick start installs the version the project is tested
+  # with, first, so that the editable install below finds it satisfied and keeps it.
+  .venv/bin/pip install -q "torch==$TORCH_VERSION" 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import torch, simplejpeg, redis, psutil" \
     || { echo "setup: the install failed (see above)" >&2; exit 1; }
   echo "$EXTRAS" > "$stamp"
+fi
+# A clone named coordl hides the package from Python started in the clone's parent folder; this start-up hook turns
+# the resulting "module 'coordl' has no attribute ..." into an ImportError that says so (scripts/coordl_import_guard.py).
+site_dir="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if ! cmp -s scripts/coordl_import_guard.py "$site_dir/_coordl_import_guard.py"; then
+  cp scripts/coordl_import_guard.py "$site_dir/_coordl_import_guard.py"
+  echo "import _coordl_import_guard" > "$site_dir/_coordl_import_guard.pth"
 fi
 echo "setup: ready (.venv, $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
