@@ -23,7 +23,7 @@ from torch.utils.data.dataloader import default_collate
 from coordl.coordinated.loader import join_for_loader
 from coordl.data.adapt import as_item_source
 from coordl.data.source import is_item_source
-from coordl.epoch import EpochIterator, EpochStats, Sized, SkipAwareCollate
+from coordl.epoch import EpochIterator, EpochStats, LoaderStats, Sized, SkipAwareCollate
 from coordl.fetch.chain import FetchChain
 from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
 from coordl.fetch.sample_cache import COUNTER_NAMES as SAMPLE_CACHE_COUNTERS
@@ -43,7 +43,7 @@ __all__ = ["DataLoader"]
 DEFAULT_FETCH_AHEAD = 4
 
 
-class DataLoader:
+class DataLoader(LoaderStats):
     """Iterate batches of a dataset, like ``torch.utils.data.DataLoader``, through a MinIO cache.
 
     Every torch argument keeps its torch meaning. The additions:
@@ -332,27 +332,10 @@ class DataLoader:
         instead), ``ring_slots`` (distinct slots used) and ``ring_adopted`` (rings a later epoch's
         workers took over).
         """
-        if self._closed:
-            return dict(self._final_stats or {})
-        out: dict[str, Any] = {}
-        for obj in (self.dataset, self.source):
-            dataset_stats = getattr(obj, "stats", None)
-            if callable(dataset_stats):
-                out.update(dataset_stats())
-        out.update(self._counters.snapshot())
-        for part in (self._chain, self._sample_cache_tier, self._ring):
-            if part is not None:
-                out.update(part.stats())
-        return out
+        return super().stats()
 
-    def epoch_stats(self) -> list[dict[str, Any]]:
-        """Per epoch (one entry per iteration over the loader): the counter deltas and ``hit_ratio``."""
-        return [dict(e) for e in self._epoch_stats.epochs]
-
-    def reset_stats(self) -> None:
-        """Zero the counters and forget per-epoch numbers (call between epochs)."""
-        self._counters.reset()
-        self._epoch_stats.reset()
+    def _stat_parts(self) -> tuple[Any, ...]:
+        return (self._chain, self._sample_cache_tier, self._ring)
 
     # -- lifetime ----------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["EmptyBatch", "EpochIterator", "EpochStats", "SkipAwareCollate", "Sized"]
+__all__ = ["EmptyBatch", "EpochIterator", "EpochStats", "LoaderStats", "SkipAwareCollate", "Sized"]
 
 
 class EmptyBatch:
@@ -58,6 +58,42 @@ class EpochStats:
     def reset(self) -> None:
         self.epochs.clear()
         self._start = None
+
+
+class LoaderStats:
+    """``stats()``, ``epoch_stats()`` and ``reset_stats()`` of coordl's loaders, written once.
+
+    The loader that mixes this in sets ``dataset``, ``source``, ``_counters`` (shared counters),
+    ``_epoch_stats`` (:class:`EpochStats`), ``_closed`` and ``_final_stats`` (the totals kept at
+    ``close()``), and names in :meth:`_stat_parts` the parts that add keys of their own.
+    """
+
+    def _stat_parts(self) -> tuple[Any, ...]:
+        return ()
+
+    def stats(self) -> dict[str, Any]:
+        """Totals since construction (or :meth:`reset_stats`), counted across all workers."""
+        if self._closed:
+            return dict(self._final_stats or {})
+        out: dict[str, Any] = {}
+        for obj in (self.dataset, self.source):
+            own = getattr(obj, "stats", None)
+            if callable(own):
+                out.update(own())
+        out.update(self._counters.snapshot())
+        for part in self._stat_parts():
+            if part is not None:
+                out.update(part.stats())
+        return out
+
+    def epoch_stats(self) -> list[dict[str, Any]]:
+        """Per epoch (one entry per iteration over the loader): the counter deltas and ``hit_ratio``."""
+        return [dict(e) for e in self._epoch_stats.epochs]
+
+    def reset_stats(self) -> None:
+        """Zero the counters and forget per-epoch numbers (call between epochs)."""
+        self._counters.reset()
+        self._epoch_stats.reset()
 
 
 class EpochIterator:

@@ -33,7 +33,7 @@ from coordl.dali.options import device_id_for, start_method, validate
 from coordl.dali.pipeline import build_iterator, find_corrupt
 from coordl.data.adapt import as_item_source
 from coordl.data.source import is_item_source
-from coordl.epoch import EpochStats
+from coordl.epoch import EpochStats, LoaderStats
 from coordl.errors import CoordlError
 from coordl.fetch.chain import FetchChain
 from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
@@ -47,7 +47,7 @@ __all__ = ["DALILoader"]
 DEFAULT_FETCH_THREADS = 8
 
 
-class DALILoader:
+class DALILoader(LoaderStats):
     """Iterate ``(images, labels)`` batches, prepped by NVIDIA DALI, with coordl's caches underneath.
 
     Args:
@@ -314,25 +314,10 @@ class DALILoader:
         ``cached_items``, ``cached_bytes``, ``capacity_bytes``, ``cache_backend``, plus the dataset's own
         ``stats()`` and each fetch tier's.
         """
-        if self._closed:
-            return dict(self._final_stats or {})
-        out: dict[str, Any] = {}
-        for obj in (self.dataset, self.source):
-            dataset_stats = getattr(obj, "stats", None)
-            if callable(dataset_stats):
-                out.update(dataset_stats())
-        out.update(self._counters.snapshot())
-        out.update(self._chain.stats())
-        return out
+        return super().stats()
 
-    def epoch_stats(self) -> list[dict[str, Any]]:
-        """Per epoch (one entry per iteration over the loader): the counter deltas and ``hit_ratio``."""
-        return [dict(e) for e in self._epoch_stats.epochs]
-
-    def reset_stats(self) -> None:
-        """Zero the counters and forget per-epoch numbers (call between epochs)."""
-        self._counters.reset()
-        self._epoch_stats.reset()
+    def _stat_parts(self) -> tuple[Any, ...]:
+        return (self._chain,)
 
     # -- lifetime ----------------------------------------------------------------------------------
 
