@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from coordl.data.packio import Progress, SourceItems, Verification
+from coordl.data.packio import Progress, SourceItems, Verification, verify_items
 from coordl.data.shards import NO_LABEL
 
 __all__ = ["pack_lmdb", "verify_lmdb"]
@@ -107,23 +107,7 @@ def pack_lmdb(items: SourceItems, dst: str, identity: str, classes: list[str], p
 
 def verify_lmdb(items: SourceItems, dst: str, progress: bool) -> Verification:
     from coordl.data.lmdb import LMDBDataset
-    from coordl.errors import CorruptItemError
 
     ds = LMDBDataset(dst, verify=True)
-    out = Verification()
-    bar = Progress(len(ds), 0, "verify", progress)
-    for i in range(len(ds)):
-        try:
-            out.payload_bytes += len(
-                ds.payload(ds.fetch(i), i)
-            )  # header, length, CRC32 (computed from the source) and label table
-            stored = int(ds._labels[i])
-            if items.label(i) != (None if stored == NO_LABEL else stored):
-                raise CorruptItemError(f"{ds.describe(i)}: label {stored}, the source says {items.label(i)}")
-            out.verified += 1
-        except CorruptItemError as e:
-            out.bad.append(str(e))
-        bar.update()
-    bar.close()
-    ds.close()
-    return out
+    # payload(): header, length, CRC32 (computed from the source) and label table checked
+    return verify_items(ds, items, len(ds), lambda i: ds.payload(ds.fetch(i), i), Verification(), progress)

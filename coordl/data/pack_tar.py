@@ -16,8 +16,8 @@ import zlib
 
 import numpy as np
 
-from coordl.data.packio import Progress, SourceItems, Verification, sniff_ext
-from coordl.data.shards import INDEX_SUFFIX, NO_LABEL, build_index, save_index
+from coordl.data.packio import Progress, SourceItems, Verification, sniff_ext, verify_items
+from coordl.data.shards import INDEX_SUFFIX, build_index, save_index
 
 __all__ = ["pack_tar", "verify_tar", "tar_pattern", "STATE_FILE"]
 
@@ -144,20 +144,11 @@ def verify_tar(items: SourceItems, dst: str, progress: bool) -> Verification:
     out = Verification(pattern=pattern)
     if len(ds) != len(crcs):
         out.bad.append(f"{pattern}: {len(ds)} samples indexed, {len(crcs)} written")
-    bar = Progress(len(ds), 0, "verify", progress)
-    for i in range(min(len(ds), len(crcs))):
-        try:
-            data = ds.fetch(i)
-            out.payload_bytes += len(data)
-            if zlib.crc32(data) != int(crcs[i]):
-                raise CorruptItemError(f"{ds.describe(i)}: CRC32 differs from the source item's")
-            stored = int(ds._labels[i])
-            if items.label(i) != (None if stored == NO_LABEL else stored):
-                raise CorruptItemError(f"{ds.describe(i)}: label {stored}, the source says {items.label(i)}")
-            out.verified += 1
-        except CorruptItemError as e:
-            out.bad.append(str(e))
-        bar.update()
-    bar.close()
-    ds.close()
-    return out
+
+    def payload(i: int) -> bytes:
+        data = ds.fetch(i)
+        if zlib.crc32(data) != int(crcs[i]):
+            raise CorruptItemError(f"{ds.describe(i)}: CRC32 differs from the source item's")
+        return data
+
+    return verify_items(ds, items, min(len(ds), len(crcs)), payload, out, progress)

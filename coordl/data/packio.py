@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordl.data.shards import NO_LABEL
+from coordl.errors import CorruptItemError
 
-__all__ = ["SourceItems", "Progress", "Verification", "sniff_ext"]
+__all__ = ["SourceItems", "Progress", "Verification", "sniff_ext", "verify_items"]
 
 _PROGRESS_EVERY_S = 5.0
 
@@ -99,3 +101,30 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def verify_items(
+    ds: Any, items: SourceItems, count: int, payload: Callable[[int], bytes], out: Verification, progress: bool
+) -> Verification:
+    """Read back ``count`` packed items of ``ds`` and compare them with the source.
+
+    ``payload(i)`` returns item ``i``'s payload once its own check passed (or raises
+    :class:`CorruptItemError`); then its stored label must be the source's. What fails goes to
+    ``out.bad``, one line naming the item; ``ds`` is closed at the end.
+    """
+    bar = Progress(count, 0, "verify", progress)
+    try:
+        for i in range(count):
+            try:
+                out.payload_bytes += len(payload(i))
+                stored = int(ds._labels[i])
+                if items.label(i) != (None if stored == NO_LABEL else stored):
+                    raise CorruptItemError(f"{ds.describe(i)}: label {stored}, the source says {items.label(i)}")
+                out.verified += 1
+            except CorruptItemError as e:
+                out.bad.append(str(e))
+            bar.update()
+    finally:
+        bar.close()
+        ds.close()
+    return out
