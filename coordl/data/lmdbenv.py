@@ -66,6 +66,14 @@ _envs: dict[str, ProcessEnv] = {}
 _envs_lock = threading.Lock()
 
 
+def _new_envs_lock() -> None:  # a lock copied by fork may be held by one of the parent's threads
+    global _envs_lock
+    _envs_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_envs_lock)
+
+
 def process_env(data_path: str, subdir: bool, readahead: bool) -> ProcessEnv:
     """This process's environment of ``data_path`` (a real path), opened read-only on first use."""
     pid = os.getpid()

@@ -43,6 +43,18 @@ __all__ = ["TarShards", "TruncatedShardError"]
 
 log = logging.getLogger("coordl.tar")
 
+# Guards the switch to a forked child's own descriptors: several fetch-ahead threads of a new worker
+# reach it at once. Made anew in each child (a lock copied by fork may be held by a parent's thread).
+_fork_lock = threading.Lock()
+
+
+def _new_fork_lock() -> None:
+    global _fork_lock
+    _fork_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_fork_lock)
+
 # Shards kept open per process; reads of further shards open and close their file each time
 # (never closing a descriptor another thread may be reading from).
 DEFAULT_MAX_OPEN_SHARDS = 256
@@ -240,9 +252,9 @@ class TarShards(_FileSource):
         for fd in getattr(self, "_fds", {}).values():  # a forked child's copies of the parent's files
             os.close(fd)
         self._fds: dict[int, int] = {}
-        self._fd_pid = os.getpid()
         self._fd_lock = threading.Lock()
         self._local_shards: set[int] = set()
+        self._fd_pid = os.getpid()  # last: a thread that sees this pid finds the fresh state above
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -296,7 +308,9 @@ class TarShards(_FileSource):
     def _fd(self, s: int) -> tuple[int, bool]:
         """(descriptor, owned): owned descriptors stay open for later reads."""
         if self._fd_pid != os.getpid():  # a forked copy: the parent's descriptors share its file offsets
-            self._init_local_state()
+            with _fork_lock:  # once per child, though its fetch-ahead threads all arrive here first
+                if self._fd_pid != os.getpid():
+                    self._init_local_state()
         fd = self._fds.get(s)
         if fd is not None:
             return fd, True

@@ -164,3 +164,44 @@ def test_bad_arguments():
         TarShards("x.tar", truncated="maybe")
     with pytest.raises(ValueError, match="stage_dir"):
         TarShards("nfs://127.0.0.1/export/data-{0..1}.tar")
+
+
+def _threads_read_all_in_child(ds: TarShards, threads: int, conn) -> None:
+    """In a forked child: ``threads`` threads read every sample at once (a worker's fetch-ahead)."""
+    import threading
+
+    start = threading.Barrier(threads)
+    errors: list[str] = []
+
+    def read(offset: int) -> None:
+        start.wait()
+        try:
+            for i in range(len(ds)):
+                ds.fetch((i + offset) % len(ds))
+        except Exception as e:  # reported to the parent
+            errors.append(repr(e))
+
+    pool = [threading.Thread(target=read, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    conn.send(errors)
+
+
+def test_forked_worker_threads_switch_to_their_own_descriptors_once(tar_pattern):
+    """Regression: a forked worker's fetch-ahead threads each closed the parent's descriptors (EBADF)."""
+    import multiprocessing as mp
+
+    ds = TarShards(tar_pattern)
+    for i in range(len(ds)):  # the parent holds open descriptors that every child inherits
+        ds.fetch(i)
+    ctx = mp.get_context("fork")
+    for _ in range(12):  # the race needed several children to show on the old code (4 of 25 loader runs)
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_threads_read_all_in_child, args=(ds, 8, child))
+        p.start()
+        assert parent.poll(60), "the child hung"
+        assert parent.recv() == []
+        p.join(10)
+        assert p.exitcode == 0
