@@ -33,7 +33,7 @@ from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
 from coordl.resume import Resume, group_state, load_group_state
 from coordl.ring.reader import BatchRing
 from coordl.workers.start import forks_workers, start_workers
-from coordl.workers.watch import WorkerWatch, is_worker_death, translate_torch_error
+from coordl.workers.watch import WorkerWatch, translate_torch_error
 from shmem.counters import SharedCounters
 
 __all__ = ["DataLoader"]
@@ -212,6 +212,7 @@ class DataLoader(LoaderStats):
             unwrap=self._ring.unwrap if self._ring is not None else (lambda batch: batch),
             on_end=self._end_epoch,
             on_batch=self._resume.returned if self._resume is not None else (lambda: None),
+            on_error=self._abandon_epoch,
         )
 
     def __len__(self) -> int:
@@ -262,15 +263,18 @@ class DataLoader(LoaderStats):
 
     def _translate(self, error: RuntimeError, torch_iter: Any) -> BaseException | None:
         """A coordl error for torch's worker-death and timeout RuntimeErrors, else None."""
-        translated = translate_torch_error(error, torch_iter, self._watch, self.source)
-        if is_worker_death(error):
-            # The iterator is broken: stop its other workers now (they would idle for as long as anything
-            # holds the traceback), and make the next epoch start fresh ones.
-            if hasattr(torch_iter, "_shutdown_workers"):
-                torch_iter._shutdown_workers()
-            if getattr(self._torch, "_iterator", None) is torch_iter:
-                self._torch._iterator = None
-        return translated
+        return translate_torch_error(error, torch_iter, self._watch, self.source)
+
+    def _abandon_epoch(self, torch_iter: Any) -> None:
+        """An error ended the epoch: stop its workers now and make the next epoch start fresh ones.
+
+        Left alone, they would idle for as long as anything holds the traceback (a dead worker's
+        siblings included), then stall whichever later allocation makes the collector shut them down.
+        """
+        if hasattr(torch_iter, "_shutdown_workers"):
+            torch_iter._shutdown_workers()
+        if getattr(self._torch, "_iterator", None) is torch_iter:
+            self._torch._iterator = None
 
     @property
     def sampler(self) -> Any:

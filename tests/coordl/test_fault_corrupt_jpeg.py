@@ -112,3 +112,28 @@ def test_corrupt_jpeg_is_a_counted_skip(tmp_path: Path, clean_root: Path, cached
     assert result["skipped"] == 2  # counted once per epoch
     logged = [ln for ln in done.stderr.splitlines() if ln.startswith("LOG") and str(victim) in ln]
     assert len(logged) == 1, done.stderr[-3000:]  # logged once, naming the file
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
+def test_workers_stop_when_the_error_ends_the_epoch(tmp_path: Path, clean_root: Path, persistent: bool) -> None:
+    """Regression (flake hunt): the held error kept the epoch's workers alive, and the collector later
+    stopped them, 5 s per worker, inside an unrelated test's allocation."""
+    import psutil
+
+    root = _copy(clean_root, tmp_path / "ds")
+    _damage(root, "truncated")
+    before = {p.pid for p in psutil.Process().children()}
+    ds = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(32, resize=40))
+    loader = coordl.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=persistent)
+    with pytest.raises(CorruptItemError) as held:  # held: its traceback stays referenced below
+        for _ in loader:
+            pass
+    workers = [p for p in psutil.Process().children() if p.pid not in before]
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    assert alive == [], f"{len(alive)} workers still running while the error is held"
+    assert held.value.index == N // 2
+    with pytest.raises(CorruptItemError):  # the next epoch starts fresh workers, which meet the item again
+        for _ in loader:
+            pass
+    loader.close()
