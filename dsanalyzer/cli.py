@@ -112,6 +112,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         timeout_s=args.timeout,
         show_progress=not args.quiet,
+        runs=args.runs,
     )
     print(verify_text(v))
     return 0
@@ -122,7 +123,7 @@ def add_verify_parser(sub: argparse._SubParsersAction) -> None:
         "verify",
         usage="dsanalyzer verify [options] REPORT -- COMMAND ...",
         help="run the changed job and show its samples/s beside the report's prediction",
-        description="Runs the command once from a cold cache (warm-up: one epoch, so a new cache fills), "
+        description="Runs the command (--runs times) from a cold cache (warm-up: one epoch, so a new cache fills), "
         "predicts the configuration its loader actually used from REPORT's model, and adds both numbers "
         "to REPORT (report.json and report.html) under verify.",
     )
@@ -133,6 +134,12 @@ def add_verify_parser(sub: argparse._SubParsersAction) -> None:
         type=_non_negative_int,
         help="iterations dropped first (default: one epoch + the profile's warm-up)",
     )
+    p.add_argument(
+        "--runs",
+        type=_positive_int,
+        default=1,
+        help="run the job N times and compare the median (default 1; 3 on a shared or noisy machine)",
+    )
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds allowed (default 600)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_verify, command=[])
@@ -142,7 +149,12 @@ def _run_demo(args: argparse.Namespace) -> int:
     from dsanalyzer.demo import run_demo
 
     return run_demo(
-        out_dir=args.out, items=args.items, iters=args.iters, quiet=args.quiet, storage_mbps=args.storage_mbps
+        out_dir=args.out,
+        items=args.items,
+        iters=args.iters,
+        quiet=args.quiet,
+        storage_mbps=args.storage_mbps,
+        verify_runs=args.verify_runs,
     )
 
 
@@ -190,6 +202,12 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         type=_positive_float,
         default=1.5,
         help="the emulated storage's read rate in MB/s (default 1.5: slow enough for a fetch stall)",
+    )
+    p.add_argument(
+        "--verify-runs",
+        type=_positive_int,
+        default=3,
+        help="runs of the fixed job, compared by their median (default 3: one run is noise on a shared machine)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_demo)

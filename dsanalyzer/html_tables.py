@@ -116,6 +116,13 @@ def verdict_block(report: dict) -> str:
     return f'<h2>Verdict</h2><table id="verdict">{_rows(pairs)}</table>'
 
 
+def _runs_note(v: dict) -> str:
+    runs, spread = v.get("runs") or [], v.get("measured_range") or []
+    if len(runs) < 2 or len(spread) != 2:
+        return ""
+    return f" (median of {len(runs)} runs: {spread[0]:,.0f}-{spread[1]:,.0f})"
+
+
 def verify_block(report: dict) -> str:
     """Predicted vs measured for the changed job (``dsanalyzer verify``)."""
     v = report.get("verify")
@@ -127,8 +134,11 @@ def verify_block(report: dict) -> str:
         ("Command", " ".join(v.get("command") or [])),
         ("Change", change),
         ("Predicted", f"{v['predicted_samples_per_s']:,.1f} samples/s ({v.get('predicted_bound')}-bound)"),
-        ("Measured", f"{v['measured_samples_per_s']:,.1f} samples/s"),
+        ("Measured", f"{v['measured_samples_per_s']:,.1f} samples/s{_runs_note(v)}"),
         ("Error", f"{v['error']:+.1%} ({verdict} the ±{v.get('target_error', 0.1):.0%} target)"),
         ("Iterations", f"{v.get('iters')} measured after {v.get('warmup_iters')} warm-up"),
     ]
+    step, then = v.get("step_s_measured"), v.get("step_s_profile")
+    if step and then:
+        pairs.append(("Step time", f"{step * 1e3:.1f} ms here, {then * 1e3:.1f} ms in the profile's run 2"))
     return f'<h2>Verify: the changed job</h2><table id="verify">{_rows(pairs)}</table>'

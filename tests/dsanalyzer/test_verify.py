@@ -46,6 +46,32 @@ def test_verify_outside_the_target_says_so():
     assert "outside the ±10% target" in verify_text(v)
 
 
+def test_verify_compares_the_median_of_several_runs():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]})
+    runs = [fake_run(rate, {"num_workers": 2}) for rate in (100.0, 300.0, 200.0)]
+    v = verify_result(rep, runs, warmup=0, command=["x"])
+    assert v["measured_samples_per_s"] == pytest.approx(200.0)
+    assert v["measured_range"] == pytest.approx([100.0, 300.0])
+    assert [round(r["samples_per_s"]) for r in v["runs"]] == [100, 300, 200]
+    assert "median of 3 runs" in verify_text(v)
+
+
+def test_verify_outside_the_target_names_a_step_that_moved():
+    """The step itself slower than in the profile: the text says the machine moved, with both times."""
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]})
+    model = Model.from_report(rep)
+    predicted = model.predict(0, 2, model.storage_bytes_per_s, policy=model.cache_policy, workers=2)
+    slow = fake_run(0.6 * predicted.samples_per_s, {"num_workers": 2})  # 40% short, all of it step time
+    step = slow["step_s"][0]
+    rep["runs"]["prep"]["summary"] = {"step_s": step / 1.4}
+    v = verify_result(rep, [slow, slow], warmup=0, command=["x"])
+    assert not v["within_target"] and v["step_s_measured"] == pytest.approx(step)
+    text = verify_text(v)
+    assert f"the step itself took {step * 1e3:.1f} ms here vs {step / 1.4 * 1e3:.1f} ms in the profile (+40%)" in text
+    rep["runs"]["prep"]["summary"] = {"step_s": step}  # the same step in the profile: the model missed
+    assert "step itself" not in verify_text(verify_result(rep, [slow], warmup=0, command=["x"]))
+
+
 def test_verify_keeps_every_key_of_the_report(tmp_path):
     rep = with_real_run(base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}), 300.0)
     rep["schema_version"] = 2
