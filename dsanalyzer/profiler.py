@@ -154,6 +154,7 @@ def assemble_report(
         "dataset": dataset,
         "batch_size": int(round(batch)),
         "workers": workers,
+        "loader": loader,  # as the real run saw it (a DALI iterator adds pipelines and prep_device)
         "cache_bytes": cache_bytes,
         "cache_policy": policy,
         "rates_per_s": {
