@@ -28,6 +28,7 @@ from coordl.data.synth import make_dataset  # noqa: E402
 from dsanalyzer import intercept  # noqa: E402
 from dsanalyzer.cli import main as cli_main  # noqa: E402
 from dsanalyzer.intercept import HookConfig, ProbeState  # noqa: E402
+from dsanalyzer.launch import run_child  # noqa: E402
 from dsanalyzer.modes import MODES  # noqa: E402
 from dsanalyzer.profiler import _storage_device, profile  # noqa: E402
 
@@ -218,6 +219,24 @@ def test_a_dali_loader_is_timed_once_as_the_outermost_loader(hook, folder, tmp_p
     result = _result(tmp_path)
     assert result["loader"]["class"] == "coordl.dali.loader.DALILoader"
     assert result["batch_items"] == [BATCH] * 6  # one record per batch: not timed twice
+
+
+def test_an_unmodified_dali_loader_script_is_intercepted(folder, tmp_path):
+    # Both coordl.dali.loader and nvidia.dali.plugin.pytorch are patched as the script imports them.
+    script = tmp_path / "train_dali_loader.py"
+    script.write_text(
+        "import sys, coordl\n"
+        "from coordl.dali import DALILoader, train_pipeline\n"
+        "loader = DALILoader(coordl.ImageFolder(sys.argv[1]), batch_size=8, transform=train_pipeline(32),\n"
+        "                    num_threads=1)\n"
+        "for epoch in range(100):\n"
+        "    for images, labels in loader:\n"
+        "        images.mean().item()\n"
+    )
+    cfg = HookConfig("real", str(tmp_path / "res"), iters=4, warmup=1)
+    result = run_child([sys.executable, str(script), folder], cfg, tmp_path / "log.txt", timeout_s=120)
+    assert result["status"] == "stopped" and result["loader"]["class"] == "coordl.dali.loader.DALILoader"
+    assert result["batch_items"] == [BATCH] * 5
 
 
 SCRIPT = """
