@@ -135,7 +135,7 @@ def _resident(files: list[str]) -> float:
     return fetchrate.resident_fraction(sample)
 
 
-def warm(files: list[str], budget_bytes: int) -> dict:
+def _warm(files: list[str], budget_bytes: int) -> dict:
     """Read the files into the page cache when they all fit ``budget_bytes``; the report's ``memory``."""
     if not files:
         return {"method": f"none: {NO_FILES}", "items": 0, "bytes": 0, "resident_fraction": 0.0}
@@ -173,7 +173,7 @@ def _prep_scaling(
     """Dataset, cold fetch rate, then the iterator alone at the pipeline's own thread count."""
     readers = len(dataset["readers"]) or 1
     info: dict = {"dataset": dataset, "fetch": _fetch_rate(files, dataset, readers)}
-    info["memory"] = warm(files, plan.memory_budget_bytes)
+    info["memory"] = _warm(files, plan.memory_budget_bytes)
     pipes = _pipelines(it)
     threads = int(getattr(pipes[0], "num_threads", 1) or 1) if pipes else 1
     total = plan.warmup + plan.iters
@@ -210,7 +210,7 @@ def prepare_run(
     if plan.mode == "prep_scaling":
         info.update(_prep_scaling(plan, it, files, dataset, progress))
     elif plan.mode == "prep":
-        info["memory"] = warm(files, plan.memory_budget_bytes)
+        info["memory"] = _warm(files, plan.memory_budget_bytes)
     elif plan.mode == "real":
         info["cold"] = runs.start_cold(None, files=files)
         if not files:
