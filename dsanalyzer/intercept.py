@@ -2,15 +2,18 @@
 
 ``dsanalyzer profile -- python train.py ...`` puts ``dsanalyzer/_hook`` on ``PYTHONPATH``; its
 ``sitecustomize`` calls :func:`install_from_env`, which registers an import hook. When the script
-imports ``torch.utils.data.dataloader`` (or ``coordl.dataloader``), the hook replaces the loader
-class's ``__iter__`` so that the first loader the script iterates is timed (:class:`TimedIterator`)
-and prepared for the run named by ``DSANALYZER_MODE`` (see :mod:`dsanalyzer.runs`). After
+imports ``torch.utils.data.dataloader`` (or ``coordl.dataloader``, ``coordl.dali.loader``), the hook
+replaces the loader class's ``__iter__`` so that the first loader the script iterates is timed
+(:class:`TimedIterator`) and prepared for the run named by ``DSANALYZER_MODE`` (see
+:mod:`dsanalyzer.modes`). A DALI iterator (``nvidia.dali.plugin.pytorch.DALIGenericIterator``) is its
+own iterator, so there the hook times ``__next__`` itself (:func:`patch_dali_iterator_class`). After
 warm-up + N iterations it writes ``result-<pid>.json`` (plain JSON) into ``DSANALYZER_RESULT_DIR``
 and ends the script with ``SystemExit(0)``; if the script ends first, an ``atexit`` handler writes
 what was recorded.
 
 A ``coordl.DataLoader`` is covered whether it subclasses torch's loader or wraps one: a re-entrancy
-guard makes only the outermost ``__iter__`` timed.
+guard makes only the outermost loader timed (a ``coordl.dali.DALILoader`` that pulls from a DALI
+iterator inside is timed as the DALILoader, once).
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial, wraps
 from typing import Any
 
 from dsanalyzer import comm
 from dsanalyzer.modes import MODES, RunPlan
 from dsanalyzer.timeline import Timeline, cuda_sync_or_none
 
-__all__ = ["HookConfig", "ProbeState", "TimedIterator", "install_from_env", "patch_loader_class"]
+__all__ = ["HookConfig", "ProbeState", "TimedIterator", "install_from_env", "patch_loader_class",
+           "patch_dali_iterator_class"]  # fmt: skip
 
 ENV_MODE = "DSANALYZER_MODE"
 ENV_RESULT_DIR = "DSANALYZER_RESULT_DIR"
@@ -39,7 +44,10 @@ ENV_WORKERS_LIST = "DSANALYZER_WORKERS_LIST"
 ENV_DATA = "DSANALYZER_DATA"
 ENV_BUDGET = "DSANALYZER_MEMORY_BUDGET_BYTES"
 
-_TARGET_MODULES = ("torch.utils.data.dataloader", "coordl.dataloader", "torch.nn.parallel.distributed")
+# nvidia.dali.plugin.pytorch: where DALI 2.x defines DALIGenericIterator and its __next__
+_TARGET_MODULES = ("torch.utils.data.dataloader", "coordl.dataloader", "coordl.dali.loader",
+                   "nvidia.dali.plugin.pytorch", "torch.nn.parallel.distributed")  # fmt: skip
+_LOADER_CLASSES = ("DataLoader", "DALILoader")
 
 
 @dataclass
@@ -123,6 +131,37 @@ class ProbeState:
         finally:
             self.depth -= 1
         return TimedIterator(inner, self)
+
+    def next_for(self, it: Any, orig_next: Callable[[Any], Any]) -> Any:
+        """Called by a patched DALI iterator's ``__next__``: the next batch, timed when ``it`` is profiled."""
+        if self.depth > 0 or self.done or (self.loader is not None and it is not self.loader):
+            return orig_next(it)
+        if self.loader is None:
+            self.depth += 1
+            try:
+                self._first_iter(it, lambda loader: loader)  # a DALI iterator is its own iterator
+            finally:
+                self.depth -= 1
+        replay = self._replay
+        return self.timed_next(replay.__next__ if replay is not None else partial(orig_next, it))
+
+    def timed_next(self, pull: Callable[[], Any]) -> Any:
+        """One batch from ``pull``, its wait recorded; after warm-up + N batches, stop the script."""
+        self.timeline.next_started()
+        if self.remaining <= 0:
+            self.finish("stopped")
+            sys.stderr.write(f"dsanalyzer: {self.cfg.mode} run done, stopping the script\n")
+            raise SystemExit(0)
+        try:
+            batch = pull()
+        except StopIteration:
+            self.timeline.abandon_pending()
+            raise
+        self.timeline.next_ended(_batch_items(batch, self.default_batch))
+        self.comm.iteration = len(self.timeline.wait_s) - 1  # the step that follows is this batch's
+        self.remaining -= 1
+        self.on_batch()
+        return batch
 
     def _first_iter(self, loader: Any, orig_iter: Callable[[Any], Any]) -> None:
         from dsanalyzer import modes  # lazy: keeps the hook cheap for processes that never iterate
@@ -213,27 +252,13 @@ class TimedIterator:
     def __init__(self, inner: Any, state: ProbeState) -> None:
         self._inner = inner
         self._state = state
+        self._pull = partial(next, inner)
 
     def __iter__(self) -> TimedIterator:
         return self
 
     def __next__(self) -> Any:
-        state = self._state
-        state.timeline.next_started()
-        if state.remaining <= 0:
-            state.finish("stopped")
-            sys.stderr.write(f"dsanalyzer: {state.cfg.mode} run done, stopping the script\n")
-            raise SystemExit(0)
-        try:
-            batch = next(self._inner)
-        except StopIteration:
-            state.timeline.abandon_pending()
-            raise
-        state.timeline.next_ended(_batch_items(batch, state.default_batch))
-        state.comm.iteration = len(state.timeline.wait_s) - 1  # the step that follows is this batch's
-        state.remaining -= 1
-        state.on_batch()
-        return batch
+        return self._state.timed_next(self._pull)
 
     def __len__(self) -> int:
         return len(self._inner)
@@ -260,6 +285,39 @@ def patch_loader_class(cls: type) -> None:
     cls.__iter__ = __iter__  # type: ignore[method-assign]
 
 
+def patch_dali_iterator_class(cls: type) -> None:
+    """Time ``cls.__next__`` (a DALI iterator is its own iterator: ``__iter__`` returns it).
+
+    ``__init__`` is wrapped too: DALI prepares its first batch inside it (``prepare_first_batch``)
+    through ``__next__``, which must not make the iterator the profiled loader before the script
+    asks for a batch.
+    """
+    orig_next, orig_init = cls.__dict__.get("__next__"), cls.__dict__.get("__init__")
+    if orig_next is None or orig_init is None or getattr(orig_next, "_dsanalyzer_patched", False):
+        return
+
+    @wraps(orig_next)
+    def __next__(self: Any) -> Any:
+        if _STATE is None:
+            return orig_next(self)
+        return _STATE.next_for(self, orig_next)
+
+    @wraps(orig_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if _STATE is None:
+            return orig_init(self, *args, **kwargs)
+        _STATE.depth += 1
+        try:
+            orig_init(self, *args, **kwargs)
+        finally:
+            _STATE.depth -= 1
+
+    __next__._dsanalyzer_patched = True  # type: ignore[attr-defined]
+    __init__._dsanalyzer_patched = True  # type: ignore[attr-defined]
+    cls.__next__ = __next__  # type: ignore[method-assign]
+    cls.__init__ = __init__  # type: ignore[method-assign]
+
+
 def patch_ddp_class(cls: type) -> None:
     """Give a DDP model without a comm hook of its own the timed default all-reduce, at its first forward.
 
@@ -284,9 +342,13 @@ def patch_ddp_class(cls: type) -> None:
 
 
 def _patch_module(module: Any) -> None:
-    cls = getattr(module, "DataLoader", None)
-    if isinstance(cls, type):
-        patch_loader_class(cls)
+    names = vars(module)  # not getattr: a module's lazy __getattr__ must not import anything here
+    for name in _LOADER_CLASSES:
+        if isinstance(names.get(name), type):
+            patch_loader_class(names[name])
+    dali = names.get("DALIGenericIterator")
+    if isinstance(dali, type) and dali.__module__ == module.__name__:
+        patch_dali_iterator_class(dali)
     ddp = getattr(module, "DistributedDataParallel", None)
     if isinstance(ddp, type):
         patch_ddp_class(ddp)

@@ -112,7 +112,8 @@ def run_child(
         )
     if not results:
         raise ProfileError(
-            f"the command never iterated a torch.utils.data.DataLoader or coordl.DataLoader "
+            f"the command never iterated a torch.utils.data.DataLoader, coordl.DataLoader, "
+            f"coordl.dali.DALILoader or DALI iterator (nvidia.dali.plugin.pytorch.DALIGenericIterator) "
             f"(run {cfg.mode}, output in {log_path}); dsanalyzer profiles the first loader a script iterates"
         )
     result = max(results, key=lambda r: (r.get("status") == "stopped", len(r.get("wait_s", []))))

@@ -4,6 +4,9 @@ Both front ends call :func:`prepare`: the import hook inside an unmodified scrip
 (:mod:`dsanalyzer.intercept`) and the Python API (:func:`dsanalyzer.profile`). They differ only in
 how they obtain an iterator (a patched ``__iter__`` vs a plain call), which they pass in.
 
+A plain DALI iterator (``DALIGenericIterator``) has no dataset or worker count to change: its runs
+are set up by :func:`dsanalyzer.dali_iter.prepare_run`, dispatched from here.
+
 ``prepare(plan, loader, open_iter)`` returns a :class:`Prepared`: the facts to record in the run's
 result (``info``), for the compute run the replayed batch, and ``undo`` to put the loader back
 (a dataset object may be shared by the next run's loader).
@@ -124,14 +127,18 @@ def prepare(
 
     Args:
         plan: the run.
-        loader: the loader the job iterates (torch's or coordl's).
+        loader: the loader the job iterates (torch's, coordl's, or a DALI iterator:
+            :mod:`dsanalyzer.dali_iter`).
         open_iter: a new iterator of the loader, as the job would get it.
         fresh_iter: a new iterator with new workers (torch's ``__iter__`` reuses persistent ones);
             defaults to ``open_iter``.
         progress: called with (done, total) iterations during the prep-scaling run.
     """
-    from dsanalyzer import runs  # here, not at the top: the import hook loads this module in every process
+    from dsanalyzer import dali_iter, runs  # here, not at the top: the hook loads this module everywhere
 
+    if dali_iter.is_dali_iterator(loader):  # a user's own DALI pipeline: no dataset, no workers to change
+        info, batch = dali_iter.prepare_run(plan, loader, progress)
+        return Prepared(info, replay=runs.ReplayIterator(batch) if batch is not None else None)
     fresh = fresh_iter or open_iter
     facts = {"loader": loader_facts(loader)}
     if plan.mode == "prep_scaling":

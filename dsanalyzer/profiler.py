@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from dsanalyzer import runs
+from dsanalyzer import dali_iter, runs
 from dsanalyzer.commmodel import comm_section
 from dsanalyzer.intercept import HookConfig
 from dsanalyzer.launch import ProfileError, ProgressBar, run_child
@@ -154,6 +154,7 @@ def assemble_report(
         "dataset": dataset,
         "batch_size": int(round(batch)),
         "workers": workers,
+        "loader": loader,  # as the real run saw it (a DALI iterator adds pipelines and prep_device)
         "cache_bytes": cache_bytes,
         "cache_policy": policy,
         "rates_per_s": {
@@ -258,6 +259,23 @@ def _fresh_iter(loader: Any) -> Callable[[], Any]:
     return get if callable(get) else (lambda: iter(loader))
 
 
+def _open_iter(loader: Any) -> Callable[[], Any]:
+    """The loader's iterator for the next epoch, as a training loop gets it."""
+    if dali_iter.is_dali_iterator(loader):  # its own iterator: reset only after a consumed epoch
+        return lambda: dali_iter.restart(loader)
+    return lambda: iter(loader)
+
+
+def _close(loader: Any) -> None:
+    """Stop the loader's workers (or DALI's pipelines) now: each run gets a fresh loader."""
+    if dali_iter.is_dali_iterator(loader):
+        dali_iter.close(loader)
+        return
+    close = getattr(loader, "close", None)
+    if callable(close):
+        close()
+
+
 def _drive(open_iter: Callable[[], Any], train_step: Callable[[Any], Any], n: int) -> dict:
     """Run ``n`` iterations of the loop, timed at the iterator boundary; epochs restart as needed."""
     timeline = Timeline(sync=cuda_sync_or_none())
@@ -293,7 +311,8 @@ def profile(
     """Profile a training loop in this process: the same four runs as ``dsanalyzer profile``.
 
     Args:
-        make_loader: returns a fresh loader (torch or coordl DataLoader); called once per run.
+        make_loader: returns a fresh loader (torch or coordl DataLoader, coordl.dali.DALILoader, or a
+            DALI iterator such as ``DALIGenericIterator``); called once per run.
         train_step: does one training step on a batch.
         iters: measured iterations per run (after ``warmup`` dropped ones).
         out: directory for report.json and report.html (nothing written when None).
@@ -310,21 +329,20 @@ def profile(
     for mode in MODES:
         plan = RunPlan(mode, iters, warmup, ks, data_path, _memory_budget())
         loader = make_loader()
+        open_iter = _open_iter(loader)
         with SysMonitor() as mon:
-            prepared = prepare(plan, loader, lambda ld=loader: iter(ld), _fresh_iter(loader))
+            prepared = prepare(plan, loader, open_iter, _fresh_iter(loader))
             try:
                 info = prepared.info
                 if mode == "compute":
                     info.update(_drive(lambda r=prepared.replay: r, train_step, n))
                 elif mode != "prep_scaling":
-                    info.update(_drive(lambda ld=loader: iter(ld), train_step, n))
+                    info.update(_drive(open_iter, train_step, n))
             finally:
                 prepared.undo()  # make_loader may hand the same dataset to the next run
         series.append({**mon.series(), "run": mode})
         results[mode] = info
-        close = getattr(loader, "close", None)
-        if callable(close):
-            close()
+        _close(loader)
     report = assemble_report(
         results,
         command="dsanalyzer.profile()",

@@ -49,6 +49,7 @@ __all__ = [
     "serve_from_memory",
     "start_cold",
     "measure_prep_scaling",
+    "loader_alone_rate",
     "batch_items",
     "dataset_info",
 ]
@@ -313,9 +314,9 @@ def _size(path: str) -> int:
         return 0
 
 
-def start_cold(loader: Any, data_path: str | None = None) -> dict:
-    """Drop the loader's files from the page cache so the real run reads storage."""
-    files = data_files(loader, data_path)
+def start_cold(loader: Any, data_path: str | None = None, files: list[str] | None = None) -> dict:
+    """Drop the loader's files (or ``files``, when given) from the page cache so the real run reads storage."""
+    files = data_files(loader, data_path) if files is None else files
     evicted = fetchrate.evict_files(files)
     return {
         "files": len(files),
@@ -324,7 +325,7 @@ def start_cold(loader: Any, data_path: str | None = None) -> dict:
     }
 
 
-def _loader_alone_rate(
+def loader_alone_rate(
     loader: Any, open_iter: Callable[[], Iterator], iters: int, warmup: int, tick: Callable[[], None]
 ) -> float:
     """Samples/s of pulling batches as fast as possible, after ``warmup`` batches."""
@@ -378,7 +379,7 @@ def measure_prep_scaling(
         for k in workers_list:
             set_workers(loader, k)
             try:
-                rates.append(_loader_alone_rate(loader, open_iter, iters, warmup, tick))
+                rates.append(loader_alone_rate(loader, open_iter, iters, warmup, tick))
             except Exception as e:
                 if k == original:
                     raise
