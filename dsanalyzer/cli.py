@@ -89,6 +89,7 @@ def _run_profile(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         show_progress=not args.quiet,
         page_cache_bytes=None if args.page_cache_gb is None else int(args.page_cache_gb * 1e9),
+        min_seconds=args.min_seconds,
     )
     out = report.pop("_out_dir")
     print(summary_text(report))
@@ -113,6 +114,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         show_progress=not args.quiet,
         runs=args.runs,
+        min_seconds=args.min_seconds,
     )
     print(verify_text(v))
     return 0
@@ -141,8 +143,19 @@ def add_verify_parser(sub: argparse._SubParsersAction) -> None:
         help="run the job N times and compare the median (default 1; 3 on a shared or noisy machine)",
     )
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds allowed (default 600)")
+    _add_min_seconds(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_verify, command=[])
+
+
+def _add_min_seconds(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--min-seconds",
+        type=_non_negative_float,
+        default=0.0,
+        help="measure each run for at least this long, past --iters if need be (default 0; "
+        "10 on a shared machine, where a run of 2 s is noise)",
+    )
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -155,6 +168,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         storage_mbps=args.storage_mbps,
         verify_runs=args.verify_runs,
+        min_seconds=args.min_seconds,
     )
 
 
@@ -188,6 +202,7 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         type=_non_negative_float,
         help="page cache the job may use, in GB (a shared server's share; default: the memory available now)",
     )
+    _add_min_seconds(p)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_profile, command=[])
 
@@ -208,6 +223,12 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         type=_positive_int,
         default=3,
         help="runs of the fixed job, compared by their median (default 3: one run is noise on a shared machine)",
+    )
+    p.add_argument(
+        "--min-seconds",
+        type=_non_negative_float,
+        default=10.0,
+        help="measure each run for at least this long (default 10)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_demo)

@@ -47,6 +47,7 @@ def run_demo(
     quiet: bool = False,
     storage_mbps: float = 1.5,
     verify_runs: int = 3,
+    min_seconds: float = 10.0,
 ) -> int:
     """Make the dataset, profile the demo job, verify the fix; returns an exit code."""
     from dsanalyzer.profiler import default_out_dir, profile_command
@@ -71,6 +72,7 @@ def run_demo(
         show_progress=not quiet,
         page_cache_bytes=0,
         storage_note=note,
+        min_seconds=min_seconds,
     )
     report.pop("_out_dir", None)
     print(summary_text(report))
@@ -78,7 +80,14 @@ def run_demo(
     if fix:
         changed = changed_command(command, fix["change"])
         print(f"dsanalyzer demo: verifying the fix: `{' '.join(changed)}`", flush=True)
-        v = verify_command(out / "report.json", changed, iters=iters, show_progress=not quiet, runs=verify_runs)
+        v = verify_command(
+            out / "report.json",
+            changed,
+            iters=iters,
+            show_progress=not quiet,
+            runs=verify_runs,
+            min_seconds=min_seconds,
+        )
         print(verify_text(v))
     print(f"report: {out}/report.json  {out}/report.html")
     return 0

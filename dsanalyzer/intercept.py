@@ -43,6 +43,7 @@ ENV_WARMUP = "DSANALYZER_WARMUP"
 ENV_WORKERS_LIST = "DSANALYZER_WORKERS_LIST"
 ENV_DATA = "DSANALYZER_DATA"
 ENV_BUDGET = "DSANALYZER_MEMORY_BUDGET_BYTES"
+ENV_MIN_SECONDS = "DSANALYZER_MIN_SECONDS"
 
 # nvidia.dali.plugin.pytorch: where DALI 2.x defines DALIGenericIterator and its __next__
 _TARGET_MODULES = ("torch.utils.data.dataloader", "coordl.dataloader", "coordl.dali.loader",
@@ -61,6 +62,7 @@ class HookConfig:
     workers_list: tuple[int, ...] = (1,)
     data_path: str | None = None
     memory_budget_bytes: int = 1 << 30
+    min_seconds: float = 0.0  # measure for at least this long, even past ``iters`` (short runs are noise)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> HookConfig:
@@ -74,6 +76,7 @@ class HookConfig:
             workers_list=workers or (1,),
             data_path=env.get(ENV_DATA) or None,
             memory_budget_bytes=int(env.get(ENV_BUDGET, str(1 << 30))),
+            min_seconds=float(env.get(ENV_MIN_SECONDS, "0") or 0),
         )
 
     def plan(self) -> RunPlan:
@@ -90,6 +93,7 @@ class HookConfig:
             ENV_WARMUP: str(self.warmup),
             ENV_WORKERS_LIST: ",".join(str(k) for k in self.workers_list),
             ENV_BUDGET: str(self.memory_budget_bytes),
+            ENV_MIN_SECONDS: repr(float(self.min_seconds)),
         }
         if self.data_path:
             env[ENV_DATA] = self.data_path
@@ -114,6 +118,7 @@ class ProbeState:
         self._replay: Any = None
         self.default_batch = 1
         self._last_progress = 0.0
+        self._measure_from: float | None = None  # when the first measured (post-warm-up) batch was asked for
 
     # -- iterator creation -------------------------------------------------------------------
     def iter_for(self, loader: Any, orig_iter: Callable[[Any], Any]) -> Any:
@@ -148,7 +153,9 @@ class ProbeState:
     def timed_next(self, pull: Callable[[], Any]) -> Any:
         """One batch from ``pull``, its wait recorded; after warm-up + N batches, stop the script."""
         self.timeline.next_started()
-        if self.remaining <= 0:
+        if self._measure_from is None and self.remaining <= self.cfg.iters:
+            self._measure_from = time.monotonic()
+        if self.remaining <= 0 and time.monotonic() - self._measure_from >= self.cfg.min_seconds:
             self.finish("stopped")
             sys.stderr.write(f"dsanalyzer: {self.cfg.mode} run done, stopping the script\n")
             raise SystemExit(0)
@@ -201,7 +208,7 @@ class ProbeState:
     def on_batch(self) -> None:
         if time.monotonic() - self._last_progress >= 0.5:
             total = self.cfg.warmup + self.cfg.iters
-            self._progress(total - self.remaining, total)
+            self._progress(min(total, total - self.remaining), total)
 
     def finish(self, status: str) -> None:
         """Write ``result-<pid>.json`` once (atomically: the CLI may be polling for it)."""

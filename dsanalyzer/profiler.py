@@ -197,11 +197,14 @@ def profile_command(
     show_progress: bool = True,
     page_cache_bytes: int | None = None,
     storage_note: str | None = None,
+    min_seconds: float = 0.0,
 ) -> dict:
     """Profile an unmodified training command; writes report.json/html into ``out_dir``; returns the report.
 
     ``page_cache_bytes``: the page cache the job may use (a shared server's limit; default: the memory
-    available now); ``storage_note``: a label for the storage, shown in the report.
+    available now); ``storage_note``: a label for the storage, shown in the report; ``min_seconds``:
+    each run measures for at least this long, past ``iters`` if need be (a fast run of 60 iterations
+    lasts 2 s, short enough for a noisy machine to move it by 20%).
     """
     if not command:
         raise ProfileError(
@@ -215,7 +218,9 @@ def profile_command(
     results: dict[str, dict] = {}
     series = []
     for mode in MODES:
-        cfg = HookConfig(mode, str(out / "logs" / mode), iters, warmup, workers_list, data_path, budget)
+        cfg = HookConfig(
+            mode, str(out / "logs" / mode), iters, warmup, workers_list, data_path, budget, min_seconds
+        )
         bar = ProgressBar(f"{mode:>12}", show_progress)
         with SysMonitor() as mon:
             try:

@@ -138,6 +138,7 @@ def verify_command(
     timeout_s: float = 600.0,
     show_progress: bool = True,
     runs: int = 1,
+    min_seconds: float = 0.0,
 ) -> dict:
     """Run ``command`` (the changed job) ``runs`` times from a cold cache; add ``verify`` to the report."""
     if not command:
@@ -153,7 +154,7 @@ def verify_command(
     results = []
     for i in range(runs):
         name = "verify" if i == 0 else f"verify-{i + 1}"
-        cfg = HookConfig("real", str(logs / name), iters, warm, (1,), None, 1 << 30)
+        cfg = HookConfig("real", str(logs / name), iters, warm, (1,), None, 1 << 30, min_seconds)
         for stale in Path(cfg.result_dir).glob("*"):
             stale.unlink()  # a previous verify's result must not be read as this one's
         bar = ProgressBar("      verify" if runs == 1 else f"  verify {i + 1}/{runs}", show_progress)

@@ -49,8 +49,8 @@ class WrappingLoader:
 
 @pytest.fixture
 def probe(tmp_path, monkeypatch):
-    def make(mode: str = "real", iters: int = 5, warmup: int = 1) -> ProbeState:
-        state = ProbeState(HookConfig(mode, str(tmp_path), iters=iters, warmup=warmup))
+    def make(mode: str = "real", iters: int = 5, warmup: int = 1, min_seconds: float = 0.0) -> ProbeState:
+        state = ProbeState(HookConfig(mode, str(tmp_path), iters=iters, warmup=warmup, min_seconds=min_seconds))
         monkeypatch.setattr(intercept, "_STATE", state)
         return state
 
@@ -77,6 +77,24 @@ def test_patched_loader_is_timed_and_stopped_after_warmup_plus_iters(probe, tmp_
     assert result["status"] == "stopped" and result["mode"] == "real"
     assert len(result["wait_s"]) == 6 and len(result["step_s"]) == 6
     assert result["batch_items"] == [4] * 6
+
+
+def test_min_seconds_keeps_measuring_past_iters(probe, tmp_path):
+    """iters=3 after 2 warm-up batches, but at least 0.3 s measured: with 50 ms steps, 7 or more batches."""
+    import time
+
+    probe(iters=3, warmup=2, min_seconds=0.3)
+    start, loader = None, ListLoader(batches=4)
+    with pytest.raises(SystemExit):
+        for _epoch in range(100):
+            for i, _batch in enumerate(loader):
+                if start is None and i == 2:
+                    start = time.monotonic()  # the first measured batch
+                time.sleep(0.05)
+    result = _result(tmp_path)
+    assert len(result["wait_s"]) >= 2 + 6  # 6 x 50 ms of steps reach 0.3 s; 3 would have stopped at 0.15
+    assert time.monotonic() - start >= 0.3
+    assert HookConfig.from_env(HookConfig("real", "d", min_seconds=2.5).to_env()).min_seconds == 2.5
 
 
 def test_epochs_continue_the_same_timeline(probe, tmp_path):
