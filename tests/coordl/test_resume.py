@@ -200,3 +200,29 @@ def test_coordinated_job_makes_the_rest_itself_when_the_group_moved_on(tmp_path:
         for a, b in zip(rest, epochs[1][1:], strict=True):
             assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
         assert len(list(dl)) == len(epochs[0])  # then it follows the group
+
+
+def test_item_seeds_touch_only_the_cpu_generator(monkeypatch) -> None:
+    """Regression: per-item seeding went through torch.manual_seed, which also queues a seed for every
+    accelerator backend and formats the call stack each time (0.5 ms of a 2.4 ms sample's prep)."""
+    from tests.coordl.ldr_sources import MemorySource
+
+    class Augmented(MemorySource):
+        def prep(self, raw, index):
+            return torch.cat([super().prep(raw, index).float(), torch.rand(2)])
+
+    def refuse(*_a, **_k):
+        raise AssertionError("an item's seed reached torch's accelerator seeding")
+
+    for backend in ("cuda", "xpu", "mtia"):
+        module = getattr(torch, backend, None)
+        if module is not None and hasattr(module, "manual_seed_all"):
+            monkeypatch.setattr(module, "manual_seed_all", refuse)
+
+    def epoch() -> torch.Tensor:
+        with coordl.DataLoader(Augmented(12), batch_size=4, shuffle=True,
+                               generator=torch.Generator().manual_seed(5)) as dl:  # fmt: skip
+            return torch.cat(list(dl))
+
+    first = epoch()
+    assert torch.equal(first, epoch())  # the seeds still make prep's draws repeat exactly
