@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from dsanalyzer.intercept import HookConfig, ProbeState, TimedIterator
+from dsanalyzer.hookconfig import HookConfig
+from dsanalyzer.intercept import ProbeState, TimedIterator
 
 
 def _step(step_s: float):

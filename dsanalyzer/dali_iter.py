@@ -95,16 +95,6 @@ def _facts(it: Any, ops: list[dali_readers.Op]) -> dict:
     }
 
 
-def _sizes(files: list[str]) -> int:
-    total = 0
-    for path in files:
-        try:
-            total += os.path.getsize(path)
-        except OSError:
-            pass
-    return total
-
-
 def _files_and_dataset(it: Any, ops: list[dali_readers.Op], data_path: str | None) -> tuple[list[str], dict]:
     """The files the pipeline reads and the report's ``dataset`` section."""
     files, readers = dali_readers.reader_files(ops)
@@ -114,7 +104,7 @@ def _files_and_dataset(it: Any, ops: list[dali_readers.Op], data_path: str | Non
     pipes = _pipelines(it)
     epoch = dali_readers.epoch_items(pipes[0]) if pipes else None
     items = epoch or len(files)
-    total = _sizes(files)
+    total = runs.files_bytes(files)
     dataset: dict = {
         "items": int(items),
         "bytes": total,
@@ -139,7 +129,7 @@ def _warm(files: list[str], budget_bytes: int) -> dict:
     """Read the files into the page cache when they all fit ``budget_bytes``; the report's ``memory``."""
     if not files:
         return {"method": f"none: {NO_FILES}", "items": 0, "bytes": 0, "resident_fraction": 0.0}
-    total = _sizes(files)
+    total = runs.files_bytes(files)
     if total > budget_bytes:
         return {
             "method": f"none: the readers' files ({total:,} bytes) do not fit the memory budget "

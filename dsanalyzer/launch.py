@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dsanalyzer.intercept import HookConfig
+from dsanalyzer.hookconfig import HookConfig
 
 __all__ = ["ProfileError", "ProgressBar", "run_child"]
 

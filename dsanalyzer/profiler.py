@@ -21,7 +21,7 @@ import psutil
 
 from dsanalyzer import dali_iter, runs
 from dsanalyzer.commmodel import comm_section
-from dsanalyzer.intercept import HookConfig
+from dsanalyzer.hookconfig import HookConfig
 from dsanalyzer.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.membw import measure_memory_bandwidth
 from dsanalyzer.modes import MODES, RunPlan, prepare

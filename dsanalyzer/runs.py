@@ -42,6 +42,7 @@ __all__ = [
     "find_item_source",
     "loader_files",
     "data_files",
+    "files_bytes",
     "traced_files",
     "set_workers",
     "shutdown_iterator",
@@ -144,12 +145,7 @@ def dataset_info(loader: Any, files: list[str]) -> dict:
         items = len(dataset)  # type: ignore[arg-type]
     except TypeError:
         items = len(files)
-    total = 0
-    for path in files:
-        try:
-            total += os.path.getsize(path)
-        except OSError:
-            pass
+    total = files_bytes(files)
     path = os.path.abspath(os.path.commonpath(files)) if files else None
     return {
         "items": int(items),
@@ -293,7 +289,7 @@ def serve_from_memory(
         info = {"method": "none: no item source and no files found", "items": 0, "bytes": 0}
         return {**info, "resident_fraction": 0.0}, lambda: None
     order = list(files)
-    if sum(_size(p) for p in files) > budget_bytes:
+    if files_bytes(files) > budget_bytes:
         random.Random(0).shuffle(order)
     n_files, n_bytes = fetchrate.warm_files(order, budget_bytes)
     resident = fetchrate.resident_fraction(order[:n_files]) * (n_files / len(files))
@@ -307,11 +303,15 @@ def _restore_fetch(source: Any) -> None:
         del source.fetch
 
 
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+def files_bytes(files: list[str]) -> int:
+    """The total size of ``files`` (a file that vanished counts 0)."""
+    total = 0
+    for path in files:
+        try:
+            total += os.path.getsize(path)
+        except OSError:
+            pass
+    return total
 
 
 def start_cold(loader: Any, data_path: str | None = None, files: list[str] | None = None) -> dict:

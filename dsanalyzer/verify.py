@@ -23,7 +23,7 @@ import os
 import statistics
 from pathlib import Path
 
-from dsanalyzer.intercept import HookConfig
+from dsanalyzer.hookconfig import HookConfig
 from dsanalyzer.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.report import load_report, write_report
 from dsanalyzer.timeline import summarize

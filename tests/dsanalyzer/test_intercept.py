@@ -12,7 +12,8 @@ import pytest
 
 from dsanalyzer import intercept
 from dsanalyzer.cli import main as cli_main
-from dsanalyzer.intercept import HookConfig, ProbeState, patch_loader_class
+from dsanalyzer.hookconfig import HookConfig
+from dsanalyzer.intercept import ProbeState, patch_loader_class
 from dsanalyzer.launch import ProfileError, run_child
 from tests.dsanalyzer.workloads import write_files, write_script
 
