@@ -3,7 +3,9 @@
 One loader worker (prefetch 2) keeps a single producer busy, so the truth is closed-form: a batch
 costs the worker ``B * (fetch + prep)`` (``B * prep`` with raw data in memory) and the loop takes
 ``max(step, producer)`` per iteration. Fetch and step sleep; prep sleeps or spins (CPU): set to 20,
-25 and 50 ms. The truth uses the durations the workload really spent, which it records itself:
+25 and 50 ms. The producer's time per batch is taken from the worker's own item-to-item cycle, which
+also holds its per-batch collate and send (1-3 ms; leaving it out failed the 5% check in CI once:
+measured prep stall 53.0 ms against a truth of 50.0). The truth uses the durations the workload really spent, which it records itself:
 set + the scheduling delay of a loaded machine (about 1 ms per sleep; a spin can be 5 ms late when
 a 2-core machine runs 9 busy processes, which is why the CPU-burning variant needs a quiet machine).
 """
@@ -22,9 +24,17 @@ from tests.dsanalyzer.workloads import TimedSource, sleep_step
 B, FETCH_S, PREP_S, STEP_S = 4, 0.020, 0.025, 0.050
 
 
+def _producer_s(run: dict, with_fetch: bool) -> float:
+    """A batch's time in the one worker: its items' cycles, start to start (fetch, prep, and the
+    worker's own per-batch work, 1-3 ms of collate and send that fetch + prep alone leave out)."""
+    if run.get("cycle"):
+        return B * run["cycle"]
+    return B * ((run["fetch"] if with_fetch else 0.0) + run["prep"])
+
+
 def truth(step_s: float, prep_run: dict, real_run: dict) -> dict:
-    producer_mem = B * prep_run["prep"]
-    producer = B * (real_run["fetch"] + real_run["prep"])
+    producer_mem = _producer_s(prep_run, with_fetch=False)
+    producer = _producer_s(real_run, with_fetch=True)
     return {
         "compute": step_s,
         "prep_stall": max(0.0, producer_mem - step_s),
