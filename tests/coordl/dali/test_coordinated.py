@@ -48,10 +48,11 @@ def test_two_jobs_share_the_raw_batches(jpeg_folder, tmp_path):
     assert len(results[0][0]) == 10
     # Each batch of the group was fetched once, by one job's producer or the other's (the counters are
     # each job's own): 2 epochs x 40 items, plus what producers fetched ahead into the group's next
-    # epoch, at most one batch per ring slot (8 x 8). Two jobs fetching alone would read 160.
+    # epoch, at most one batch per ring slot (8 x 8). Two jobs fetching alone would read 160. Not always
+    # whole batches: a producer may be part-way through one when its job closes (CI run 8: 141).
     for column in (1, 2):
         total = results[0][column] + results[1][column]
-        assert 80 <= total <= 80 + 8 * 8 and total % 8 == 0
+        assert 80 <= total <= 80 + 8 * 8
     assert not [f for f in os.listdir(tmp_path) if f.startswith("coordl-grp-")]
 
 
