@@ -78,28 +78,14 @@ def _stage_cli(src: Path, dst: Path, *extra: str, timeout: float = 120) -> subpr
     )  # fmt: skip
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 1 MiB tmpfs (a stage disk that fills up), unmounted afterwards; needs root."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True, timeout=10)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False, timeout=10)
-
-
 # -- disk full ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.timeout(120)
-def test_disk_full_while_staging_leaves_nothing_half_written(tmp_path: Path, small_disk: Path) -> None:
+def test_disk_full_while_staging_leaves_nothing_half_written(tmp_path: Path, tmpfs_dir: Path) -> None:
     src = tmp_path / "src"
     files = _write_tree(src, 6, 300_000, seed=1)  # 1.8 MB into 1 MiB: the 4th copy hits ENOSPC
-    dst = small_disk / "stage"
+    dst = tmpfs_dir / "stage"
     # min_free_bytes=None: no head room kept, so the copies run into ENOSPC mid-write.
     with StagedSource(src, dst, min_free_bytes=None) as staged:
         for rel in staged.list_files():
@@ -116,10 +102,10 @@ def test_disk_full_while_staging_leaves_nothing_half_written(tmp_path: Path, sma
 
 
 @pytest.mark.timeout(120)
-def test_stage_command_reports_a_full_disk(tmp_path: Path, small_disk: Path) -> None:
+def test_stage_command_reports_a_full_disk(tmp_path: Path, tmpfs_dir: Path) -> None:
     src = tmp_path / "src"
     files = _write_tree(src, 6, 300_000, seed=2)
-    dst = small_disk / "stage"
+    dst = tmpfs_dir / "stage"
     done = _stage_cli(src, dst)
     assert _assert_nothing_half_written(src, dst, files) < len(files)
     assert done.returncode != 0, done.stdout
