@@ -169,6 +169,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         storage_mbps=args.storage_mbps,
         verify_runs=args.verify_runs,
         min_seconds=args.min_seconds,
+        step_ms=args.step_ms,
     )
 
 
@@ -229,6 +230,12 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         type=_non_negative_float,
         default=10.0,
         help="measure each run for at least this long (default 10)",
+    )
+    p.add_argument(
+        "--step-ms",
+        type=_non_negative_float,
+        help="the emulated accelerator's step in ms (default: the GPU if there is one, else 30 ms "
+        "emulated; 0 runs the CNN on the CPU beside the loader's workers)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_demo)

@@ -67,6 +67,7 @@ def summary_table(report: dict) -> str:
             f"memory bandwidth {format_bytes(machine.get('mem_bandwidth_bytes_per_s'))}/s",
         ),
         ("Storage", _storage(machine)),
+        *([("Training step", str(machine["compute_note"]))] if machine.get("compute_note") else []),
         ("Dataset", _dataset(report.get("dataset") or {})),
         (
             "Job",

@@ -114,11 +114,13 @@ def assemble_report(
     mem_bw: float,
     page_cache_bytes: int | None = None,
     storage_note: str | None = None,
+    compute_note: str | None = None,
 ) -> dict:
     """Combine the four runs' raw results into a report (model and what-if attached).
 
     ``page_cache_bytes`` is the page cache the job may use (default: the memory available now);
-    ``storage_note`` labels the storage (the demo's emulated device).
+    ``storage_note`` and ``compute_note`` label the storage and the step (the demo's emulated
+    device and accelerator).
     """
     summaries = _summaries(results, warmup)
     diff = differential(summaries["compute"], summaries["prep"], summaries["real"])
@@ -149,6 +151,7 @@ def assemble_report(
             "memory_bytes": int(psutil.virtual_memory().total),
             "storage_device": _storage_device(dataset.get("path")),
             "storage_note": storage_note,
+            "compute_note": compute_note,
             "mem_bandwidth_bytes_per_s": mem_bw,
         },
         "dataset": dataset,
@@ -198,11 +201,13 @@ def profile_command(
     page_cache_bytes: int | None = None,
     storage_note: str | None = None,
     min_seconds: float = 0.0,
+    compute_note: str | None = None,
 ) -> dict:
     """Profile an unmodified training command; writes report.json/html into ``out_dir``; returns the report.
 
     ``page_cache_bytes``: the page cache the job may use (a shared server's limit; default: the memory
-    available now); ``storage_note``: a label for the storage, shown in the report; ``min_seconds``:
+    available now); ``storage_note``, ``compute_note``: labels for the storage and the training
+    step, shown in the report; ``min_seconds``:
     each run measures for at least this long, past ``iters`` if need be (a fast run of 60 iterations
     lasts 2 s, short enough for a noisy machine to move it by 20%).
     """
@@ -243,6 +248,7 @@ def profile_command(
         mem_bw=mem_bw,
         page_cache_bytes=page_cache_bytes,
         storage_note=storage_note,
+        compute_note=compute_note,
     )
     write_report(report, out)
     report["_out_dir"] = str(out)

@@ -155,6 +155,12 @@ def summary_text(report: dict) -> str:
         f"{report.get('machine', {}).get('cpus', '?')} cpus; dataset {ds.get('items', '?')} items, "
         f"{ds.get('bytes', 0) / 1e6:.1f} MB at {ds.get('path') or '?'}",
     ]
+    machine = report.get("machine") or {}
+    lines += [
+        f"{what}: {machine[key]}"
+        for what, key in (("storage", "storage_note"), ("step", "compute_note"))
+        if machine.get(key)
+    ]
     cells = []
     for key, label in (("compute", "compute"), ("prep_stall", "prep stall"), ("fetch_stall", "fetch stall")):
         sp = spread.get(key, {})

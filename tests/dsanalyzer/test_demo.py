@@ -6,7 +6,9 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
+from dsanalyzer import demo
 from dsanalyzer.cli import main as cli_main
 from dsanalyzer.whatif import Model
 from tests.dsanalyzer.test_html import CHROMIUM, _chromium
@@ -21,6 +23,9 @@ def test_demo_report_shows_a_stall_a_rising_cache_curve_and_the_verified_fix(tmp
     assert rc == 0, printed
     report = json.loads((out / "report.json").read_text())
     assert report["schema_version"] == 2 and "emulated" in report["machine"]["storage_note"]
+    # the step is the GPU's where there is one, else an emulated accelerator's: never the loader's CPUs
+    expected_step = "the CNN on the GPU" if torch.cuda.is_available() else "emulated accelerator"
+    assert expected_step in report["machine"]["compute_note"] and expected_step in printed
     # a fetch stall, named by the model and seen in the run
     assert report["verdict"]["bound"] == "fetch"
     assert report["per_iter_s"]["fetch_stall"] > report["per_iter_s"]["compute"]
@@ -41,6 +46,7 @@ def test_demo_report_shows_a_stall_a_rising_cache_curve_and_the_verified_fix(tmp
     url = (out / "report.html").resolve().as_uri()
     dom = _chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", url)
     assert 'data-plots-ok="5/5"' in dom.stdout
+    assert "Training step" in dom.stdout and expected_step in dom.stdout
     assert 'id="verify"' in dom.stdout and "Measured" in dom.stdout and "fetch-bound" in dom.stdout
     shot = tmp_path / "shot.png"
     _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,4200", "--hide-scrollbars", url)
@@ -49,3 +55,33 @@ def test_demo_report_shows_a_stall_a_rising_cache_curve_and_the_verified_fix(tmp
     pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=float)
     stall_red = np.all(np.abs(pixels - np.array((0xE4, 0x57, 0x56))) < 12, axis=2)
     assert stall_red.sum() > 5000  # the fetch stall dominates the stacked bars and the timeline
+
+
+@pytest.mark.parametrize(
+    ("asked", "cuda", "expected"),
+    [
+        (None, False, ("cpu", demo.DEFAULT_STEP_MS)),  # CPU-only: an emulated accelerator
+        (None, True, ("cuda", 0.0)),  # a GPU: the CNN runs there
+        (0.0, True, ("cpu", 0.0)),  # asked for the CNN on the CPU
+        (12.5, True, ("cpu", 12.5)),  # asked for an emulated step
+    ],
+)
+def test_the_demo_picks_its_accelerator(monkeypatch, asked, cuda, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert demo._accelerator(asked) == expected
+    device, step_ms = expected
+    assert ("emulated" in demo._compute_note(device, step_ms)) == (step_ms > 0)
+
+
+def test_the_emulated_step_waits_and_leaves_the_cpu_alone(monkeypatch):
+    root = demo.demo_dataset(40)
+    waits = []
+    monkeypatch.setattr(demo.time, "sleep", waits.append)
+
+    def no_cnn(*args, **kwargs):
+        raise AssertionError("the emulated step ran the CNN")
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", no_cnn)
+    args = ["--data", str(root), "--epochs", "1", "--workers", "0", "-b", "8", "--step-ms", "20"]
+    assert demo._train(args) == 0
+    assert waits == [0.02] * 5  # 40 items, batch 8: one wait of 20 ms per step

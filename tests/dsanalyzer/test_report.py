@@ -111,6 +111,14 @@ def test_summary_says_what_binds_and_the_stalls():
     assert "compute 50.0 ms" in text and "prep stall 30.0 ms" in text and "fetch stall 30.0 ms" in text
     assert "fetch-bound" in text
     assert "observed 290" in text
+    assert "emulated" not in text
+
+
+def test_summary_labels_emulated_storage_and_step():
+    report = minimal_report()
+    report["machine"].update(storage_note="emulated: 1.5 MB/s", compute_note="emulated accelerator: 30 ms")
+    lines = summary_text(report).splitlines()
+    assert "storage: emulated: 1.5 MB/s" in lines and "step: emulated accelerator: 30 ms" in lines
 
 
 def test_a_newer_schema_version_says_to_upgrade(tmp_path):
