@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 
 from dsanalyzer.files import atomic_write_text  # noqa: E402
 from dsanalyzer.html_tables import summary_table, verdict_block, verify_block  # noqa: E402
+from dsanalyzer.verdict import workers_noun  # noqa: E402
 from dsanalyzer.whatif import Model, format_bytes  # noqa: E402
 
 __all__ = ["write_html", "render_html"]
@@ -116,7 +117,7 @@ def _whatif_cache(model: Model):
     return fig
 
 
-def _whatif_cores(model: Model):
+def _whatif_cores(model: Model, noun: str):
     cores = np.arange(1, max(32, 2 * model.cpus) + 1)
     fig, ax = plt.subplots(figsize=(10, 3.6))
     for cache, label in (
@@ -134,7 +135,7 @@ def _whatif_cores(model: Model):
         ax.plot(measured[:, 0], measured[:, 1], "ko", label="prep measured")
     _compute_lines(ax, model)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("CPU cores (one loader worker each)")
+    ax.set_xlabel(f"CPU cores ({noun}, one per core)")
     ax.set_ylabel("samples/s")
     ax.set_title("What if: cores")
     ax.legend(fontsize=8)
@@ -207,7 +208,7 @@ def render_html(report: dict) -> str:
     if model is not None:
         makers += [
             ("whatif-cache", lambda: _whatif_cache(model)),
-            ("whatif-cores", lambda: _whatif_cores(model)),
+            ("whatif-cores", lambda: _whatif_cores(model, workers_noun(report))),
         ]
     makers.append(("sysmon", lambda: _sysmon(report)))
     for name, make in makers:

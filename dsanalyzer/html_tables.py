@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 
+from dsanalyzer.verdict import workers_noun
 from dsanalyzer.whatif import format_bytes
 
 __all__ = ["summary_table", "verdict_block", "verify_block"]
@@ -71,7 +72,7 @@ def summary_table(report: dict) -> str:
         ("Dataset", _dataset(report.get("dataset") or {})),
         (
             "Job",
-            f"batch {report.get('batch_size')}, {report.get('workers')} loader workers, "
+            f"batch {report.get('batch_size')}, {report.get('workers')} {workers_noun(report)}, "
             f"cache {format_bytes(report.get('cache_bytes'))} ({policy})",
         ),
     ]

@@ -131,7 +131,26 @@ def recommend(model: Model) -> dict | None:
     return {"change": change, "predicted_samples_per_s": predicted.samples_per_s, "bound": predicted.bound}
 
 
-def _change_text(change: dict) -> str:
+def is_dali(report: dict) -> bool:
+    """Whether the profiled loader is a DALI iterator or ``coordl.dali.DALILoader`` (prep on DALI threads)."""
+    loader = report.get("loader") or {}
+    return bool(loader.get("pipelines")) or ".dali." in str(loader.get("class", ""))
+
+
+def workers_noun(report: dict) -> str:
+    """What the job's prep parallelism is called: loader workers, or DALI's CPU threads."""
+    return "DALI CPU threads" if is_dali(report) else "loader workers"
+
+
+def _change_text(change: dict, report: dict) -> str:
+    """The change as code; ``change`` keeps the key ``num_workers`` (what verify reads), a DALI job
+    is told its own argument, ``num_threads``."""
+    if is_dali(report):
+        args = ", ".join(f"{'num_threads' if k == 'num_workers' else k}={v}" for k, v in change.items())
+        plain = not str((report.get("loader") or {}).get("class", "")).startswith("coordl.")
+        if plain and "cache_bytes" not in change:
+            return f"Pipeline(..., {args})"
+        return f"coordl.dali.DALILoader(..., {args})"
     args = ", ".join(f"{k}={v}" for k, v in change.items())
     if "cache_bytes" in change:
         return f"coordl.DataLoader(..., {args})"
@@ -161,9 +180,9 @@ def verdict(report: dict) -> dict:
         "disagrees": disagrees,
         "causes": _causes(report, model, pred, spread, gap) if disagrees else [],
         "overhead": _overhead(model),
-        "fix": None if fix is None else {**fix, "code": _change_text(fix["change"])},
+        "fix": None if fix is None else {**fix, "code": _change_text(fix["change"], report)},
     }
-    out["sentence"] = _sentence(model, pred, out)
+    out["sentence"] = _sentence(model, pred, out, workers_noun(report))
     return out
 
 
@@ -177,13 +196,13 @@ def _overhead(model: Model) -> dict | None:
         "ceiling_samples_per_s": model.compute_rate(),
         "text": (
             f"the step alone runs at {model.compute_per_s:,.0f} samples/s, but the main process spends "
-            f"{model.batch_overhead_s * 1e3:.1f} ms per batch receiving it from the loader workers (measured "
+            f"{model.batch_overhead_s * 1e3:.1f} ms per batch receiving it from the loader (measured "
             f"in the in-memory run), so the job tops out at {model.compute_rate():,.0f} samples/s"
         ),
     }
 
 
-def _sentence(model: Model, pred: Prediction, v: dict) -> str:
+def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
     parts = [
         f"{pred.bound}-bound: the model predicts {pred.samples_per_s:,.0f} samples/s at the measured rates"
     ]
@@ -217,15 +236,15 @@ def _sentence(model: Model, pred: Prediction, v: dict) -> str:
     if fix is not None:
         parts.append(f"fix: {fix['code']}, predicted {fix['predicted_samples_per_s']:,.0f} samples/s")
         if fix["bound"] != "compute":
-            parts.append(f"then {fix['bound']}-bound: {_no_fix_text(model, fix['bound'])}")
+            parts.append(f"then {fix['bound']}-bound: {_no_fix_text(model, fix['bound'], noun)}")
     elif pred.bound == "compute":
         parts.append("more cores, cache or storage speed will not help")
     else:
-        parts.append(_no_fix_text(model, pred.bound))
+        parts.append(_no_fix_text(model, pred.bound, noun))
     return "; ".join(parts) + "."
 
 
-def _no_fix_text(model: Model, bound: str) -> str:
+def _no_fix_text(model: Model, bound: str, noun: str) -> str:
     need = model.to_compute_bound()
     if bound == "prep":
         if need["cpus_needed"] is None:
@@ -234,7 +253,7 @@ def _no_fix_text(model: Model, bound: str) -> str:
     storage = need["storage_bytes_per_s_needed"]
     if storage:
         return f"storage at {format_bytes(storage)}/s would make it compute-bound"
-    return "no cache or storage speed on this machine makes it compute-bound; add loader workers"
+    return f"no cache or storage speed on this machine makes it compute-bound; add {noun}"
 
 
 def advice_sentence(report: dict) -> str:

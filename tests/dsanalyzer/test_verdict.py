@@ -75,6 +75,37 @@ def test_fetch_bound_names_a_cache_and_its_predicted_rate():
     assert f"coordl.DataLoader(..., cache_bytes={cache})" in v["sentence"]
 
 
+_DALI_ITER = {"class": "nvidia.dali.plugin.pytorch.DALIGenericIterator", "pipelines": 1}
+_DALI_LOADER = {"class": "coordl.dali.loader.DALILoader", "pipelines": 1}
+
+
+@pytest.mark.parametrize(
+    ("loader", "code"),
+    [
+        (_DALI_ITER, "Pipeline(..., num_threads={w})"),
+        (_DALI_LOADER, "coordl.dali.DALILoader(..., num_threads={w})"),
+        ({"class": "coordl.dataloader.DataLoader"}, "DataLoader(..., num_workers={w})"),
+    ],
+)
+def test_a_dali_job_is_told_num_threads_not_num_workers(loader, code):
+    rep = base(
+        machine={"cpus": 8, "memory_bytes": 24e9, "mem_bandwidth_bytes_per_s": 10e9},
+        prep_scaling={"workers": [1, 2, 4], "samples_per_s": [150.0, 300.0, 600.0]},
+        fetch=FAST_STORAGE,
+        cache_bytes=1e9,
+    )
+    v = verdict(at_model_rate(dict(rep, loader=loader)))
+    workers = v["fix"]["change"]["num_workers"]  # the key verify reads, whatever the loader calls it
+    assert v["fix"]["code"] == code.format(w=workers) and v["fix"]["code"] in v["sentence"]
+
+
+def test_a_dali_job_with_a_fetch_stall_is_pointed_at_coordls_dali_loader():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, loader=_DALI_ITER)
+    v = verdict(at_model_rate(rep))
+    cache = v["fix"]["change"]["cache_bytes"]
+    assert v["fix"]["code"] == f"coordl.dali.DALILoader(..., cache_bytes={cache})"
+
+
 def test_disagreement_with_a_cold_cache_is_named_with_the_numbers():
     rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, cache_bytes=5e8)
     predicted = Model.from_report(rep).predict_measured()
