@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import importlib.abc
 import json
+import math
 import os
 import sys
 import time
@@ -149,17 +150,28 @@ class ProbeState:
 
     def on_batch(self) -> None:
         if time.monotonic() - self._last_progress >= 0.5:
-            total = self.cfg.warmup + self.cfg.iters
-            self._progress(min(total, total - self.remaining), total)
+            self._progress(*self.progress_counts())
+
+    def progress_counts(self) -> tuple[int, int]:
+        """(iterations done, iterations expected): past ``iters`` when ``min_seconds`` keeps measuring,
+        the expected total is what the measured pace reaches in ``min_seconds`` (so a bar keeps moving)."""
+        total = self.cfg.warmup + self.cfg.iters
+        done = total - self.remaining
+        if self.cfg.min_seconds > 0 and self._measure_from is not None:
+            elapsed = time.monotonic() - self._measure_from
+            measured = done - self.cfg.warmup
+            if 0 < elapsed < self.cfg.min_seconds and measured > 0:
+                total = max(total, self.cfg.warmup + math.ceil(measured * self.cfg.min_seconds / elapsed))
+        return done, max(done, total)
 
     def finish(self, status: str) -> None:
         """Write ``result-<pid>.json`` once (atomically: the CLI may be polling for it)."""
         if self.done or self.loader is None or os.getpid() != self.pid:
             return
         self.done = True
-        total = self.cfg.warmup + self.cfg.iters
         if self.cfg.mode != "prep_scaling":  # its progress counts the scaling iterations, already final
-            self._progress(total - max(0, self.remaining), total, force=True)
+            done, total = self.progress_counts()  # a run that reached its target ends full
+            self._progress(done, done if self.remaining <= 0 else total, force=True)
         tl = self.timeline
         result = {
             "format": "dsanalyzer-run/1",
