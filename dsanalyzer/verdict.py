@@ -23,10 +23,18 @@ import numpy as np
 
 from dsanalyzer.whatif import Model, Prediction, format_bytes
 
-__all__ = ["verdict", "advice_sentence", "rate_spread", "recommend"]
+__all__ = [
+    "verdict",
+    "advice_sentence",
+    "rate_spread",
+    "recommend",
+    "other_cpu_cores",
+    "is_dali",
+    "workers_noun",
+]
 
 _FEW_ITERS_SPREAD = 0.15  # a block-rate spread above this: the run was too short (or too noisy) to read
-_OTHER_CPU_SHARE = 0.10  # other processes using this share of the cores: interference
+OTHER_CPU_SHARE = 0.10  # other processes using this share of the cores: interference
 _CACHE_MARGIN = (
     1.10  # the recommended cache is this much above the model's threshold, never above the dataset
 )
@@ -55,7 +63,7 @@ def rate_spread(report: dict, run: str = "real", blocks: int = 8) -> dict | None
     }
 
 
-def _other_cpu_cores(report: dict, run: str = "real") -> float | None:
+def other_cpu_cores(report: dict, run: str = "real") -> float | None:
     """Mean cores used by processes outside the job during ``run`` (None when not recorded)."""
     mon = report.get("sysmon") or {}
     series = mon.get("other_cpu_cores")
@@ -84,8 +92,8 @@ def _causes(report: dict, model: Model, pred: Prediction, spread: dict | None, g
             f"cold cache: the real run read {read} of {model.dataset_items} items, all first reads, "
             f"while the model's steady state has a hit ratio of {pred.hit_ratio:.2f}"
         )
-    other = _other_cpu_cores(report)
-    if slower and other is not None and other >= _OTHER_CPU_SHARE * model.cpus:
+    other = other_cpu_cores(report)
+    if slower and other is not None and other >= OTHER_CPU_SHARE * model.cpus:
         causes.append(
             f"interference: other processes used {other:.2f} of the {model.cpus} cores during the real run"
         )

@@ -3,7 +3,8 @@
 The report's verdict ends with a change (``num_workers``, ``cache_bytes``) and the samples/s the model
 predicts with it. The user applies the change to the job and runs ``verify`` with the new command:
 the job runs once under the import hook from a cold cache (as the profile's real run), long enough
-to reach its steady state (one epoch of warm-up by default: a cache the change adds starts empty),
+to reach its steady state (the epochs that read every item once, by default: a cache the change adds
+starts empty, see :func:`fill_epochs`),
 and the model predicts the configuration the run *actually* used (its loader's worker count and cache,
 read from the loader, not from the command line). ``report.json`` gains ``verify``; report.html shows
 it; the terminal prints both numbers and the error.
@@ -26,18 +27,37 @@ from pathlib import Path
 from dsanalyzer.hookconfig import HookConfig
 from dsanalyzer.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.report import load_report, write_report
+from dsanalyzer.sysmon import SysMonitor
 from dsanalyzer.timeline import summarize
+from dsanalyzer.verdict import OTHER_CPU_SHARE, other_cpu_cores
 from dsanalyzer.whatif import Model
 
-__all__ = ["verify_command", "verify_result", "verify_text", "TARGET_ERROR"]
+__all__ = ["verify_command", "verify_result", "verify_text", "fill_epochs", "TARGET_ERROR"]
 
 TARGET_ERROR = 0.10  # the what-if model's accuracy goal for a verified change
 
 
+def fill_epochs(items: int, per_epoch_iters: int, batch: int) -> int:
+    """Epochs until a shuffled job has likely read every item once (so a cache holding them is full).
+
+    An epoch that loads all items fills it in one. With ``drop_last``, each epoch leaves out the
+    ``d`` items past the last whole batch, a fresh random ``d`` each time: after ``e`` epochs about
+    ``N (d/N)^e`` items were never read, under one when ``e > ln N / ln(N/d)`` (two epochs for
+    1,500 items in batches of 32; the demo's verify missed 27 items in its second epoch, each a read
+    from the slow storage the cache was meant to remove).
+    """
+    dropped = items - per_epoch_iters * batch
+    if per_epoch_iters <= 0 or dropped <= 0 or dropped >= items:
+        return 1
+    return min(4, max(1, math.ceil(math.log(items) / math.log(items / dropped))))
+
+
 def _warmup_for(report: dict) -> int:
-    """One epoch of iterations plus the profile's warm-up: a new cache fills in the first epoch."""
+    """The epochs that fill a new cache, plus the profile's warm-up."""
     per_epoch = int((report.get("per_epoch_s") or {}).get("iters") or 0)
-    return per_epoch + int(report.get("warmup_iters") or 5)
+    items = int((report.get("dataset") or {}).get("items") or 0)
+    epochs = fill_epochs(items, per_epoch, int(report.get("batch_size") or 1))
+    return epochs * per_epoch + int(report.get("warmup_iters") or 5)
 
 
 def _measured(run: dict, warmup: int) -> dict:
@@ -96,17 +116,32 @@ def verify_result(report: dict, run: dict | list[dict], warmup: int, command: li
         "measured_range": [min(m["samples_per_s"] for m in each), max(m["samples_per_s"] for m in each)],
         "step_s_measured": statistics.median(m["step_s"] for m in each),
         "step_s_profile": _profile_step_s(report),
+        "other_cpu_cores": _median_or_none([r.get("other_cpu_cores") for r in runs]),
+        "other_cpu_cores_profile": other_cpu_cores(report, "prep"),
+        "cpus": model.cpus,
     }
 
 
+def _median_or_none(values: list) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def _machine_note(v: dict) -> str:
-    """Why a result outside the target may not be the model's: the step itself moved, or runs disagreed."""
+    """Why a result outside the target may not be the model's: the step itself moved, other processes
+    took cores, or the runs disagreed."""
     notes = []
     step, then = v.get("step_s_measured"), v.get("step_s_profile")
     if step and then and abs(step / then - 1) > v["target_error"]:
         notes.append(
             f"the step itself took {step * 1e3:.1f} ms here vs {then * 1e3:.1f} ms in the profile "
             f"({step / then - 1:+.0%}): the machine moved, not only the loader"
+        )
+    other, then = v.get("other_cpu_cores"), v.get("other_cpu_cores_profile")
+    if other is not None and v.get("cpus") and other >= OTHER_CPU_SHARE * v["cpus"]:
+        before = f" ({then:.2f} during the profile's in-memory run)" if then is not None else ""
+        notes.append(
+            f"interference: other processes used {other:.2f} of the {v['cpus']} cores during these runs{before}"
         )
     lo, hi = v.get("measured_range") or (None, None)
     if lo and hi and len(v.get("runs") or []) > 1 and hi / lo - 1 > v["target_error"]:
@@ -158,10 +193,13 @@ def verify_command(
         for stale in Path(cfg.result_dir).glob("*"):
             stale.unlink()  # a previous verify's result must not be read as this one's
         bar = ProgressBar("      verify" if runs == 1 else f"  verify {i + 1}/{runs}", show_progress)
-        try:
-            results.append(run_child(command, cfg, logs / f"{name}.log", timeout_s, bar.update))
-        finally:
-            bar.close()
+        with SysMonitor() as mon:
+            try:
+                results.append(run_child(command, cfg, logs / f"{name}.log", timeout_s, bar.update))
+            finally:
+                bar.close()
+        others = [v for v in mon.series()["other_cpu_cores"] if v is not None]
+        results[-1]["other_cpu_cores"] = statistics.mean(others) if others else None
     report["verify"] = verify_result(report, results, warm, command)
     write_report(report, out)
     return report["verify"]

@@ -9,7 +9,7 @@ import pytest
 
 from dsanalyzer.cli import main as cli_main
 from dsanalyzer.report import load_report, write_report
-from dsanalyzer.verify import verify_result, verify_text
+from dsanalyzer.verify import _warmup_for, fill_epochs, verify_result, verify_text
 from dsanalyzer.whatif import Model
 from tests.dsanalyzer.test_verdict import base, with_real_run
 from tests.dsanalyzer.workloads import write_files, write_script
@@ -67,9 +67,48 @@ def test_verify_outside_the_target_names_a_step_that_moved():
     v = verify_result(rep, [slow, slow], warmup=0, command=["x"])
     assert not v["within_target"] and v["step_s_measured"] == pytest.approx(step)
     text = verify_text(v)
-    assert f"the step itself took {step * 1e3:.1f} ms here vs {step / 1.4 * 1e3:.1f} ms in the profile (+40%)" in text
+    assert (
+        f"the step itself took {step * 1e3:.1f} ms here vs {step / 1.4 * 1e3:.1f} ms in the profile (+40%)"
+        in text
+    )
     rep["runs"]["prep"]["summary"] = {"step_s": step}  # the same step in the profile: the model missed
     assert "step itself" not in verify_text(verify_result(rep, [slow], warmup=0, command=["x"]))
+
+
+def test_verify_outside_the_target_names_other_processes_on_the_cores():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]})
+    slow = fake_run(100.0, {"num_workers": 2})
+    v = verify_result(
+        rep, [dict(slow, other_cpu_cores=1.9), dict(slow, other_cpu_cores=1.7)], warmup=0, command=["x"]
+    )
+    assert v["other_cpu_cores"] == pytest.approx(1.8)
+    assert "interference: other processes used 1.80 of the 2 cores during these runs" in verify_text(v)
+    quiet = verify_result(rep, [dict(slow, other_cpu_cores=0.05)], warmup=0, command=["x"])
+    assert "interference" not in verify_text(quiet)
+    unknown = verify_result(rep, [slow], warmup=0, command=["x"])  # not monitored: nothing claimed
+    assert unknown["other_cpu_cores"] is None and "interference" not in verify_text(unknown)
+
+
+@pytest.mark.parametrize(
+    ("items", "iters", "batch", "epochs"),
+    [
+        (1472, 46, 32, 1),  # every epoch reads every item: the first fills the cache
+        (1500, 46, 32, 2),  # the demo: 28 items left out per epoch, ~0.5 never read after two
+        (1_281_167, 5004, 256, 2),  # ImageNet-1k in batches of 256, drop_last
+        (40, 1, 32, 3),  # a fifth of the items left out each epoch
+        (33, 1, 32, 1),  # one left out: a different one next epoch; ln 33 / ln 33 = 1
+        (10, 0, 32, 1),  # fewer items than a batch: no whole epoch to count
+    ],
+)
+def test_verify_warms_up_until_a_shuffled_drop_last_job_read_every_item(items, iters, batch, epochs):
+    assert fill_epochs(items, iters, batch) == epochs
+    rep = {
+        "per_epoch_s": {"iters": iters},
+        "dataset": {"items": items},
+        "batch_size": batch,
+        "warmup_iters": 5,
+    }
+    assert _warmup_for(rep) == epochs * iters + 5
 
 
 def test_verify_keeps_every_key_of_the_report(tmp_path):
@@ -110,3 +149,4 @@ def test_cli_verify_runs_the_changed_job(tmp_path, capsys):
     assert rc == 0 and "verify (num_workers=2)" in printed
     v = load_report(out / "report.json")["verify"]
     assert v["change"] == {"num_workers": 2} and v["measured_samples_per_s"] > 0 and v["warmup_iters"] == 2
+    assert v["other_cpu_cores"] is None or 0 <= v["other_cpu_cores"] <= v["cpus"] + 0.5  # the monitor ran
