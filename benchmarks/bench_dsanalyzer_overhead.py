@@ -42,7 +42,7 @@ def _loop(iterator, step, n: int) -> float:
 
 
 def _timed(batches: list, n: int, result_dir: str):
-    state = ProbeState(HookConfig("real", result_dir, iters=n + 10, warmup=0))
+    state = ProbeState(HookConfig("real", result_dir=result_dir, iters=n + 10, warmup=0))
     state.loader = object()  # what the hook records on the first __iter__
     return TimedIterator(iter(batches), state)
 

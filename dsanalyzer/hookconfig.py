@@ -7,7 +7,7 @@ hook (:mod:`dsanalyzer.intercept`) reads it back (:meth:`HookConfig.from_env`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dsanalyzer.modes import RunPlan
 
@@ -23,18 +23,15 @@ ENV_BUDGET = "DSANALYZER_MEMORY_BUDGET_BYTES"
 ENV_MIN_SECONDS = "DSANALYZER_MIN_SECONDS"
 
 
-@dataclass
-class HookConfig:
-    """What the CLI asked the hook to do, read from environment variables."""
+@dataclass(frozen=True)
+class HookConfig(RunPlan):
+    """The run the CLI asked for (a :class:`RunPlan`), where the hook writes its result, and for how long.
 
-    mode: str
-    result_dir: str
-    iters: int = 100
-    warmup: int = 5
-    workers_list: tuple[int, ...] = (1,)
-    data_path: str | None = None
-    memory_budget_bytes: int = 1 << 30
-    min_seconds: float = 0.0  # measure for at least this long, even past ``iters`` (short runs are noise)
+    ``result_dir`` and ``min_seconds`` are keyword-only: ``HookConfig("real", 60, result_dir=...)``.
+    """
+
+    result_dir: str = field(kw_only=True)
+    min_seconds: float = field(default=0.0, kw_only=True)  # measure at least this long, past ``iters``
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> HookConfig:
@@ -49,12 +46,6 @@ class HookConfig:
             data_path=env.get(ENV_DATA) or None,
             memory_budget_bytes=int(env.get(ENV_BUDGET, str(1 << 30))),
             min_seconds=float(env.get(ENV_MIN_SECONDS, "0") or 0),
-        )
-
-    def plan(self) -> RunPlan:
-        """The run this configuration asks for."""
-        return RunPlan(
-            self.mode, self.iters, self.warmup, self.workers_list, self.data_path, self.memory_budget_bytes
         )
 
     def to_env(self) -> dict[str, str]:

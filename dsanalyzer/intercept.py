@@ -123,7 +123,7 @@ class ProbeState:
         # A fresh iterator per worker count: torch's own __iter__ would reuse persistent workers.
         fresh = getattr(loader, "_get_iterator", None)
         prepared = modes.prepare(
-            self.cfg.plan(),
+            self.cfg,  # a HookConfig is the RunPlan it asks for
             loader,
             lambda: orig_iter(loader),
             fresh if callable(fresh) else None,

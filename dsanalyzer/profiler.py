@@ -224,8 +224,9 @@ def profile_command(
     series = []
     for mode in MODES:
         cfg = HookConfig(
-            mode, str(out / "logs" / mode), iters, warmup, workers_list, data_path, budget, min_seconds
-        )
+            mode, iters, warmup, workers_list, data_path, budget,
+            result_dir=str(out / "logs" / mode), min_seconds=min_seconds,
+        )  # fmt: skip
         bar = ProgressBar(f"{mode:>12}", show_progress)
         with SysMonitor() as mon:
             try:

@@ -163,7 +163,7 @@ def hook(tmp_path, monkeypatch):
     intercept._patch_module(dali_loader)
 
     def make(mode: str, iters: int, warmup: int = 1) -> ProbeState:
-        state = ProbeState(HookConfig(mode, str(tmp_path), iters=iters, warmup=warmup))
+        state = ProbeState(HookConfig(mode, result_dir=str(tmp_path), iters=iters, warmup=warmup))
         monkeypatch.setattr(intercept, "_STATE", state)
         return state
 
@@ -234,7 +234,7 @@ def test_an_unmodified_dali_loader_script_is_intercepted(folder, tmp_path):
         "    for images, labels in loader:\n"
         "        images.mean().item()\n"
     )
-    cfg = HookConfig("real", str(tmp_path / "res"), iters=4, warmup=1)
+    cfg = HookConfig("real", result_dir=str(tmp_path / "res"), iters=4, warmup=1)
     result = run_child([sys.executable, str(script), folder], cfg, tmp_path / "log.txt", timeout_s=120)
     assert result["status"] == "stopped" and result["loader"]["class"] == "coordl.dali.loader.DALILoader"
     assert result["batch_items"] == [BATCH] * 5

@@ -51,7 +51,7 @@ class WrappingLoader:
 @pytest.fixture
 def probe(tmp_path, monkeypatch):
     def make(mode: str = "real", iters: int = 5, warmup: int = 1, min_seconds: float = 0.0) -> ProbeState:
-        state = ProbeState(HookConfig(mode, str(tmp_path), iters=iters, warmup=warmup, min_seconds=min_seconds))
+        state = ProbeState(HookConfig(mode, result_dir=str(tmp_path), iters=iters, warmup=warmup, min_seconds=min_seconds))
         monkeypatch.setattr(intercept, "_STATE", state)
         return state
 
@@ -95,7 +95,7 @@ def test_min_seconds_keeps_measuring_past_iters(probe, tmp_path):
     result = _result(tmp_path)
     assert len(result["wait_s"]) >= 2 + 6  # 6 x 50 ms of steps reach 0.3 s; 3 would have stopped at 0.15
     assert time.monotonic() - start >= 0.3
-    assert HookConfig.from_env(HookConfig("real", "d", min_seconds=2.5).to_env()).min_seconds == 2.5
+    assert HookConfig.from_env(HookConfig("real", result_dir="d", min_seconds=2.5).to_env()).min_seconds == 2.5
 
 
 def test_epochs_continue_the_same_timeline(probe, tmp_path):
@@ -159,7 +159,7 @@ def test_sitecustomize_chains_to_the_one_it_shadows(tmp_path):
 def test_unmodified_torch_script_is_intercepted(tmp_path):
     data = write_files(tmp_path / "data")
     script = write_script(tmp_path / "train.py", workers=1)
-    cfg = HookConfig("real", str(tmp_path / "res"), iters=6, warmup=1)
+    cfg = HookConfig("real", result_dir=str(tmp_path / "res"), iters=6, warmup=1)
     result = run_child([PY, str(script), str(data)], cfg, tmp_path / "log.txt", timeout_s=120)
     assert result["status"] == "stopped"
     assert len(result["wait_s"]) == 7 and result["batch_items"][-1] == 4
@@ -179,7 +179,7 @@ def test_coordl_dataloader_is_intercepted(tmp_path):
         "        pass\n"
     )
     # the script imports the test helpers: run_child puts the repository root on PYTHONPATH
-    cfg = HookConfig("prep", str(tmp_path / "res"), iters=5, warmup=1)
+    cfg = HookConfig("prep", result_dir=str(tmp_path / "res"), iters=5, warmup=1)
     result = run_child([PY, str(script)], cfg, tmp_path / "log.txt", timeout_s=120)
     assert result["loader"]["class"] == "coordl.dataloader.DataLoader"
     assert len(result["wait_s"]) == 6
@@ -199,7 +199,7 @@ def test_a_script_without_a_loader_is_a_clear_error(tmp_path):
     script = tmp_path / "noloader.py"
     script.write_text("print('no loader here')\n")
     with pytest.raises(ProfileError, match="never iterated a torch.utils.data.DataLoader"):
-        run_child([PY, str(script)], HookConfig("real", str(tmp_path / "res")), tmp_path / "log", 60)
+        run_child([PY, str(script)], HookConfig("real", result_dir=str(tmp_path / "res")), tmp_path / "log", 60)
 
 
 def test_a_loader_that_yields_nothing_is_a_clear_error(tmp_path):
@@ -209,7 +209,7 @@ def test_a_loader_that_yields_nothing_is_a_clear_error(tmp_path):
         "for x in DataLoader([], batch_size=4):\n    pass\n"
     )
     with pytest.raises(ProfileError, match="yielded no batches"):
-        run_child([PY, str(script)], HookConfig("real", str(tmp_path / "res")), tmp_path / "log", 60)
+        run_child([PY, str(script)], HookConfig("real", result_dir=str(tmp_path / "res")), tmp_path / "log", 60)
 
 
 def test_a_missing_command_is_a_clear_error(tmp_path, capsys):
@@ -240,7 +240,7 @@ def test_progress_keeps_moving_while_min_seconds_keeps_measuring(monkeypatch, tm
 
     clock = [0.0]
     monkeypatch.setattr(intercept.time, "monotonic", lambda: clock[0])
-    state = intercept.ProbeState(HookConfig("real", str(tmp_path), iters=10, warmup=2, min_seconds=10.0))
+    state = intercept.ProbeState(HookConfig("real", result_dir=str(tmp_path), iters=10, warmup=2, min_seconds=10.0))
     seen = []
     for _ in range(30):  # one batch every 0.25 s: 10 measured iterations take 2.5 s of the 10
         if state._measure_from is None and state.remaining <= state.cfg.iters:
