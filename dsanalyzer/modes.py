@@ -56,7 +56,17 @@ def loader_facts(loader: Any) -> dict:
         "num_workers": int(getattr(loader, "num_workers", 0) or 0),
         "prefetch_factor": getattr(loader, "prefetch_factor", None),
         "cache_bytes": int(getattr(loader, "cache_bytes", 0) or 0),
+        "drop_last": bool(getattr(loader, "drop_last", False)),
+        "batches_per_epoch": _batches_per_epoch(loader),
     }
+
+
+def _batches_per_epoch(loader: Any) -> int | None:
+    """``len(loader)`` where the loader knows it (an iterable dataset may not): None otherwise."""
+    try:
+        return int(len(loader))
+    except Exception:  # noqa: BLE001 - any loader's __len__ may refuse (TypeError, NotImplementedError)
+        return None
 
 
 def _items_needed(plan: RunPlan, loader: Any) -> int:

@@ -53,10 +53,17 @@ def fill_epochs(items: int, per_epoch_iters: int, batch: int) -> int:
 
 
 def _warmup_for(report: dict) -> int:
-    """The epochs that fill a new cache, plus the profile's warm-up."""
-    per_epoch = int((report.get("per_epoch_s") or {}).get("iters") or 0)
+    """The epochs that fill a new cache, plus the profile's warm-up.
+
+    The loader's own ``len`` and ``drop_last`` (recorded by the profile) say how many batches an epoch
+    has and whether items are left out; older reports give the epoch as ``ceil(items / batch)``.
+    """
+    loader = report.get("loader") or {}
     items = int((report.get("dataset") or {}).get("items") or 0)
-    epochs = fill_epochs(items, per_epoch, int(report.get("batch_size") or 1))
+    per_epoch = int(loader.get("batches_per_epoch") or (report.get("per_epoch_s") or {}).get("iters") or 0)
+    epochs = 1
+    if loader.get("drop_last"):
+        epochs = fill_epochs(items, per_epoch, int(report.get("batch_size") or 1))
     return epochs * per_epoch + int(report.get("warmup_iters") or 5)
 
 
@@ -117,9 +124,16 @@ def verify_result(report: dict, run: dict | list[dict], warmup: int, command: li
         "step_s_measured": statistics.median(m["step_s"] for m in each),
         "step_s_profile": _profile_step_s(report),
         "other_cpu_cores": _median_or_none([r.get("other_cpu_cores") for r in runs]),
-        "other_cpu_cores_profile": other_cpu_cores(report, "prep"),
+        "other_cpu_cores_profile": _max_or_none(
+            [other_cpu_cores(report, r) for r in ("prep_scaling", "prep")]
+        ),
         "cpus": model.cpus,
     }
+
+
+def _max_or_none(values: list) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return max(known) if known else None
 
 
 def _median_or_none(values: list) -> float | None:
@@ -137,16 +151,30 @@ def _machine_note(v: dict) -> str:
             f"the step itself took {step * 1e3:.1f} ms here vs {then * 1e3:.1f} ms in the profile "
             f"({step / then - 1:+.0%}): the machine moved, not only the loader"
         )
-    other, then = v.get("other_cpu_cores"), v.get("other_cpu_cores_profile")
-    if other is not None and v.get("cpus") and other >= OTHER_CPU_SHARE * v["cpus"]:
-        before = f" ({then:.2f} during the profile's in-memory run)" if then is not None else ""
-        notes.append(
-            f"interference: other processes used {other:.2f} of the {v['cpus']} cores during these runs{before}"
-        )
+    notes += _interference_notes(v)
     lo, hi = v.get("measured_range") or (None, None)
     if lo and hi and len(v.get("runs") or []) > 1 and hi / lo - 1 > v["target_error"]:
         notes.append(f"the {len(v['runs'])} runs spread {lo:,.0f}-{hi:,.0f} samples/s")
     return "; ".join(notes)
+
+
+def _interference_notes(v: dict) -> list[str]:
+    """Other processes on the cores during the verify runs, or while the profile measured the rates."""
+    cpus, busy = v.get("cpus") or 0, OTHER_CPU_SHARE * (v.get("cpus") or 0)
+    now, then = v.get("other_cpu_cores"), v.get("other_cpu_cores_profile")
+    notes = []
+    if now is not None and cpus and now >= busy:
+        before = f" ({then:.2f} while the profile measured prep)" if then is not None else ""
+        notes.append(
+            f"interference: other processes used {now:.2f} of the {cpus} cores during these runs{before}"
+        )
+    elif then is not None and cpus and then >= busy:
+        notes.append(
+            f"interference during the profile: other processes used {then:.2f} of the {cpus} cores while it "
+            "measured prep, so the prediction rests on rates of a busier machine"
+            + (f" ({now:.2f} during these runs)" if now is not None else "")
+        )
+    return notes
 
 
 def verify_text(v: dict) -> str:

@@ -251,3 +251,19 @@ def test_progress_keeps_moving_while_min_seconds_keeps_measuring(monkeypatch, tm
     assert seen[:2] == [(1, 12), (2, 12)]  # warm-up: the target as asked
     # from the first measured batch on: 4 per second for 10 s, 40 iterations past the warm-up
     assert seen[2:] == [(done, 42) for done in range(3, 31)]
+
+
+def test_loader_facts_record_the_epoch_verify_warms_up_over():
+    import torch
+
+    from dsanalyzer.modes import loader_facts
+
+    facts = loader_facts(torch.utils.data.DataLoader(list(range(100)), batch_size=32, drop_last=True))
+    assert facts["drop_last"] is True and facts["batches_per_epoch"] == 3
+
+    class Stream(torch.utils.data.IterableDataset):  # no __len__: the epoch is unknown, not an error
+        def __iter__(self):
+            return iter(range(10))
+
+    facts = loader_facts(torch.utils.data.DataLoader(Stream(), batch_size=4))
+    assert facts["drop_last"] is False and facts["batches_per_epoch"] is None

@@ -89,6 +89,22 @@ def test_verify_outside_the_target_names_other_processes_on_the_cores():
     assert unknown["other_cpu_cores"] is None and "interference" not in verify_text(unknown)
 
 
+def test_verify_outside_the_target_names_a_profile_measured_on_a_busy_machine():
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]})
+    samples = {"prep_scaling": [1.2, 1.4], "compute": [0.0], "prep": [0.1, 0.1], "real": [0.0]}
+    rep["sysmon"] = {
+        "other_cpu_cores": [v for run in samples.values() for v in run],
+        "runs": [{"run": run, "samples": len(v)} for run, v in samples.items()],
+    }
+    fast = dict(fake_run(20_000.0, {"num_workers": 2}), other_cpu_cores=0.02)
+    v = verify_result(rep, [fast], warmup=0, command=["x"])
+    assert v["other_cpu_cores_profile"] == pytest.approx(1.3)  # the busier of the two prep runs
+    assert (
+        "interference during the profile: other processes used 1.30 of the 2 cores while it measured prep"
+        in verify_text(v)
+    )
+
+
 @pytest.mark.parametrize(
     ("items", "iters", "batch", "epochs"),
     [
@@ -102,13 +118,11 @@ def test_verify_outside_the_target_names_other_processes_on_the_cores():
 )
 def test_verify_warms_up_until_a_shuffled_drop_last_job_read_every_item(items, iters, batch, epochs):
     assert fill_epochs(items, iters, batch) == epochs
-    rep = {
-        "per_epoch_s": {"iters": iters},
-        "dataset": {"items": items},
-        "batch_size": batch,
-        "warmup_iters": 5,
-    }
+    loader = {"drop_last": True, "batches_per_epoch": iters}
+    rep = {"loader": loader, "dataset": {"items": items}, "batch_size": batch, "warmup_iters": 5}
     assert _warmup_for(rep) == epochs * iters + 5
+    rep["loader"] = {**loader, "drop_last": False}  # a partial last batch: every item every epoch
+    assert _warmup_for(rep) == iters + 5
 
 
 def test_verify_keeps_every_key_of_the_report(tmp_path):
