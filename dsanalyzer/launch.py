@@ -65,6 +65,9 @@ def run_child(
     env.update(cfg.to_env())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_HOOK_DIR, _PKG_PARENT, env.get("PYTHONPATH")) if p)
     Path(cfg.result_dir).mkdir(parents=True, exist_ok=True)
+    for pattern in ("result-*.json", "progress-*.txt"):  # an earlier run's files in this directory
+        for stale in glob.glob(os.path.join(cfg.result_dir, pattern)):  # must not be read as this run's
+            os.unlink(stale)
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(

