@@ -143,4 +143,6 @@ def verify_block(report: dict) -> str:
     step, then = v.get("step_s_measured"), v.get("step_s_profile")
     if step and then:
         pairs.append(("Step time", f"{step * 1e3:.1f} ms here, {then * 1e3:.1f} ms in the profile's run 2"))
+    if v.get("note"):
+        pairs.append(("Measured causes", str(v["note"])))
     return f'<h2>Verify: the changed job</h2><table id="verify">{_rows(pairs)}</table>'

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from dsanalyzer.cli import main as cli_main
+from dsanalyzer.html_tables import verify_block
 from dsanalyzer.report import load_report, write_report
 from dsanalyzer.verify import _warmup_for, fill_epochs, verify_result, verify_text
 from dsanalyzer.whatif import Model
@@ -123,6 +124,33 @@ def test_verify_warms_up_until_a_shuffled_drop_last_job_read_every_item(items, i
     assert _warmup_for(rep) == epochs * iters + 5
     rep["loader"] = {**loader, "drop_last": False}  # a partial last batch: every item every epoch
     assert _warmup_for(rep) == iters + 5
+
+
+def test_verify_names_pauses_of_the_training_process_and_the_rate_without_them():
+    """A step that took 40x its median: the process paused; the note gives the rate without it."""
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]})
+    run = fake_run(500.0, {"num_workers": 2}, iters=100)  # 64 ms steps, no wait
+    step = run["step_s"][0]
+    jittery = dict(run, step_s=[step * 1.5 if i % 10 == 0 else step for i in range(100)])  # not pauses
+    paused = dict(run, step_s=[step * 40 if i == 50 else step for i in range(100)])
+    v = verify_result(rep, [paused, paused, jittery], warmup=0, command=["x"])
+    first = v["runs"][0]
+    assert first["pauses"] == 1 and first["pause_s"] == pytest.approx(39 * step)
+    assert first["pause_share"] == pytest.approx(39 / 139) and first["longest_step_s"] == pytest.approx(
+        40 * step
+    )
+    assert first["samples_per_s_without_pauses"] == pytest.approx(500.0)
+    assert v["runs"][2]["pauses"] == 0 and v["measured_without_pauses_samples_per_s"] == pytest.approx(500.0)
+    text = verify_text(v)
+    assert not v["within_target"]
+    assert "the training process itself paused outside the loader in 2 of 3 runs" in text
+    assert "(run 1: 1 step of up to 2,560 ms against a median of 64.0 ms, 28% of its time)" in text
+    clean_error = 500.0 / v["predicted_samples_per_s"] - 1
+    assert f"without the pauses the median is 500.0 samples/s ({clean_error:+.1%})" in text
+    assert v["note"] in text and "Measured causes" in verify_block({"verify": v})  # JSON and HTML too
+    calm = verify_result(rep, [jittery], warmup=0, command=["x"])
+    assert calm["runs"][0]["pauses"] == 0 and "paused" not in verify_text(calm)
+    assert calm["note"] == "" and "Measured causes" not in verify_block({"verify": calm})
 
 
 def test_verify_keeps_every_key_of_the_report(tmp_path):
