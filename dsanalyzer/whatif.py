@@ -75,9 +75,15 @@ def _batch_overhead_s(
 
     Run 2 (the full job, items from memory) runs at ``1 / (1/G + overhead/B)`` when prep has room to
     spare; below both G and the loader-alone rate P(w), the gap is that overhead. When run 2 runs at
-    about P(w), prep binds and the overhead cannot be told apart: 0.
+    about P(w), prep binds and the overhead cannot be told apart: 0. Run 2's rate is taken from its
+    block-median iteration (``summary.iter_s``) where recorded, so that one pause of the process (a
+    410 ms step among 30 ms ones in a demo profile) is not read as a per-batch cost of every batch.
     """
     rate2 = _get(report, "runs", "prep", "samples_per_s", required=False)
+    summary = _get(report, "runs", "prep", "summary", required=False) or {}
+    iter_s, items = summary.get("iter_s"), summary.get("batch_size")
+    if isinstance(iter_s, (int, float)) and isinstance(items, (int, float)) and iter_s > 0 and items > 0:
+        rate2 = items / iter_s
     if not rate2 or workers == 0 or not math.isfinite(float(rate2)) or float(rate2) <= 0:
         return 0.0
     rate2 = float(rate2)

@@ -152,6 +152,10 @@ def test_main_process_batch_overhead_is_read_from_run_2():
     assert p.bound == "compute" and p.samples_per_s == pytest.approx(640.0)
     assert p.per_iter_s["compute"] == pytest.approx(0.04)  # the step; the overhead shows as prep stall
     assert p.per_iter_s["prep_stall"] == pytest.approx(0.01)
+    # one long pause in run 2 lowers its mean rate, not its block-median iteration: not a per-batch cost
+    rep["runs"]["prep"]["samples_per_s"] = 600.0
+    rep["runs"]["prep"]["summary"] = {"iter_s": 32 / 640, "batch_size": 32.0}
+    assert Model.from_report(rep).batch_overhead_s == pytest.approx(32 / 640 - 32 / 800)
     # when run 2 runs at the prep rate, prep binds and nothing is inferred
     assert Model.from_report(synthetic_report()).batch_overhead_s == 0.0
 
