@@ -22,6 +22,9 @@ sys.path.insert(0, {root!r})
 import coordl
 from tests.coordl.ldr_sources import MemorySource
 mode = sys.argv[1]
+# Ctrl-C as at a terminal, whatever this process inherited: a shell without job control starts
+# background commands with SIGINT ignored, and Python then never installs its handler.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 dl = coordl.DataLoader(MemorySource(60), batch_size=6, num_workers=2, persistent_workers=True, cache_bytes=1 << 20)
 list(dl)
 print("READY", flush=True)
