@@ -200,11 +200,12 @@ def _pause_notes(v: dict) -> list[str]:
     worst_i, worst = max(paused, key=lambda ir: ir[1]["pause_share"])
     clean = v["measured_without_pauses_samples_per_s"]
     error = clean / v["predicted_samples_per_s"] - 1
+    steps = f"{worst['pauses']} step" + ("s" if worst["pauses"] != 1 else "")
     return [
         f"the training process itself paused outside the loader in {len(paused)} of {len(runs)} runs "
-        f"(run {worst_i}: {worst['pauses']} step{'s' if worst['pauses'] != 1 else ''} of up to {worst['longest_step_s'] * 1e3:,.0f} ms against a "
-        f"median of {worst['step_s'] * 1e3:.1f} ms, {worst['pause_share']:.0%} of its time); without the "
-        f"pauses the median is {clean:,.1f} samples/s ({error:+.1%})"
+        f"(run {worst_i}: {steps} of up to {worst['longest_step_s'] * 1e3:,.0f} ms against a median of "
+        f"{worst['step_s'] * 1e3:.1f} ms, {worst['pause_share']:.0%} of its time); without the pauses the "
+        f"median is {clean:,.1f} samples/s ({error:+.1%})"
     ]
 
 
@@ -239,7 +240,7 @@ def verify_text(v: dict) -> str:
         f"error {v['error']:+.1%} ({mark} the ±{v['target_error']:.0%} target; "
         f"{how}{v['iters']} iterations after {v['warmup_iters']} warm-up)"
     )
-    note = v.get("note", "") if "note" in v else ("" if v["within_target"] else _machine_note(v))
+    note = v.get("note", "")  # verify_result's measured causes, empty within the target
     return f"{text}\n  note: {note}" if note else text
 
 
