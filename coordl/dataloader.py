@@ -1,7 +1,9 @@
 """``coordl.DataLoader``: a drop-in ``torch.utils.data.DataLoader`` with a MinIO cache of raw items.
 
-It takes torch's arguments with torch's meaning (it builds a torch DataLoader inside, so samplers,
-workers, pinning, timeouts and persistent workers behave exactly as in torch) and adds:
+It is a ``torch.utils.data.DataLoader`` (so Lightning and Accelerate shard it as theirs, docs/frameworks.md)
+whose attributes are torch's for the user's arguments, ``dataset`` read through coordl's tiers
+(:mod:`coordl.fetch.view`); epochs run through a torch loader inside, so samplers, workers, pinning,
+timeouts and persistent workers behave exactly as in torch. It adds:
 
 * ``cache_bytes``: raw fetched bytes of items stay in shared memory for all workers, filled once and
   never evicted, so from the second epoch the hit ratio equals the cached fraction (:mod:`coordl.fetch.minio`);
@@ -15,7 +17,7 @@ workers, pinning, timeouts and persistent workers behave exactly as in torch) an
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.utils.data
 from torch.utils.data.dataloader import default_collate
@@ -28,6 +30,7 @@ from coordl.fetch.chain import FetchChain
 from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
 from coordl.fetch.sample_cache import COUNTER_NAMES as SAMPLE_CACHE_COUNTERS
 from coordl.fetch.sample_cache import SampleCacheTier
+from coordl.fetch.view import DatasetView, unwrap_view
 from coordl.options import check_dataset_options, validate_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
 from coordl.resume import Resume, group_state, load_group_state
@@ -42,8 +45,10 @@ __all__ = ["DataLoader"]
 # prep; each holds one raw item.
 DEFAULT_FETCH_AHEAD = 4
 
+T_co = TypeVar("T_co", covariant=True)
 
-class DataLoader(LoaderStats):
+
+class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
     """Iterate batches of a dataset, like ``torch.utils.data.DataLoader``, through a MinIO cache.
 
     Every torch argument keeps its torch meaning. The additions:
@@ -100,16 +105,19 @@ class DataLoader(LoaderStats):
     ) -> None:
         """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 8;
         the body composes the parts in order, one statement per part, each complete when built."""
+        dataset = unwrap_view(dataset)  # a framework rebuilding this loader from its attributes
         self._closed = False
         self._final_stats: dict[str, Any] | None = None
         validate_options(cache_bytes, on_error, batch_size, batch_sampler, timeout, batch_ring, fetch_ahead)
-        self.dataset = dataset
+        # coordl's own arguments, public like torch's: frameworks rebuild a loader from its attributes
         self.cache_bytes = int(cache_bytes)
         self.cache_dir = cache_dir
         self.on_error = on_error
         self.partitioned = partitioned
         self.coordinate = coordinate
         self.sample_cache = sample_cache
+        self.batch_ring = batch_ring
+        self.fetch_ahead = fetch_ahead
         self._iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         self.source = None if self._iterable else _adapt(dataset)
         check_dataset_options(dataset, self.source, cache_bytes=cache_bytes, sample_cache=sample_cache, on_error=on_error)
@@ -125,54 +133,58 @@ class DataLoader(LoaderStats):
             SampleCacheTier(sample_cache, self.source, self._counters) if sample_cache is not None else None
         )
         self._watch = WorkerWatch(num_workers) if num_workers > 0 and not self._iterable else None
-        auto_collation = batch_size is not None or batch_sampler is not None
-        use_ring = batch_ring and collate_fn is None and num_workers > 0 and auto_collation and coordinate is None
-        self._ring = BatchRing(prefetch_factor, batch_size, copy=batch_ring == "copy") if use_ring else None
-        if self._ring is not None:
-            collate_fn = self._ring.collate
-        self._inner = None if self._iterable else LoaderSource(
-            self.source,
-            self._chain.tiers,
-            self._counters,
-            on_error=on_error,
-            sample_cache_tier=self._sample_cache_tier,
-            watch=self._watch,
-            fetch_ahead=self._fetch_ahead(fetch_ahead),
-            ring=self._ring.collate if self._ring is not None else None,
+        reads = {"on_error": on_error, "sample_cache_tier": self._sample_cache_tier, "fetch_ahead": self._fetch_ahead(fetch_ahead)}
+        self._view = None if self._iterable else DatasetView(
+            dataset, self.source, self._chain.tiers, self._counters, **reads
         )  # fmt: skip
-        if on_error == "skip":
-            collate_fn = SkipAwareCollate(collate_fn or default_collate)
-        inner = dataset if self._inner is None else self._inner
-        self._member = None if coordinate is None else join_for_loader(
-            coordinate, dataset=inner, collate_fn=collate_fn or default_collate, batch_size=batch_size,
-            shuffle=shuffle, drop_last=drop_last, sampler=sampler, batch_sampler=batch_sampler,
-            num_workers=num_workers, mp_context=multiprocessing_context,
-        )  # fmt: skip
-        self._resume = None if self._iterable or self._member is not None else Resume(
-            inner, sampler=self._partitioned_sampler(sampler, batch_sampler, shuffle), batch_sampler=batch_sampler,
-            shuffle=shuffle, batch_size=batch_size, generator=generator,
-        )  # fmt: skip
-        if self._resume is not None:  # torch's own order, wrapped so that an epoch can resume
-            sampler, batch_sampler, shuffle = self._resume.torch_arguments()
-        self._torch = torch.utils.data.DataLoader(
-            inner,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            batch_sampler=batch_sampler,
-            num_workers=num_workers,
-            collate_fn=collate_fn,
-            pin_memory=pin_memory,
-            drop_last=drop_last,
-            timeout=timeout,
-            worker_init_fn=worker_init_fn,
-            multiprocessing_context=multiprocessing_context,
-            generator=generator,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device,
-            in_order=in_order,
-        )
+        self._ring = self._inner = self._member = self._resume = self._torch = None
+        try:
+            # The public face is torch's own: its checks and errors, its attributes for the user's arguments
+            # (``dataset`` seen through coordl's tiers, see coordl.fetch.view), the frameworks read them.
+            super().__init__(
+                dataset if self._view is None else self._view, batch_size, shuffle, sampler, batch_sampler,
+                num_workers, collate_fn, pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context,
+                generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                pin_memory_device=pin_memory_device, in_order=in_order,
+            )  # fmt: skip
+            default = collate_fn is None or collate_fn is default_collate
+            auto_collation = batch_size is not None or batch_sampler is not None
+            use_ring = batch_ring and default and num_workers > 0 and auto_collation and coordinate is None
+            self._ring = BatchRing(prefetch_factor, batch_size, copy=batch_ring == "copy") if use_ring else None
+            if self._ring is not None:
+                collate_fn = self._ring.collate
+            self._inner = None if self._iterable else LoaderSource(
+                self.source, self._chain.tiers, self._counters, watch=self._watch,
+                ring=self._ring.collate if self._ring is not None else None, **reads,
+            )  # fmt: skip
+            if on_error == "skip":
+                collate_fn = SkipAwareCollate(collate_fn or default_collate)
+            inner = dataset if self._inner is None else self._inner
+            self._member = None if coordinate is None else join_for_loader(
+                coordinate, dataset=inner, collate_fn=collate_fn or default_collate, batch_size=batch_size,
+                shuffle=shuffle, drop_last=drop_last, sampler=sampler, batch_sampler=batch_sampler,
+                num_workers=num_workers, mp_context=multiprocessing_context,
+            )  # fmt: skip
+            # torch's default sampler (made above, with the user's generator) is the one that orders the epochs
+            order = self._partitioned_sampler(sampler, batch_sampler, shuffle)
+            if order is None and batch_sampler is None:
+                order = self.sampler
+            self._resume = None if self._iterable or self._member is not None else Resume(
+                inner, sampler=order, batch_sampler=batch_sampler, shuffle=shuffle, batch_size=batch_size,
+                generator=generator,
+            )  # fmt: skip
+            if self._resume is not None:  # torch's own order, wrapped so that an epoch can resume
+                sampler, batch_sampler, shuffle = self._resume.torch_arguments()
+            self._torch = torch.utils.data.DataLoader(
+                inner, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+                num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
+                timeout=timeout, worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+                generator=generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                pin_memory_device=pin_memory_device, in_order=in_order,
+            )  # fmt: skip
+        except BaseException:
+            self._free()
+            raise
 
     # -- construction steps ------------------------------------------------------------------------
 
@@ -201,6 +213,7 @@ class DataLoader(LoaderStats):
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
             it: Any = Sized(self._member.epoch(), len(self._member))
         else:
+            self._follow_settings()
             if self._ring is not None and forks_workers(self._torch):
                 self._ring.offer_segments(self._torch.num_workers)
             it = start_workers(self._torch)
@@ -214,6 +227,16 @@ class DataLoader(LoaderStats):
             on_batch=self._resume.returned if self._resume is not None else (lambda: None),
             on_error=self._abandon_epoch,
         )
+
+    # Settings torch reads when an epoch starts, which users (and Lightning) may set on the loader.
+    _FOLLOWED = ("timeout", "worker_init_fn", "pin_memory", "pin_memory_device", "in_order", "multiprocessing_context")
+
+    def _follow_settings(self) -> None:
+        """Give coordl's inner torch loader what was set on this one since the last epoch."""
+        for name in self._FOLLOWED:
+            value = getattr(self, name)
+            if getattr(self._torch, name) is not value:
+                setattr(self._torch, name, value)
 
     def __len__(self) -> int:
         return len(self._member) if self._member is not None else len(self._torch)
@@ -276,36 +299,29 @@ class DataLoader(LoaderStats):
         if getattr(self._torch, "_iterator", None) is torch_iter:
             self._torch._iterator = None
 
-    @property
-    def sampler(self) -> Any:
-        """The sampler (the user's, or the one torch would make), without coordl's resumable wrapper."""
-        batched = self._resume is None or self._resume.order.batched
-        return self._torch.sampler if batched else self._resume.order.inner
-
-    @property
-    def batch_sampler(self) -> Any:
-        """The batch sampler (the user's, or torch's), without coordl's resumable wrapper."""
-        batched = self._resume is not None and self._resume.order.batched
-        return self._resume.order.inner if batched else self._torch.batch_sampler
-
     # -- what profilers may change between epochs --------------------------------------------------
 
     @property
     def num_workers(self) -> int:
         """Worker processes per epoch. Settable between epochs (takes effect at the next ``iter``)."""
-        return self._torch.num_workers
+        return self.__dict__.get("num_workers", 0)
 
     @num_workers.setter
     def num_workers(self, workers: int) -> None:
+        # Kept in the instance dict under its own name: frameworks rebuild a loader from vars(loader).
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
             raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
-        if workers > 0 and self._torch.prefetch_factor is None:
-            self._torch.prefetch_factor = 2  # torch's default, which it leaves unset without workers
-        if self._watch is not None and workers > self._watch.num_workers:
-            raise ValueError(
-                f"num_workers={workers}: this loader's worker table has {self._watch.num_workers} rows"
-            )
-        self._torch.num_workers = workers
+        watch = self.__dict__.get("_watch")
+        if watch is not None and workers > watch.num_workers:
+            raise ValueError(f"num_workers={workers}: this loader's worker table has {watch.num_workers} rows")
+        self.__dict__["num_workers"] = workers
+        inner = self.__dict__.get("_torch")
+        if inner is None:  # torch's __init__ setting it: nothing built yet
+            return
+        for loader in (self, inner):
+            if workers > 0 and loader.prefetch_factor is None:
+                loader.prefetch_factor = 2  # torch's default, which it leaves unset without workers
+        inner.num_workers = workers
 
     def add_fetch_tier(self, tier: FetchTier) -> None:
         """Ask ``tier`` for raw bytes before every other tier, from the next epoch's workers on.
@@ -315,12 +331,14 @@ class DataLoader(LoaderStats):
         """
         if self._inner is None:
             raise ValueError("add_fetch_tier needs a map-style dataset (an IterableDataset has no fetch)")
-        self._inner.tiers.insert(0, tier)
+        for reader in (self._inner, self._view):
+            reader.tiers.insert(0, tier)
 
     def remove_fetch_tier(self, tier: FetchTier) -> None:
         """Undo :meth:`add_fetch_tier` (a tier that was not added is ignored)."""
-        if self._inner is not None and tier in self._inner.tiers:
-            self._inner.tiers.remove(tier)
+        for reader in (self._inner, self._view):
+            if reader is not None and tier in reader.tiers:
+                reader.tiers.remove(tier)
 
     # -- stats -------------------------------------------------------------------------------------
 
@@ -349,11 +367,16 @@ class DataLoader(LoaderStats):
             return
         self._final_stats = self.stats()
         self._closed = True
+        self._free()
+
+    def _free(self) -> None:
+        """Stop the workers, then free every part built so far (also after a failed ``__init__``)."""
         iterator = getattr(self._torch, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
-        self._torch._iterator = None
-        for obj in (self._member, self._chain, self._counters, self._watch, self._inner, self._ring):
+        if self._torch is not None:
+            self._torch._iterator = None
+        for obj in (self._member, self._chain, self._counters, self._watch, self._inner, self._view, self._ring):
             if obj is not None:
                 obj.close()
 
@@ -363,16 +386,9 @@ class DataLoader(LoaderStats):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # batch_size, sampler, batch_sampler, drop_last, generator, ...: torch's attributes.
-        torch_loader = self.__dict__.get("_torch")
-        if torch_loader is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(torch_loader, name)
-
     def __repr__(self) -> str:
         cache = f", cache={self._chain.minio!r}" if self._chain is not None and self._chain.minio else ""
-        return f"coordl.DataLoader({type(self.dataset).__name__}, batch_size={self._torch.batch_size}{cache})"
+        return f"coordl.DataLoader({type(unwrap_view(self.dataset)).__name__}, batch_size={self.batch_size}{cache})"
 
 
 def _adapt(dataset: Any) -> Any:
