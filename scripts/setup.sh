@@ -6,7 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(redis-server nfs-ganesha nfs-ganesha-vfs libnfs-dev libnfs-utils rpcbind iproute2 chromium)
+# gcc, python3-dev and libjpeg62-turbo-dev build coordl's crop decoder (setup.py; optional: without them coordl
+# decodes whole images).
+APT_PACKAGES=(redis-server nfs-ganesha nfs-ganesha-vfs libnfs-dev libnfs-utils rpcbind iproute2 chromium
+              gcc python3-dev libjpeg62-turbo-dev)
 EXTRAS="${COORDL_EXTRAS:-dev,nfs}"
 TORCH_VERSION=2.13.0
 
@@ -33,9 +36,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.coordl-installed
-# Installed already when the stamp is newer than pyproject.toml and lists every extra asked for now.
+# Installed already when the stamp is newer than pyproject.toml, setup.py and the C extension's source and lists
+# every extra asked for now (the editable install compiles the extension in place).
 have_extras() {
-  [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] || return 1
+  [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] && [ ! setup.py -nt "$stamp" ] \
+    && [ ! coordl/data/_jpeg/cropjpeg.c -nt "$stamp" ] || return 1
   local e
   for e in ${EXTRAS//,/ }; do
     grep -qx "$e" <(tr ',' '\n' < "$stamp") || return 1

@@ -23,10 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordl.data import recipe
+
 __all__ = ["DALITransform", "train_pipeline", "eval_pipeline", "IMAGENET_MEAN", "IMAGENET_STD"]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+# One definition of the standard pipelines' parameters for the CPU transforms and DALI.
+IMAGENET_MEAN = recipe.IMAGENET_MEAN
+IMAGENET_STD = recipe.IMAGENET_STD
 
 # nvJPEG's scratch buffers, preallocated so the first epochs do not reallocate while the step runs
 # (the values DALI's ResNet-50 example uses for ImageNet-sized JPEGs).
@@ -45,14 +48,17 @@ class DALITransform:
         resize: eval only: the shorter side before the center crop (default ``size / 0.875``).
         mean, std: per channel, in [0, 1] units (scaled by 255 for DALI's uint8 input).
         flip: train only: random horizontal flip with probability 0.5.
+
+    The defaults are :mod:`coordl.data.recipe`'s, the same as ``coordl.transforms.train_transform`` /
+    ``eval_transform`` use on the CPU (DALI resizes without antialiasing, the CPU path with it).
         fused: train only: decode just the crop window (``decoders.image_random_crop``) instead of the
             whole image followed by ``fn.random_resized_crop``. Same distribution, less decode work.
     """
 
     size: int
     train: bool = True
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    scale: tuple[float, float] = recipe.CROP_SCALE
+    ratio: tuple[float, float] = recipe.CROP_RATIO
     resize: int | None = None
     mean: Sequence[float] = field(default=IMAGENET_MEAN)
     std: Sequence[float] = field(default=IMAGENET_STD)
@@ -102,11 +108,11 @@ class DALITransform:
                     random_aspect_ratio=list(self.ratio), antialias=False,
                 )  # fmt: skip
             if self.flip:
-                mirror = fn.random.coin_flip(probability=0.5)
+                mirror = fn.random.coin_flip(probability=recipe.FLIP_PROBABILITY)
             crop: dict[str, Any] = {}
         else:
             images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **extra)
-            shorter = self.resize if self.resize is not None else round(self.size / 0.875)
+            shorter = self.resize if self.resize is not None else recipe.shorter_side_for(self.size)
             images = fn.resize(images, resize_shorter=shorter, antialias=False)
             crop = {"crop": (self.size, self.size)}
         return fn.crop_mirror_normalize(

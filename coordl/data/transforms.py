@@ -1,5 +1,8 @@
 """CPU image prep: fast JPEG decode and the standard augmentations, as small composable stages.
 
+Why this module is long: the stages, their fusion plan and the two recipes belong together (each fused
+stage must stay exactly its stages' composition), and splitting them would scatter one contract.
+
 Every stage is a callable with a ``__repr__`` that names all its parameters (the repr of the
 deterministic prefix is the cache key's ``prep_identity``: change a parameter and cached arrays are
 no longer reused) and two class attributes:
@@ -19,7 +22,10 @@ augmentations reproducible. NumPy's global RNG is deliberately not used: torch d
 worker, so forked workers would produce identical crops.
 
 Decoding uses simplejpeg (libjpeg-turbo) for JPEG, about 2.5x Pillow's speed per core here; Pillow
-decodes everything else (PNG, BMP, WebP, CMYK JPEGs). Undecodable bytes raise
+decodes everything else (PNG, BMP, WebP, CMYK JPEGs). When a ``Compose`` runs ``Decode()`` directly
+followed by ``RandomResizedCrop``, it draws the crop from the JPEG header's size and decodes only that
+box (:mod:`coordl.data.cropdecode`): the same crop box from the same random draws, the same pixels
+where the box is under twice the output size, a DCT-domain downscale above that. Undecodable bytes raise
 :class:`coordl.errors.CorruptItemError`; the dataset adds the file path. Resizing uses torch's antialiased
 bilinear uint8 kernel (what torchvision's ``antialias=True`` uses).
 """
@@ -33,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from coordl.data import cropdecode
+from coordl.data import recipe as recipes
 from coordl.data.decode import decode_image
 from coordl.ring.output_buffers import new_output
 
@@ -52,8 +60,9 @@ __all__ = [
     "IMAGENET_STD",
 ]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET_MEAN = recipes.IMAGENET_MEAN
+IMAGENET_STD = recipes.IMAGENET_STD
+TRAIN_RECIPES = ("standard", "resize_first")
 
 
 class Stage:
@@ -74,10 +83,15 @@ class Stage:
 
 
 class Compose(Stage):
-    """Apply ``stages`` in order. ``split()`` separates the cacheable prefix from the random rest."""
+    """Apply ``stages`` in order. ``split()`` separates the cacheable prefix from the random rest.
 
-    def __init__(self, stages: Iterable[Callable[[Any], Any]]) -> None:
+    ``crop_decode=False`` keeps ``Decode()`` + ``RandomResizedCrop`` as two stages (decode the whole
+    image, then crop) instead of decoding only the crop's box; the crop boxes are the same either way.
+    """
+
+    def __init__(self, stages: Iterable[Callable[[Any], Any]], crop_decode: bool = True) -> None:
         self.stages = list(stages)
+        self.crop_decode = crop_decode
         self.deterministic = all(getattr(s, "deterministic", False) for s in self.stages)
         self.array_output = bool(self.stages) and getattr(self.stages[-1], "array_output", False)
         self._plan: list[Callable[[Any], Any]] = []
@@ -86,7 +100,7 @@ class Compose(Stage):
     def __call__(self, x: Any) -> Any:
         key = tuple(map(id, self.stages))  # ``stages`` is a public list: re-plan if it was edited
         if key != self._plan_key:
-            self._plan, self._plan_key = _fuse(self.stages), key
+            self._plan, self._plan_key = _fuse(self.stages, self.crop_decode), key
         for stage in self._plan:
             x = stage(x)
         return x
@@ -110,7 +124,7 @@ class Compose(Stage):
             if not (getattr(stage, "deterministic", False) and getattr(stage, "array_output", False)):
                 break
             cut += 1
-        return Compose(self.stages[:cut]), Compose(self.stages[cut:])
+        return Compose(self.stages[:cut], self.crop_decode), Compose(self.stages[cut:], self.crop_decode)
 
     def __repr__(self) -> str:
         return "Compose([" + ", ".join(repr(s) for s in self.stages) + "])"
@@ -215,8 +229,8 @@ class RandomResizedCrop(Stage):
     def __init__(
         self,
         size: int | Sequence[int],
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        scale: tuple[float, float] = recipes.CROP_SCALE,
+        ratio: tuple[float, float] = recipes.CROP_RATIO,
         generator: torch.Generator | None = None,
     ) -> None:
         self.size = _pair(size)
@@ -262,7 +276,7 @@ class RandomHorizontalFlip(Stage):
 
     deterministic = False
 
-    def __init__(self, p: float = 0.5, generator: torch.Generator | None = None) -> None:
+    def __init__(self, p: float = recipes.FLIP_PROBABILITY, generator: torch.Generator | None = None) -> None:
         self.p = float(p)
         self.generator = generator
 
@@ -341,6 +355,30 @@ class _ToTensorNormalize:
         return torch.addcmul(shift, x, scale, out=new_output(x.shape, torch.float32))
 
 
+class _DecodeRandomResizedCrop:
+    """Decode then RandomResizedCrop, fused by :class:`Compose`: decode only the crop's box.
+
+    The box comes from ``crop.get_params`` on the header's size (the same random draws as the two
+    stages make), so the unfused pipeline and this one crop the same boxes. Anything the crop decoder
+    does not take (see :mod:`coordl.data.cropdecode`) is decoded whole by ``decode`` and cropped.
+    """
+
+    def __init__(self, decode: Decode, crop: RandomResizedCrop) -> None:
+        self.decode = decode
+        self.crop = crop
+
+    def __call__(self, raw: Any) -> np.ndarray:
+        size = cropdecode.jpeg_size(raw)
+        if size is None:
+            return self.crop(self.decode(raw))
+        top, left, h, w = self.crop.get_params(*size)
+        th, tw = self.crop.size
+        box = cropdecode.decode_crop(raw, top, left, h, w, (th, tw), self.decode.fastdct)
+        if box is None:  # libjpeg objected: the full decode decides (and raises CorruptItemError)
+            box = self.decode(raw)[top : top + h, left : left + w]
+        return _resize(box, tw, th)
+
+
 def _chw_view(arr: np.ndarray) -> torch.Tensor:
     """A CHW torch view of an HWC (or HW) array; copies only an array torch cannot view."""
     if arr.ndim == 2:
@@ -350,41 +388,55 @@ def _chw_view(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(arr).permute(2, 0, 1)
 
 
-def _fuse(stages: list[Callable[[Any], Any]]) -> list[Callable[[Any], Any]]:
-    """``stages`` with each ToTensor directly followed by a Normalize replaced by the fused stage."""
+def _fuse(stages: list[Callable[[Any], Any]], crop_decode: bool = True) -> list[Callable[[Any], Any]]:
+    """``stages`` with ToTensor + Normalize and (with ``crop_decode``) Decode() + RandomResizedCrop fused.
+
+    A ``Decode`` with ``min_size`` is not fused: its output is not the header's size.
+    """
     out: list[Callable[[Any], Any]] = []
     for stage in stages:
-        if type(stage) is Normalize and out and type(out[-1]) is ToTensor:
+        prev = out[-1] if out else None
+        if type(stage) is Normalize and type(prev) is ToTensor:
             out[-1] = _ToTensorNormalize(stage)
+        elif crop_decode and type(stage) is RandomResizedCrop and type(prev) is Decode and prev.min_size is None:
+            out[-1] = _DecodeRandomResizedCrop(prev, stage)
         else:
             out.append(stage)
     return out
 
 
-def train_transform(size: int = 224, resize: int | None = None) -> Compose:
-    """Standard ImageNet training prep.
+def train_transform(size: int = 224, resize: int | None = None, *, recipe: str | None = None) -> Compose:
+    """ImageNet training prep: ``recipe="standard"`` (the default) or ``"resize_first"``.
 
-    Decode -> ResizeShorter(resize) are deterministic and cached; RandomResizedCrop(size) ->
-    RandomHorizontalFlip -> ToTensor -> Normalize run after the cache. ``resize`` defaults to
-    ``round(size * 1.143)`` (256 for 224): the cached array is ~4x smaller than the full image
-    while the random crop still sees the whole picture.
+    - ``"standard"`` (torchvision's and DALI's): Decode -> RandomResizedCrop(size) of the
+      full-resolution image -> RandomHorizontalFlip -> ToTensor -> Normalize. Run whole, the decode
+      and the crop are fused: only the crop's box is decoded (:mod:`coordl.data.cropdecode`), the
+      cheapest prep per sample. With a sample cache, the cached prefix is the full decoded image.
+    - ``"resize_first"``: Decode -> ResizeShorter(resize) -> the same random stages. The resize of
+      every whole image costs about a third more CPU per sample than the standard recipe (and crops
+      small boxes from a 256-pixel copy instead of the original), but the cached prefix is ~4x
+      smaller than the full image: the choice when the sample cache (``memcache``) keeps prepped
+      arrays. ``resize`` defaults to ``size / 0.875`` (256 for 224).
+
+    Passing ``resize`` without ``recipe`` selects ``"resize_first"`` (what it meant before the
+    standard recipe became the default).
     """
-    resize = resize or round(size * 1.143)
-    return Compose(
-        [
-            Decode(min_size=resize),
-            ResizeShorter(resize),
-            RandomResizedCrop(size),
-            RandomHorizontalFlip(),
-            ToTensor(),
-            Normalize(),
-        ]
-    )
+    if recipe is None:
+        recipe = "resize_first" if resize is not None else "standard"
+    if recipe not in TRAIN_RECIPES:
+        raise ValueError(f"train_transform: recipe must be one of {TRAIN_RECIPES}, got {recipe!r}")
+    random_stages = [RandomResizedCrop(size), RandomHorizontalFlip(), ToTensor(), Normalize()]
+    if recipe == "standard":
+        if resize is not None:
+            raise ValueError("train_transform: resize= applies to recipe='resize_first' only")
+        return Compose([Decode(), *random_stages])
+    resize = resize or recipes.shorter_side_for(size)
+    return Compose([Decode(min_size=resize), ResizeShorter(resize), *random_stages])
 
 
 def eval_transform(size: int = 224, resize: int | None = None) -> Compose:
     """Standard ImageNet evaluation prep: Decode -> ResizeShorter(256) -> CenterCrop(224) -> tensor."""
-    resize = resize or round(size * 256 / 224)
+    resize = resize or recipes.shorter_side_for(size)
     return Compose(
         [Decode(min_size=resize), ResizeShorter(resize), CenterCrop(size), ToTensor(), Normalize()]
     )

@@ -40,7 +40,7 @@ def test_imagefolder_layout_and_fetch(root):
 
 
 def test_split_prep_with_train_transform(root):
-    ds = ImageFolder(root, transform=T.train_transform(32))
+    ds = ImageFolder(root, transform=T.train_transform(32, recipe="resize_first"))
     assert has_split_prep(ds)
     raw = ds.fetch(0)
     det = ds.prep_deterministic(raw, 0)

@@ -151,8 +151,8 @@ def test_compose_fuses_to_tensor_and_normalize_with_the_same_result():
     assert repr(comp) == "Compose([ToTensor()])"
 
 
-def test_train_transform_split_and_identity():
-    tr = T.train_transform(64)
+def test_train_transform_resize_first_split_and_identity():
+    tr = T.train_transform(64, recipe="resize_first")
     det, rest = tr.split()
     assert [type(s).__name__ for s in det] == ["Decode", "ResizeShorter"]
     assert [type(s).__name__ for s in rest] == [
@@ -163,6 +163,7 @@ def test_train_transform_split_and_identity():
     ]
     assert "size=73" in repr(det) and "min_size=73" in repr(det)
     assert repr(det) != repr(T.train_transform(64, resize=80).split()[0])
+    assert repr(T.train_transform(64, resize=73)) == repr(tr)  # resize= alone means resize-first
     raw = _jpeg(_pixels(120, 160))
     torch.manual_seed(3)
     whole = tr(raw)
@@ -171,9 +172,46 @@ def test_train_transform_split_and_identity():
     assert whole.shape == (3, 64, 64) and torch.equal(whole, parts)
 
 
+def test_train_transform_standard_recipe_crops_the_full_resolution_image():
+    tr = T.train_transform(64)
+    assert [type(s).__name__ for s in tr] == [
+        "Decode", "RandomResizedCrop", "RandomHorizontalFlip", "ToTensor", "Normalize",
+    ]  # fmt: skip
+    det, rest = tr.split()
+    assert repr(det) == "Compose([Decode(min_size=None, fastdct=False)])"  # the sample cache keeps the full image
+    crop = tr.stages[1]
+    assert (crop.scale, crop.ratio) == ((0.08, 1.0), (3 / 4, 4 / 3))
+    raw = _jpeg(_pixels(120, 160))
+    torch.manual_seed(3)
+    whole = tr(raw)  # crop decode (fused): boxes under 2x the output size decode to the same pixels
+    torch.manual_seed(3)
+    parts = rest(det(raw))
+    assert whole.shape == (3, 64, 64) and torch.equal(whole, parts)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"recipe": "resize_first_please"}, {"recipe": "standard", "resize": 80}]
+)
+def test_train_transform_rejects_an_unknown_recipe_or_a_resize_it_would_ignore(kwargs):
+    with pytest.raises(ValueError, match="recipe"):
+        T.train_transform(64, **kwargs)
+
+
 def test_eval_transform_is_deterministic():
     ev = T.eval_transform(32)
     raw = _jpeg(_pixels(120, 160))
     assert torch.equal(ev(raw), ev(raw)) and ev(raw).shape == (3, 32, 32)
     det, _ = ev.split()
     assert [type(s).__name__ for s in det] == ["Decode", "ResizeShorter", "CenterCrop"]
+
+
+def test_dali_and_cpu_pipelines_share_their_parameters():
+    from coordl.dali.ops import eval_pipeline, train_pipeline
+
+    cpu, dali = T.train_transform(224), train_pipeline(224)
+    crop, flip, norm = cpu.stages[1], cpu.stages[2], cpu.stages[4]
+    assert (dali.scale, dali.ratio) == (crop.scale, crop.ratio) == ((0.08, 1.0), (3 / 4, 4 / 3))
+    assert flip.p == 0.5 and tuple(dali.mean) == norm.mean and tuple(dali.std) == norm.std
+    cpu_eval = T.eval_transform(224)
+    assert cpu_eval.stages[1].size == 256 and eval_pipeline(224).resize is None  # DALI: the same 256
+    assert T.train_transform(224, recipe="resize_first").stages[1].size == 256

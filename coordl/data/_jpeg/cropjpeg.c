@@ -1,0 +1,205 @@
+/*
+ * coordl.data._cropjpeg: decode only a rectangle of a JPEG, optionally at a reduced DCT scale.
+ *
+ * Why this exists: a random-resized crop keeps about half of an image's pixels on average, yet a
+ * full decode pays entropy decoding, IDCT, upsampling and colour conversion for all of them.
+ * libjpeg-turbo's libjpeg API (>= 1.5) can skip the work outside a region:
+ *   - scale_num / scale_denom decode at 1/2, 1/4 or 1/8 size in the DCT domain (smaller IDCTs);
+ *   - jpeg_crop_scanline() limits IDCT, upsampling and colour conversion to the columns of a
+ *     region (widened to the iMCU boundary on the left);
+ *   - jpeg_skip_scanlines() skips the rows above the region (entropy decoding still runs for
+ *     them, the rest does not), and nothing below the region is decoded at all.
+ * simplejpeg and Pillow expose none of these, and the TurboJPEG API only gained cropped
+ * decompression in 3.0 (Debian 12 ships 2.1.5), so this is a small extension against the libjpeg
+ * API of Debian's libjpeg62-turbo.
+ *
+ * decode_crop(data, top, left, height, width, denom, fastdct) -> (bytearray, rows, cols)
+ *   The box (top, left, height, width) is in full-resolution pixels; the result is the box's pixels
+ *   at scale 1/denom (HWC RGB uint8), the box edges rounded outwards to whole scaled pixels.
+ *   Any libjpeg error or warning (corrupt or truncated data, CMYK, unsupported
+ *   conversion) raises _cropjpeg.Error: the caller falls back to its full decode, which decides
+ *   whether the file is corrupt.
+ * The GIL is released while libjpeg works.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+static PyObject *CropJpegError;
+
+struct error_mgr {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    int warned;
+    char message[JMSG_LENGTH_MAX];
+};
+
+static void on_error(j_common_ptr cinfo)
+{
+    struct error_mgr *err = (struct error_mgr *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    longjmp(err->jump, 1);
+}
+
+/* A warning (corrupt data, premature end of data) is an error here: the full decode judges the file. */
+static void on_message(j_common_ptr cinfo, int level)
+{
+    struct error_mgr *err = (struct error_mgr *)cinfo->err;
+    if (level < 0 && !err->warned) {
+        err->warned = 1;
+        (*cinfo->err->format_message)(cinfo, err->message);
+    }
+}
+
+static PyObject *decode_crop(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    int top, left, height, width, denom, fastdct;
+    if (!PyArg_ParseTuple(args, "y*iiiiip", &view, &top, &left, &height, &width, &denom, &fastdct))
+        return NULL;
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "decode_crop: denom must be 1, 2, 4 or 8, got %d", denom);
+        return NULL;
+    }
+    if (top < 0 || left < 0 || height <= 0 || width <= 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "decode_crop: the box needs top, left >= 0 and a positive size");
+        return NULL;
+    }
+
+    struct jpeg_decompress_struct cinfo;
+    struct error_mgr jerr;
+    PyObject *volatile out = NULL;
+    unsigned char *volatile row = NULL;
+    PyThreadState *volatile ts = NULL;
+    JDIMENSION rows = 0, cols = 0;
+
+    cinfo.err = jpeg_std_error(&jerr.pub);
+    jerr.pub.error_exit = on_error;
+    jerr.pub.emit_message = on_message;
+    jerr.warned = 0;
+    jerr.message[0] = '\0';
+    jpeg_create_decompress(&cinfo);
+
+    if (setjmp(jerr.jump)) {
+        if (ts != NULL)
+            PyEval_RestoreThread(ts);
+        jpeg_destroy_decompress(&cinfo);
+        PyMem_RawFree(row);
+        Py_XDECREF(out);
+        PyBuffer_Release(&view);
+        PyErr_SetString(CropJpegError, jerr.message);
+        return NULL;
+    }
+
+    ts = PyEval_SaveThread();
+    jpeg_mem_src(&cinfo, (const unsigned char *)view.buf, (unsigned long)view.len);
+    jpeg_read_header(&cinfo, TRUE);
+    cinfo.out_color_space = JCS_RGB;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = (unsigned int)denom;
+    cinfo.dct_method = fastdct ? JDCT_IFAST : JDCT_ISLOW;
+    jpeg_start_decompress(&cinfo);
+    if (cinfo.output_components != 3) {
+        snprintf(jerr.message, sizeof jerr.message, "decode_crop: %d output components", cinfo.output_components);
+        longjmp(jerr.jump, 1);
+    }
+    /* The box in scaled pixels, rounded outwards; clamped to the scaled image. */
+    JDIMENSION full_w = cinfo.image_width, full_h = cinfo.image_height;
+    JDIMENSION out_w = cinfo.output_width, out_h = cinfo.output_height;
+    if ((JDIMENSION)left + (JDIMENSION)width > full_w || (JDIMENSION)top + (JDIMENSION)height > full_h) {
+        snprintf(jerr.message, sizeof jerr.message, "decode_crop: box %dx%d+%d+%d outside the %ux%u image",
+                 width, height, left, top, full_w, full_h);
+        longjmp(jerr.jump, 1);
+    }
+    JDIMENSION x0 = (JDIMENSION)left / denom, y0 = (JDIMENSION)top / denom;
+    JDIMENSION x1 = ((JDIMENSION)left + width + denom - 1) / denom;
+    JDIMENSION y1 = ((JDIMENSION)top + height + denom - 1) / denom;
+    if (x1 > out_w) x1 = out_w;
+    if (y1 > out_h) y1 = out_h;
+    if (x1 <= x0) x1 = x0 + 1;
+    if (y1 <= y0) y1 = y0 + 1;
+    rows = y1 - y0;
+    cols = x1 - x0;
+    /* Fancy upsampling of subsampled chroma reads one chroma sample beyond each edge of the decoded
+     * columns (and replicates the edge one where there is none): decode a margin of two chroma samples
+     * on both sides so the box's own pixels equal a full decode's. */
+    JDIMENSION margin = 2 * (JDIMENSION)cinfo.max_h_samp_factor;
+    JDIMENSION xoff = x0 > margin ? x0 - margin : 0;
+    JDIMENSION cw = (x1 + margin < out_w ? x1 + margin : out_w) - xoff;
+    if (cw < out_w)
+        jpeg_crop_scanline(&cinfo, &xoff, &cw); /* widens to the iMCU boundary: xoff <= x0 */
+    else
+        xoff = 0, cw = out_w;
+    row = PyMem_RawMalloc((size_t)cw * 3);
+    PyEval_RestoreThread(ts);
+    ts = NULL;
+
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)rows * cols * 3);
+    if (out == NULL || row == NULL) {
+        jpeg_destroy_decompress(&cinfo);
+        PyMem_RawFree(row);
+        Py_XDECREF(out);
+        PyBuffer_Release(&view);
+        return out == NULL ? NULL : PyErr_NoMemory();
+    }
+    unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out);
+    size_t shift = (size_t)(x0 - xoff) * 3, line = (size_t)cols * 3;
+
+    ts = PyEval_SaveThread();
+    if (y0 > 0 && jpeg_skip_scanlines(&cinfo, y0) != y0) {
+        snprintf(jerr.message, sizeof jerr.message, "decode_crop: could not skip %u rows", y0);
+        longjmp(jerr.jump, 1);
+    }
+    for (JDIMENSION r = 0; r < rows; r++) {
+        JSAMPROW target = (shift == 0 && cw == cols) ? dst + r * line : row;
+        if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
+            snprintf(jerr.message, sizeof jerr.message, "decode_crop: no data for row %u", y0 + r);
+            longjmp(jerr.jump, 1);
+        }
+        if (target == row)
+            memcpy(dst + r * line, row + shift, line);
+        if (jerr.warned)
+            longjmp(jerr.jump, 1);
+    }
+    jpeg_abort_decompress(&cinfo); /* the rows below the box are never decoded */
+    PyEval_RestoreThread(ts);
+    ts = NULL;
+
+    jpeg_destroy_decompress(&cinfo);
+    PyMem_RawFree(row);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NII)", out, (unsigned int)rows, (unsigned int)cols);
+}
+
+static PyMethodDef methods[] = {
+    {"decode_crop", decode_crop, METH_VARARGS,
+     "decode_crop(data, top, left, height, width, denom, fastdct) -> (bytearray, rows, cols)\n\n"
+     "The RGB pixels of a box of a JPEG (full-resolution coordinates) at scale 1/denom."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_cropjpeg", "Decode a rectangle of a JPEG with libjpeg-turbo.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__cropjpeg(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    CropJpegError = PyErr_NewException("_cropjpeg.Error", PyExc_ValueError, NULL);
+    if (CropJpegError == NULL || PyModule_AddObject(m, "Error", CropJpegError) < 0) {
+        Py_XDECREF(CropJpegError);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "LIBJPEG_TURBO", 1);
+    return m;
+}

@@ -1,0 +1,20 @@
+"""Builds coordl's one optional C extension; everything else is in pyproject.toml.
+
+``coordl.data._cropjpeg`` decodes only the region of a JPEG that a random crop keeps, against the system
+libjpeg-turbo (Debian: libjpeg62-turbo-dev, in scripts/setup.sh's APT_PACKAGES). It is optional: without a
+compiler or the headers the install succeeds and coordl falls back to full decodes (one warning at run time).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "coordl.data._cropjpeg",
+            ["coordl/data/_jpeg/cropjpeg.c"],
+            libraries=["jpeg"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        )
+    ]
+)
