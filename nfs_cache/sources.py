@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RemoteFile", "Source", "LocalSource", "NfsSource", "FsspecSource", "open_source"]
+__all__ = ["RemoteFile", "Source", "LocalSource", "NfsSource", "FsspecSource", "open_source", "register_scheme"]
 
 # Seconds an NFS RPC may take before the call fails instead of hanging a training worker forever.
 DEFAULT_NFS_TIMEOUT_S = 60.0
@@ -315,11 +315,25 @@ class FsspecSource(Source):
         return fs.cat_file(f"{root}/{_check_relpath(relpath)}")
 
 
+# URL scheme -> factory, registered by packages above this one (coordl.objectstore registers ``s3``): they may
+# import nfs_cache, not the reverse. A registered scheme wins over fsspec's implementation of it.
+_SCHEMES: dict[str, Any] = {}
+
+
+def register_scheme(scheme: str, factory: Any) -> None:
+    """Make ``open_source("<scheme>://...")`` return ``factory(url)``."""
+    _SCHEMES[scheme.lower()] = factory
+
+
 def open_source(src: str | os.PathLike | Source) -> Source:
-    """A ``Source`` for a directory path, an ``nfs://`` URL or an fsspec URL (``file://`` maps to a directory)."""
+    """A ``Source`` for a directory path, an ``nfs://`` URL, a registered scheme or an fsspec URL
+    (``file://`` maps to a directory)."""
     if isinstance(src, Source):
         return src
     text = os.fspath(src)
+    factory = _SCHEMES.get(text.split("://", 1)[0].lower()) if "://" in text else None
+    if factory is not None:
+        return factory(text)
     if text.startswith("nfs://"):
         return NfsSource(text)
     if text.startswith("file://"):

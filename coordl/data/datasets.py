@@ -1,8 +1,9 @@
 """Datasets of image files that implement the fetch/prep split.
 
-- :class:`ImageFolder`: the standard ``root/class/xxx.jpg`` layout, local or staged from a remote
-  source (``nfs://`` URL or ``stage_dir=``) through ``nfs_cache.StagedSource``.
-- :class:`FileListDataset`: the same over an explicit list of files.
+- :class:`ImageFolder`: the standard ``root/class/xxx.jpg`` layout, local, streamed from a bucket
+  (``s3://`` root, :mod:`coordl.objectstore`), or staged from a remote source (``nfs://`` URL or
+  ``stage_dir=``) through ``nfs_cache.StagedSource``.
+- :class:`FileListDataset`: the same over an explicit list of files (paths or ``s3://`` URLs).
 
 Datasets that do not implement the split are adapted by :mod:`coordl.data.adapt`.
 
@@ -139,22 +140,35 @@ class FileListDataset(_FileSource):
         targets: Sequence[Any] | None = None,
         transform: Callable | None = None,
         target_transform: Callable | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(transform, target_transform)
         if targets is not None and len(targets) != len(paths):
             raise ValueError(f"FileListDataset: {len(paths)} paths but {len(targets)} targets")
         self.paths = [os.fspath(p) for p in paths]
+        # s3:// entries are read through coordl.objectstore (one GET each); other entries are local files.
+        self._urls = _url_reader(storage_options) if any(_is_s3(p) for p in self.paths) else None
+        if self._urls is None and storage_options is not None:
+            raise ValueError("FileListDataset: storage_options= is for s3:// paths, and no path is one")
         self.has_targets = targets is not None
         self.items = list(
             zip(self.paths, targets if targets is not None else [None] * len(self.paths), strict=True)
         )
 
     def _read(self, index: int) -> bytes:
-        with open(self.paths[index], "rb") as f:
+        path = self.paths[index]
+        if self._urls is not None and _is_s3(path):
+            return self._urls.read(path)
+        with open(path, "rb") as f:
             return f.read()
 
     def describe(self, index: int) -> str:
         return self.paths[index]
+
+    def stats(self) -> dict[str, int]:
+        """Object-store counters (``store_requests``, ``store_bytes``, ``store_retries``) for s3:// paths."""
+        return self._urls.stats() if self._urls is not None else {}
 
     def prep(self, raw: bytes, index: int) -> Any:
         sample, target = super().prep(raw, index)
@@ -173,6 +187,22 @@ def _is_url(root: str) -> bool:
     return "://" in root
 
 
+def _is_s3(path: str) -> bool:
+    return path.lower().startswith(("s3://", "s3a://"))
+
+
+def _url_reader(storage_options: dict[str, Any] | None) -> Any:
+    from coordl.objectstore import UrlReader  # lazy: only bucket datasets need boto3
+
+    return UrlReader(storage_options)
+
+
+def _bucket_source(root: str, storage_options: dict[str, Any] | None, refresh_listing: bool) -> Any:
+    from coordl.objectstore import S3Source  # lazy: only bucket datasets need boto3
+
+    return S3Source(root, storage_options, refresh_listing=refresh_listing)
+
+
 def _visible(relpath: str) -> bool:
     """False for a path with a hidden part (``.coordl/`` bookkeeping, ``.ipynb_checkpoints/``, ``._x.jpg``)."""
     return not any(part.startswith(".") for part in relpath.split("/"))
@@ -187,7 +217,10 @@ class ImageFolder(_FileSource):
     giving wrong labels.
 
     ``transform`` gets the raw bytes (default: decode to an HWC uint8 array; use
-    ``coordl.transforms.train_transform()``). When ``root`` is an ``nfs://`` URL or ``stage_dir`` is
+    ``coordl.transforms.train_transform()``). An ``s3://bucket/prefix`` root without ``stage_dir`` is
+    streamed: listed once (the listing is cached on disk, see :mod:`coordl.objectstore.listing`), each item
+    one GET, no local copy; ``storage_options=`` gives the endpoint and credentials (default: environment and
+    AWS config files), ``refresh_listing=True`` lists again. When ``root`` is an ``nfs://`` URL or ``stage_dir`` is
     given, files are listed and read through ``nfs_cache.StagedSource`` (first read stages each file
     onto local disk within ``stage_budget_bytes``; ``prefetch=True`` stages ahead in the background),
     and :meth:`stats` reports the staging counters.
@@ -203,12 +236,21 @@ class ImageFolder(_FileSource):
         stage_dir: str | os.PathLike | None = None,
         stage_budget_bytes: int | None = None,
         prefetch: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        refresh_listing: bool = False,
     ) -> None:
         super().__init__(transform, target_transform)
         self.root = os.fspath(root)
         self.extensions = tuple(e.lower() for e in extensions)
         self._staged = None
-        if stage_dir is not None or _is_url(self.root):
+        self._bucket = None
+        if storage_options is not None and not _is_s3(self.root):
+            raise ValueError(f"ImageFolder({self.root!r}): storage_options= is for s3:// roots")
+        if _is_s3(self.root):
+            self._bucket = _bucket_source(self.root, storage_options, refresh_listing)
+        if self._bucket is not None and stage_dir is None:
+            relpaths = [f.relpath for f in self._bucket.list_files()]
+        elif stage_dir is not None or _is_url(self.root):
             from nfs_cache import StagedSource  # lazy: only staged datasets need it
 
             if stage_dir is None:
@@ -219,7 +261,7 @@ class ImageFolder(_FileSource):
 
             # Workers read remote bytes too: count them where the loader's stats() can sum them.
             self._staged = StagedSource(
-                self.root,
+                self._bucket if self._bucket is not None else self.root,
                 os.fspath(stage_dir),
                 budget_bytes=stage_budget_bytes,
                 prefetch=prefetch,
@@ -271,6 +313,8 @@ class ImageFolder(_FileSource):
         rel = self.items[index][0]
         if self._staged is not None:
             return self._staged.read(rel)
+        if self._bucket is not None:
+            return self._bucket.read(rel)
         with open(os.path.join(self.root, rel), "rb") as f:
             return f.read()
 
@@ -278,12 +322,20 @@ class ImageFolder(_FileSource):
         rel = self.items[index][0]
         if self._staged is not None:
             return str(self._staged.describe(rel))
+        if self._bucket is not None:
+            return self._bucket.describe(rel)
         return os.path.join(self.root, rel)
 
     def stats(self) -> dict[str, int]:
-        """Staging counters (staged_items, staged_bytes, remote_bytes_read); empty for local roots."""
-        return dict(self._staged.stats()) if self._staged is not None else {}
+        """Staging counters (staged_items, staged_bytes, remote_bytes_read) and, for a bucket, the store's
+        (store_requests, store_bytes, store_retries); empty for local roots."""
+        out = dict(self._staged.stats()) if self._staged is not None else {}
+        if self._bucket is not None:
+            out.update(self._bucket.stats())
+        return out
 
     def dataset_identity(self) -> str:
-        """Root plus a digest of the file list: a changed file list never hits a stale cache."""
-        return f"imagefolder:{self.root}:{self._list_digest()}"
+        """Root plus a digest of the file list (and of the objects' sizes and ETags for a bucket): a changed
+        file list never hits a stale cache."""
+        listing = f":{self._bucket.digest()}" if self._bucket is not None else ""
+        return f"imagefolder:{self.root}:{self._list_digest()}{listing}"
