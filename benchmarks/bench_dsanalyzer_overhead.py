@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from dsanalyzer.hookconfig import HookConfig
 from dsanalyzer.intercept import ProbeState, TimedIterator
+from dsanalyzer.measure.hookconfig import HookConfig
 
 
 def _step(step_s: float):

@@ -12,7 +12,7 @@ cache the model's ``minio`` policy describes.
    alone; prep rate P(k) from the loader with every item served from memory at k = 1..cores workers;
    run 2, the full job with every item from memory; storage bytes/s and items/s from timed reads;
    memory bandwidth. These fill a schema-1 report.
-2. Predict with ``dsanalyzer.whatif.Model`` for each (cache, workers). Two baselines are predicted from
+2. Predict with ``dsanalyzer.model.whatif.Model`` for each (cache, workers). Two baselines are predicted from
    the same measurements: ``min-only`` = min(G, P(w), F(h)), the stage model without the per-worker
    fetch-then-prep cycle; ``dsa-orig`` = the same with the original DS-Analyzer's 525 MB/s disk.
 3. Run each configuration for real: one cold epoch fills the cache, then the steady-state rate is
@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from coordl.dataloader import DataLoader  # noqa: E402
-from dsanalyzer.whatif import Model  # noqa: E402
+from dsanalyzer.model.whatif import Model  # noqa: E402
 
 _DS_ANALYZER_DISK_BYTES_PER_S = 525e6  # the constant the original what-if hard-codes (for the baseline only)
 
@@ -130,7 +130,7 @@ def _steady_rate(loader: DataLoader, step: Step | None, skip_batches: int) -> fl
 
 def _memory_bandwidth() -> float:
     try:
-        from dsanalyzer.membw import measure_memory_bandwidth
+        from dsanalyzer.measure.membw import measure_memory_bandwidth
     except ImportError:  # dsanalyzer's measurement module is optional here: same method inline
         src = np.ones(64 << 20, dtype=np.uint8)
         dst = np.zeros_like(src)

@@ -16,8 +16,8 @@ from shmem.lazy import lazy_exports
 _LAZY = {
     "profile": "dsanalyzer.profiler",
     "ProfileError": "dsanalyzer.profiler",
-    "load_report": "dsanalyzer.report",
-    "ReportError": "dsanalyzer.report",
+    "load_report": "dsanalyzer.report.schema",
+    "ReportError": "dsanalyzer.report.schema",
 }
 
 __getattr__, __dir__, __all__ = lazy_exports("dsanalyzer", globals(), _LAZY)

@@ -68,7 +68,7 @@ def _non_negative_int(text: str) -> int:
 
 def _run_profile(args: argparse.Namespace) -> int:
     from dsanalyzer.profiler import profile_command
-    from dsanalyzer.report import summary_text
+    from dsanalyzer.report.text import summary_text
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -98,8 +98,8 @@ def _run_profile(args: argparse.Namespace) -> int:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from dsanalyzer.verify import verify_command, verify_text
-
+    from dsanalyzer.report.text import verify_text
+    from dsanalyzer.verify import verify_command
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         args.command = command
     from dsanalyzer.profiler import ProfileError
-    from dsanalyzer.report import ReportError
+    from dsanalyzer.report.schema import ReportError
 
     try:
         return int(args.func(args) or 0)

@@ -5,7 +5,7 @@
 imports ``torch.utils.data.dataloader`` (or ``coordl.dataloader``, ``coordl.dali.loader``), the hook
 replaces the loader class's ``__iter__`` so that the first loader the script iterates is timed
 (:class:`TimedIterator`) and prepared for the run named by ``DSANALYZER_MODE`` (see
-:mod:`dsanalyzer.modes`). A DALI iterator (``nvidia.dali.plugin.pytorch.DALIGenericIterator``) is its
+:mod:`dsanalyzer.measure.modes`). A DALI iterator (``nvidia.dali.plugin.pytorch.DALIGenericIterator``) is its
 own iterator, so there the hook times ``__next__`` itself (:func:`patch_dali_iterator_class`). After
 warm-up + N iterations it writes ``result-<pid>.json`` (plain JSON) into ``DSANALYZER_RESULT_DIR``
 and ends the script with ``SystemExit(0)``; if the script ends first, an ``atexit`` handler writes
@@ -29,10 +29,10 @@ from collections.abc import Callable
 from functools import partial, wraps
 from typing import Any
 
-from dsanalyzer import comm
-from dsanalyzer.hookconfig import ENV_MODE, HookConfig
-from dsanalyzer.modes import MODES
-from dsanalyzer.timeline import Timeline, cuda_sync_or_none
+from dsanalyzer.jobs import comm
+from dsanalyzer.measure.hookconfig import ENV_MODE, HookConfig
+from dsanalyzer.measure.plan import MODES
+from dsanalyzer.measure.timeline import Timeline, cuda_sync_or_none
 
 __all__ = ["ProbeState", "TimedIterator", "install_from_env", "patch_loader_class",
            "patch_dali_iterator_class"]  # fmt: skip
@@ -50,7 +50,7 @@ class ProbeState:
         if cfg.mode not in MODES:
             raise ValueError(f"{ENV_MODE}={cfg.mode!r} is not one of {', '.join(MODES)}")
         self.cfg = cfg
-        self.comm = comm.CommLog()  # receives the trainer's collective timings (dsanalyzer.comm)
+        self.comm = comm.CommLog()  # receives the trainer's collective timings (dsanalyzer.jobs.comm)
         self.pid = os.getpid()
         self.loader: Any = None
         self.timeline = Timeline()
@@ -114,7 +114,7 @@ class ProbeState:
         return batch
 
     def _first_iter(self, loader: Any, orig_iter: Callable[[Any], Any]) -> None:
-        from dsanalyzer import modes  # lazy: keeps the hook cheap for processes that never iterate
+        from dsanalyzer import jobs  # lazy: keeps the hook cheap for processes that never iterate
 
         self.loader = loader
         if "torch" in sys.modules:
@@ -122,7 +122,7 @@ class ProbeState:
         self.default_batch = getattr(loader, "batch_size", None) or 1
         # A fresh iterator per worker count: torch's own __iter__ would reuse persistent workers.
         fresh = getattr(loader, "_get_iterator", None)
-        prepared = modes.prepare(
+        prepared = jobs.prepare(
             self.cfg,  # a HookConfig is the RunPlan it asks for
             loader,
             lambda: orig_iter(loader),
@@ -202,7 +202,7 @@ def _batch_items(batch: Any, default: int) -> int:
         shape = getattr(batch[0], "shape", None)
     if shape is not None and len(shape) > 0:
         return int(shape[0])
-    from dsanalyzer.runs import batch_items
+    from dsanalyzer.measure.runs import batch_items
 
     return batch_items(batch, default)
 
@@ -282,7 +282,7 @@ def patch_dali_iterator_class(cls: type) -> None:
 def patch_ddp_class(cls: type) -> None:
     """Give a DDP model without a comm hook of its own the timed default all-reduce, at its first forward.
 
-    A trainer that registers a hook (gradcomp) reports its own timings through ``dsanalyzer.comm``.
+    A trainer that registers a hook (gradcomp) reports its own timings through ``dsanalyzer.jobs.comm``.
     """
     orig = cls.__dict__.get("_pre_forward")
     if orig is None or getattr(orig, "_dsanalyzer_patched", False):

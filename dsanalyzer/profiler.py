@@ -3,7 +3,7 @@
 Named ``profiler`` so that the module never shadows the ``dsanalyzer.profile`` function.
 
 ``profile_command(["python", "train.py", ...])`` runs the unmodified script four times under the
-import hook (:mod:`dsanalyzer.intercept`), once per run of :data:`dsanalyzer.modes.MODES`, each
+import hook (:mod:`dsanalyzer.intercept`), once per run of :data:`dsanalyzer.measure.plan.MODES`, each
 stopped after warm-up + N iterations; ``profile(make_loader, train_step)`` does the same in this
 process. Both end in :func:`assemble_report`, which turns the raw per-run results into report.json.
 """
@@ -19,16 +19,17 @@ from typing import Any
 
 import psutil
 
-from dsanalyzer import dali_iter, runs
-from dsanalyzer.commmodel import comm_section
-from dsanalyzer.hookconfig import HookConfig
-from dsanalyzer.launch import ProfileError, ProgressBar, run_child
-from dsanalyzer.membw import measure_memory_bandwidth
-from dsanalyzer.modes import MODES, RunPlan, prepare
-from dsanalyzer.report import SCHEMA_VERSION, attach_model, write_report
-from dsanalyzer.stalls import bound_of, differential, per_epoch
-from dsanalyzer.sysmon import SysMonitor, concat_series
-from dsanalyzer.timeline import Timeline, cuda_sync_or_none, summarize
+from dsanalyzer.jobs import dali_iter, prepare
+from dsanalyzer.measure import runs
+from dsanalyzer.measure.hookconfig import HookConfig
+from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
+from dsanalyzer.measure.membw import measure_memory_bandwidth
+from dsanalyzer.measure.plan import MODES, RunPlan
+from dsanalyzer.measure.stalls import bound_of, differential, per_epoch
+from dsanalyzer.measure.sysmon import SysMonitor, concat_series
+from dsanalyzer.measure.timeline import Timeline, cuda_sync_or_none, summarize
+from dsanalyzer.model.comm import comm_section
+from dsanalyzer.report.schema import SCHEMA_VERSION, attach_model, write_report
 
 __all__ = ["ProfileError", "profile", "profile_command", "assemble_report", "default_out_dir", "run_child"]
 

@@ -1,247 +1,24 @@
-"""``dsanalyzer verify REPORT -- <command>``: run the changed job and set its rate beside the prediction.
+"""``dsanalyzer verify REPORT -- <command>``: run the changed job, then judge it against the prediction.
 
-The report's verdict ends with a change (``num_workers``, ``cache_bytes``) and the samples/s the model
-predicts with it. The user applies the change to the job and runs ``verify`` with the new command:
-the job runs once under the import hook from a cold cache (as the profile's real run), long enough
-to reach its steady state (the epochs that read every item once, by default: a cache the change adds
-starts empty, see :func:`fill_epochs`),
-and the model predicts the configuration the run *actually* used (its loader's worker count and cache,
-read from the loader, not from the command line). ``report.json`` gains ``verify``; report.html shows
-it; the terminal prints both numbers and the error.
-
-On a shared machine one run is not a measurement: on the 2-core CI VM three runs of the same changed
-demo job, minutes apart, measured 1,115, 897 and 750 samples/s, because the step alone took 25, 34 and
-38 ms (`reports/bench_whatif.md`). ``runs=N`` runs the job N times; the measured rate is their median,
-with the spread and each run's step time beside it, and the step time of the profile's full-job run
-(items from memory) for comparison: when the error is outside the target and the step itself moved
-by more than the target, the text says that the machine moved, with both numbers.
+The run half of verify (this module) starts the changed job under the import hook from a cold cache,
+``runs`` times, with the machine sampled beside it; the judging half
+(:func:`dsanalyzer.judge.verify.verify_result`) sets the measured rate beside the model's prediction
+and names what moved when the error is outside the target. ``report.json`` gains ``verify``.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 from pathlib import Path
 
-from dsanalyzer.hookconfig import HookConfig
-from dsanalyzer.launch import ProfileError, ProgressBar, run_child
-from dsanalyzer.report import load_report, write_report
-from dsanalyzer.sysmon import SysMonitor
-from dsanalyzer.timeline import summarize
-from dsanalyzer.verdict import OTHER_CPU_SHARE, other_cpu_cores
-from dsanalyzer.whatif import Model
+from dsanalyzer.judge.verify import verify_result, warmup_for
+from dsanalyzer.measure.hookconfig import HookConfig
+from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
+from dsanalyzer.measure.sysmon import SysMonitor
+from dsanalyzer.report.schema import load_report, write_report
 
-__all__ = ["verify_command", "verify_result", "verify_text", "fill_epochs", "TARGET_ERROR"]
-
-TARGET_ERROR = 0.10  # the what-if model's accuracy goal for a verified change
-PAUSE_FACTOR = 5.0  # a step this many times the median (and 0.1 s over it): the process paused
-_PAUSE_NOTE_SHARE = 0.01  # pauses worth naming: 1% of a run's time
-
-
-def fill_epochs(items: int, per_epoch_iters: int, batch: int) -> int:
-    """Epochs until a shuffled job has likely read every item once (so a cache holding them is full).
-
-    An epoch that loads all items fills it in one. With ``drop_last``, each epoch leaves out the
-    ``d`` items past the last whole batch, a fresh random ``d`` each time: after ``e`` epochs about
-    ``N (d/N)^e`` items were never read, under one when ``e > ln N / ln(N/d)`` (two epochs for
-    1,500 items in batches of 32; the demo's verify missed 27 items in its second epoch, each a read
-    from the slow storage the cache was meant to remove).
-    """
-    dropped = items - per_epoch_iters * batch
-    if per_epoch_iters <= 0 or dropped <= 0 or dropped >= items:
-        return 1
-    return min(4, max(1, math.ceil(math.log(items) / math.log(items / dropped))))
-
-
-def _warmup_for(report: dict) -> int:
-    """The epochs that fill a new cache, plus the profile's warm-up.
-
-    The loader's own ``len`` and ``drop_last`` (recorded by the profile) say how many batches an epoch
-    has and whether items are left out; older reports give the epoch as ``ceil(items / batch)``.
-    """
-    loader = report.get("loader") or {}
-    items = int((report.get("dataset") or {}).get("items") or 0)
-    per_epoch = int(loader.get("batches_per_epoch") or (report.get("per_epoch_s") or {}).get("iters") or 0)
-    epochs = 1
-    if loader.get("drop_last"):
-        epochs = fill_epochs(items, per_epoch, int(report.get("batch_size") or 1))
-    return epochs * per_epoch + int(report.get("warmup_iters") or 5)
-
-
-def _measured(run: dict, warmup: int) -> dict:
-    """One run's rate, its block-median step and wait, and the pauses of the training process itself.
-
-    A pause is a step that took more than :data:`PAUSE_FACTOR` times the median step and 0.1 s more:
-    the process did not run (a VM's stolen time, memory reclaim, another tenant), whatever the loader
-    did. On the 2-core VM a 30 ms emulated step once took 1,256 ms; the rate counts it, as real time
-    lost, and ``samples_per_s_without_pauses`` shows what the loader delivered without it.
-    """
-    try:
-        summary = summarize(run["wait_s"], run["step_s"], run["batch_items"], warmup)
-    except ValueError as e:
-        raise ProfileError(f"verify run: {e}") from None
-    n = min(len(run["wait_s"]), len(run["step_s"]), len(run["batch_items"]))
-    skip = min(warmup, max(0, n - 1))
-    steps = run["step_s"][skip:n]
-    total_s = sum(run["wait_s"][skip:n]) + sum(steps)
-    extra = [
-        t - summary.step_s for t in steps if t > PAUSE_FACTOR * summary.step_s and t - summary.step_s > 0.1
-    ]
-    items = sum(run["batch_items"][skip:n])
-    kept_s = total_s - sum(extra)
-    return {
-        "samples_per_s": summary.samples_per_s,
-        "step_s": summary.step_s,
-        "wait_s": summary.wait_s,
-        "pauses": len(extra),
-        "pause_s": sum(extra),
-        "longest_step_s": max(steps, default=0.0),
-        "pause_share": sum(extra) / total_s if total_s > 0 else 0.0,
-        "samples_per_s_without_pauses": items / kept_s if kept_s > 0 else summary.samples_per_s,
-    }
-
-
-def _profile_step_s(report: dict) -> float | None:
-    """The step's time in the profile's full-job run with items from memory (run 2), if recorded."""
-    step = (((report.get("runs") or {}).get("prep") or {}).get("summary") or {}).get("step_s")
-    return float(step) if isinstance(step, (int, float)) and step > 0 else None
-
-
-def verify_result(report: dict, run: dict | list[dict], warmup: int, command: list[str]) -> dict:
-    """The ``verify`` entry: the change found in the run's loader, predicted and measured samples/s.
-
-    ``run`` is one run's result or several (runs of the same command): the measured rate is their
-    median, and ``runs`` lists each one.
-    """
-    runs = run if isinstance(run, list) else [run]
-    model = Model.from_report(report)
-    loader = runs[0].get("loader") or {}
-    workers = int(loader.get("num_workers", model.workers) or 0)
-    cache = int(loader.get("cache_bytes") or 0)
-    change: dict = {}
-    if workers != model.workers:
-        change["num_workers"] = workers
-    if cache > 0:
-        change["cache_bytes"] = cache
-    policy = "minio" if cache > 0 else model.cache_policy
-    cache_bytes = cache if cache > 0 else model.cache_bytes
-    predicted = model.predict(
-        cache_bytes, model.cpus, model.storage_bytes_per_s, policy=policy, workers=workers
-    )
-    each = [_measured(r, warmup) for r in runs]
-    measured = statistics.median(m["samples_per_s"] for m in each)
-    error = (measured - predicted.samples_per_s) / predicted.samples_per_s
-    fix = (report.get("verdict") or {}).get("fix") or {}
-    out = {
-        "command": [str(a) for a in command],
-        "change": change,
-        "recommended_change": fix.get("change"),
-        "loader": loader,
-        "predicted_samples_per_s": predicted.samples_per_s,
-        "predicted_bound": predicted.bound,
-        "measured_samples_per_s": measured,
-        "error": error,
-        "within_target": bool(math.isfinite(error) and abs(error) <= TARGET_ERROR),
-        "target_error": TARGET_ERROR,
-        "iters": max(0, min(len(runs[0]["wait_s"]), len(runs[0]["step_s"])) - warmup),
-        "warmup_iters": warmup,
-        "runs": each,
-        "measured_range": [min(m["samples_per_s"] for m in each), max(m["samples_per_s"] for m in each)],
-        "measured_without_pauses_samples_per_s": statistics.median(
-            m["samples_per_s_without_pauses"] for m in each
-        ),
-        "step_s_measured": statistics.median(m["step_s"] for m in each),
-        "step_s_profile": _profile_step_s(report),
-        "other_cpu_cores": _median_or_none([r.get("other_cpu_cores") for r in runs]),
-        "other_cpu_cores_profile": _max_or_none(
-            [other_cpu_cores(report, r) for r in ("prep_scaling", "prep")]
-        ),
-        "cpus": model.cpus,
-    }
-    out["note"] = "" if out["within_target"] else _machine_note(out)  # the causes measured, if outside
-    return out
-
-
-def _max_or_none(values: list) -> float | None:
-    known = [float(v) for v in values if v is not None]
-    return max(known) if known else None
-
-
-def _median_or_none(values: list) -> float | None:
-    known = [float(v) for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def _machine_note(v: dict) -> str:
-    """Why a result outside the target may not be the model's: the step itself moved, other processes
-    took cores, or the runs disagreed."""
-    notes = []
-    step, then = v.get("step_s_measured"), v.get("step_s_profile")
-    if step and then and abs(step / then - 1) > v["target_error"]:
-        notes.append(
-            f"the step itself took {step * 1e3:.1f} ms here vs {then * 1e3:.1f} ms in the profile "
-            f"({step / then - 1:+.0%}): the machine moved, not only the loader"
-        )
-    notes += _interference_notes(v)
-    notes += _pause_notes(v)
-    lo, hi = v.get("measured_range") or (None, None)
-    if lo and hi and len(v.get("runs") or []) > 1 and hi / lo - 1 > v["target_error"]:
-        notes.append(f"the {len(v['runs'])} runs spread {lo:,.0f}-{hi:,.0f} samples/s")
-    return "; ".join(notes)
-
-
-def _pause_notes(v: dict) -> list[str]:
-    """The training process itself stalled (steps far over their median), with the rate without it."""
-    runs = v.get("runs") or []
-    paused = [(i, r) for i, r in enumerate(runs, 1) if r.get("pause_share", 0.0) >= _PAUSE_NOTE_SHARE]
-    if not paused:
-        return []
-    worst_i, worst = max(paused, key=lambda ir: ir[1]["pause_share"])
-    clean = v["measured_without_pauses_samples_per_s"]
-    error = clean / v["predicted_samples_per_s"] - 1
-    steps = f"{worst['pauses']} step" + ("s" if worst["pauses"] != 1 else "")
-    return [
-        f"the training process itself paused outside the loader in {len(paused)} of {len(runs)} runs "
-        f"(run {worst_i}: {steps} of up to {worst['longest_step_s'] * 1e3:,.0f} ms against a median of "
-        f"{worst['step_s'] * 1e3:.1f} ms, {worst['pause_share']:.0%} of its time); without the pauses the "
-        f"median is {clean:,.1f} samples/s ({error:+.1%})"
-    ]
-
-
-def _interference_notes(v: dict) -> list[str]:
-    """Other processes on the cores during the verify runs, or while the profile measured the rates."""
-    cpus, busy = v.get("cpus") or 0, OTHER_CPU_SHARE * (v.get("cpus") or 0)
-    now, then = v.get("other_cpu_cores"), v.get("other_cpu_cores_profile")
-    notes = []
-    if now is not None and cpus and now >= busy:
-        before = f" ({then:.2f} while the profile measured prep)" if then is not None else ""
-        notes.append(
-            f"interference: other processes used {now:.2f} of the {cpus} cores during these runs{before}"
-        )
-    elif then is not None and cpus and then >= busy:
-        notes.append(
-            f"interference during the profile: other processes used {then:.2f} of the {cpus} cores while it "
-            "measured prep, so the prediction rests on rates of a busier machine"
-            + (f" ({now:.2f} during these runs)" if now is not None else "")
-        )
-    return notes
-
-
-def verify_text(v: dict) -> str:
-    """Predicted vs measured, side by side, for the terminal."""
-    change = ", ".join(f"{k}={val}" for k, val in (v.get("change") or {}).items()) or "no change"
-    mark = "within" if v["within_target"] else "outside"
-    n = len(v.get("runs") or [None])
-    how = f"median of {n} runs, " if n > 1 else ""
-    text = (
-        f"verify ({change}): predicted {v['predicted_samples_per_s']:,.1f} samples/s "
-        f"({v['predicted_bound']}-bound) | measured {v['measured_samples_per_s']:,.1f} samples/s | "
-        f"error {v['error']:+.1%} ({mark} the ±{v['target_error']:.0%} target; "
-        f"{how}{v['iters']} iterations after {v['warmup_iters']} warm-up)"
-    )
-    note = v.get("note", "")  # verify_result's measured causes, empty within the target
-    return f"{text}\n  note: {note}" if note else text
+__all__ = ["verify_command"]
 
 
 def verify_command(
@@ -262,7 +39,7 @@ def verify_command(
     report = load_report(report_path)
     out = Path(report_path)
     out = out if out.is_dir() else out.parent
-    warm = _warmup_for(report) if warmup is None else warmup
+    warm = warmup_for(report) if warmup is None else warmup
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     results = []

@@ -12,11 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from dsanalyzer.cachemodel import POLICIES
-from dsanalyzer.commmodel import CommModel
-from dsanalyzer.report import load_report
-from dsanalyzer.verdict import advice_sentence
-from dsanalyzer.whatif import Model, format_bytes
+from dsanalyzer.judge.verdict import advice_sentence
+from dsanalyzer.model.cache import POLICIES
+from dsanalyzer.model.comm import CommModel
+from dsanalyzer.model.whatif import Model, format_bytes
+from dsanalyzer.report.schema import load_report
 
 __all__ = ["add_whatif_parser", "run_whatif", "load_report_file"]
 

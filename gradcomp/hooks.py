@@ -14,7 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from dsanalyzer.comm import record_collective  # the interface dsanalyzer defines; a no-op outside a profile
+# the interface dsanalyzer defines; a no-op outside a profile
+from dsanalyzer.jobs.comm import record_collective
 from gradcomp import futures
 from gradcomp.communicators import Communicator, DenseAllReduce
 from gradcomp.compressors import Compressor

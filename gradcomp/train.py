@@ -4,7 +4,7 @@ Run under torchrun (one process per worker; without torchrun it runs as a world 
 
     torchrun --nproc-per-node 2 -m gradcomp.cli train --compressor mstopk --ratio 0.01 --plan auto
 
-Per iteration it records the wait for the batch (``dsanalyzer.timeline.Timeline``, the same boundary the
+Per iteration it records the wait for the batch (``dsanalyzer.measure.timeline.Timeline``, the same boundary the
 profiler uses), the step time, the communication time the hook measured, and the part of it that was not hidden
 behind backward compute (``comm_exposed_s``: from the last bucket's arrival to the end of ``backward()``).
 ``compute_s = step_s - comm_exposed_s``. Rank 0 writes a JSON report (per-iteration rows and a summary).
@@ -184,7 +184,7 @@ def _loader(dataset: Dataset, args, rank: int, world: int):
 
 
 def _summary(rows: list[dict], batch: int, warmup: int) -> dict:
-    from dsanalyzer.timeline import summarize
+    from dsanalyzer.measure.timeline import summarize
 
     body = rows[warmup:] or rows
     timeline = summarize(
@@ -263,7 +263,7 @@ def train(args) -> dict:
     eval_curve: list[tuple[int, float, float]] = []  # (iterations done, training wall s, held-out accuracy)
     eval_s = 0.0  # time spent evaluating: left out of t_s, so time to accuracy counts training only
     reached: tuple[int, float] | None = None
-    from dsanalyzer.timeline import Timeline
+    from dsanalyzer.measure.timeline import Timeline
 
     timeline = Timeline(sync=torch.cuda.synchronize if device.type == "cuda" else None)
     rows: list[dict] = []

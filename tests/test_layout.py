@@ -4,6 +4,11 @@ and no module or function grows past its size limit without saying why at its to
 Order, lowest first: ``shmem`` -> (``memcache``, ``nfs_cache``) -> ``coordl`` -> ``dsanalyzer`` ->
 ``gradcomp``. A package may import only packages at or below its level (``memcache`` and ``nfs_cache``
 do not import each other).
+
+Inside ``dsanalyzer``, folders by role, lowest first: ``model`` (imports nothing else of dsanalyzer)
+-> ``measure`` -> (``jobs``, ``judge``) -> ``report`` -> the command line and the orchestrators at the
+top (``dsanalyzer/*.py``). A module imports its own folder or a lower floor, never a folder beside or
+above it.
 """
 
 from __future__ import annotations
@@ -69,6 +74,37 @@ def test_dependencies_point_one_way() -> None:
             if pkg != name.split(".")[0] and LEVEL[pkg] >= mine:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
     assert not wrong, "imports from a package at the same or a higher level:\n" + "\n".join(wrong)
+
+
+DSANALYZER_FLOOR = {"model": 0, "measure": 1, "jobs": 2, "judge": 2, "report": 3}
+TOP_FLOOR = 4  # dsanalyzer/*.py (cli, profiler, verify, demo, whatif_cli, intercept) and dsanalyzer/_hook
+
+
+def _dsanalyzer_room(name: str) -> tuple[str, int]:
+    """(folder, floor) of a dsanalyzer module: its role folder, or the top."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] in DSANALYZER_FLOOR:
+        return parts[1], DSANALYZER_FLOOR[parts[1]]
+    return "", TOP_FLOOR
+
+
+def test_dsanalyzer_rooms_point_down() -> None:
+    """measure and model never import the report or the command line; model imports nothing else of ours."""
+    assert set(DSANALYZER_FLOOR) <= {p.name for p in (ROOT / "dsanalyzer").iterdir() if p.is_dir()}
+    wrong = []
+    for name, path in MODULES.items():
+        if not name.startswith("dsanalyzer."):
+            continue
+        room, floor = _dsanalyzer_room(name)
+        for target, line in _imports(path, name):
+            if target == "dsanalyzer" and room:  # the package's lazy exports reach the top
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports dsanalyzer (the top floor)")
+            if not target.startswith("dsanalyzer."):
+                continue
+            to_room, to_floor = _dsanalyzer_room(target)
+            if room and to_room != room and to_floor >= floor:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} ({to_room or 'top'} is not below {room})")
+    assert not wrong, "dsanalyzer imports that do not point down:\n" + "\n".join(wrong)
 
 
 def test_no_import_cycles() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsanalyzer.cachemodel import (
+from dsanalyzer.model.cache import (
     cached_fraction_for_hit_ratio,
     hit_ratio,
     lru_hit_ratio,

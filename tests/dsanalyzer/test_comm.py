@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsanalyzer import comm
 from dsanalyzer.cli import main as cli_main
-from dsanalyzer.commmodel import CommModel
+from dsanalyzer.jobs import comm
+from dsanalyzer.model.comm import CommModel
 
 TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
 
@@ -80,7 +80,7 @@ import os, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from dsanalyzer.comm import wrap_hook
+from dsanalyzer.jobs.comm import wrap_hook
 
 DELAY_S = float(os.environ["TEST_COMM_DELAY_S"])
 dist.init_process_group("gloo")

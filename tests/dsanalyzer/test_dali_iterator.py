@@ -27,10 +27,10 @@ from nvidia.dali.plugin.pytorch import DALIClassificationIterator, DALIGenericIt
 from coordl.data.synth import make_dataset  # noqa: E402
 from dsanalyzer import intercept  # noqa: E402
 from dsanalyzer.cli import main as cli_main  # noqa: E402
-from dsanalyzer.hookconfig import HookConfig  # noqa: E402
 from dsanalyzer.intercept import ProbeState  # noqa: E402
-from dsanalyzer.launch import run_child  # noqa: E402
-from dsanalyzer.modes import MODES  # noqa: E402
+from dsanalyzer.measure.hookconfig import HookConfig  # noqa: E402
+from dsanalyzer.measure.launch import run_child  # noqa: E402
+from dsanalyzer.measure.plan import MODES  # noqa: E402
 from dsanalyzer.profiler import _storage_device, profile  # noqa: E402
 
 ITEMS, BATCH = 160, 8  # 20 batches per epoch

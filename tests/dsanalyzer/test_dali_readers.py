@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsanalyzer.dali_readers import Op, _argument, _op_def, prep_device, reader_files
+from dsanalyzer.jobs.dali_readers import Op, _argument, _op_def, prep_device, reader_files
 
 
 def _touch(path, size: int = 10) -> str:

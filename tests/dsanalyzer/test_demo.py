@@ -10,7 +10,7 @@ import torch
 
 from dsanalyzer import demo
 from dsanalyzer.cli import main as cli_main
-from dsanalyzer.whatif import Model
+from dsanalyzer.model.whatif import Model
 from tests.dsanalyzer.test_html import CHROMIUM, _chromium
 
 

@@ -1,4 +1,4 @@
-"""dsanalyzer.gnn: the differential split of a GNN job into compute, sample stall, gather stall."""
+"""dsanalyzer.jobs.gnn: the differential split of a GNN job into compute, sample stall, gather stall."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from coordl.graph.graph import Graph
 from coordl.graph.loader import NeighborLoader
 from coordl.graph.synth import synth_graph
-from dsanalyzer.gnn import GNN_STALL_KEYS, format_gnn_report, profile_gnn
+from dsanalyzer.jobs.gnn import GNN_STALL_KEYS, format_gnn_report, profile_gnn
 
 GATHER_DELAY_S = 0.04
 STEP_S = 0.01

@@ -75,7 +75,7 @@ def _check(tmp_path, prep_spins: bool) -> None:
         return DataLoader(sources[-1], batch_size=B, shuffle=True, num_workers=1)
 
     report = dsanalyzer.profile(make_loader, sleep_step(STEP_S, steps), iters=40, warmup=4, out=tmp_path)
-    # make_loader is called once per run, in the order of dsanalyzer.runs.MODES
+    # make_loader is called once per run, in the order of dsanalyzer.measure.plan.MODES
     scaling, _compute, prep_run, real_run = (s.realized_s() for s in sources)
     expected = truth(statistics.median(steps), prep_run, real_run)
     measured = report["per_iter_s"]

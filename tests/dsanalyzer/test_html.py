@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from dsanalyzer.html import render_html, write_html
+from dsanalyzer.report.html import render_html, write_html
 from tests.dsanalyzer.test_whatif import synthetic_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

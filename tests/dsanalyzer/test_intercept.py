@@ -12,9 +12,9 @@ import pytest
 
 from dsanalyzer import intercept
 from dsanalyzer.cli import main as cli_main
-from dsanalyzer.hookconfig import HookConfig
 from dsanalyzer.intercept import ProbeState, patch_loader_class
-from dsanalyzer.launch import ProfileError, run_child
+from dsanalyzer.measure.hookconfig import HookConfig
+from dsanalyzer.measure.launch import ProfileError, run_child
 from tests.dsanalyzer.workloads import write_files, write_script
 
 PY = sys.executable
@@ -235,7 +235,7 @@ def test_a_missing_command_is_a_clear_error(tmp_path, capsys):
 def test_progress_off_a_terminal_is_a_line_every_few_seconds(monkeypatch):
     import io
 
-    from dsanalyzer import launch
+    from dsanalyzer.measure import launch
 
     clock = [100.0]
     monkeypatch.setattr(launch.time, "monotonic", lambda: clock[0])
@@ -271,7 +271,7 @@ def test_progress_keeps_moving_while_min_seconds_keeps_measuring(monkeypatch, tm
 def test_loader_facts_record_the_epoch_verify_warms_up_over():
     import torch
 
-    from dsanalyzer.modes import loader_facts
+    from dsanalyzer.measure.modes import loader_facts
 
     facts = loader_facts(torch.utils.data.DataLoader(list(range(100)), batch_size=32, drop_last=True))
     assert facts["drop_last"] is True and facts["batches_per_epoch"] == 3

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 import dsanalyzer
 from dsanalyzer.cli import main as cli_main
-from dsanalyzer.report import load_report
+from dsanalyzer.report.schema import load_report
 from tests.dsanalyzer.workloads import TimedSource, sleep_step, write_files, write_script
 
 
@@ -78,7 +78,7 @@ def test_cli_profile_of_an_unmodified_script_then_whatif(tmp_path, capsys):
 
 
 def test_prep_scaling_skips_worker_counts_the_loader_cannot_run():
-    from dsanalyzer.runs import measure_prep_scaling
+    from dsanalyzer.measure.runs import measure_prep_scaling
 
     class FixedWorkers:
         batch_size = 2

@@ -7,14 +7,14 @@ import os
 
 import pytest
 
-from dsanalyzer.report import (
+from dsanalyzer.report.schema import (
     SCHEMA_VERSION,
     ReportError,
     load_report,
-    summary_text,
     validate_report,
     write_report,
 )
+from dsanalyzer.report.text import summary_text
 
 
 def minimal_report() -> dict:

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from dsanalyzer.stalls import bound_of, differential, per_epoch
-from dsanalyzer.timeline import Timeline, block_median, summarize
+from dsanalyzer.measure.stalls import bound_of, differential, per_epoch
+from dsanalyzer.measure.timeline import Timeline, block_median, summarize
 
 
 def test_timeline_attributes_wait_and_step_at_the_iterator_boundary(monkeypatch):
     clock = iter([0.0, 0.3, 1.3, 1.5, 2.5, 2.6, 3.6])  # start/end of __next__, alternately
-    monkeypatch.setattr("dsanalyzer.timeline.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("dsanalyzer.measure.timeline.time.perf_counter", lambda: next(clock))
     tl = Timeline()
     for _ in range(3):
         tl.next_started()

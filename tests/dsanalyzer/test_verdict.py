@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsanalyzer.verdict import rate_spread, recommend, verdict
-from dsanalyzer.whatif import Model
+from dsanalyzer.judge.verdict import rate_spread, recommend, verdict
+from dsanalyzer.model.whatif import Model
 from tests.dsanalyzer.test_whatif import synthetic_report
 
 FAST_STORAGE = {"bytes_per_s": 1e12, "items_per_s": None}

@@ -8,10 +8,11 @@ import sys
 import pytest
 
 from dsanalyzer.cli import main as cli_main
-from dsanalyzer.html_tables import verify_block
-from dsanalyzer.report import load_report, write_report
-from dsanalyzer.verify import _warmup_for, fill_epochs, verify_result, verify_text
-from dsanalyzer.whatif import Model
+from dsanalyzer.judge.verify import fill_epochs, verify_result, warmup_for
+from dsanalyzer.model.whatif import Model
+from dsanalyzer.report.html_tables import verify_block
+from dsanalyzer.report.schema import load_report, write_report
+from dsanalyzer.report.text import verify_text
 from tests.dsanalyzer.test_verdict import base, with_real_run
 from tests.dsanalyzer.workloads import write_files, write_script
 
@@ -121,9 +122,9 @@ def test_verify_warms_up_until_a_shuffled_drop_last_job_read_every_item(items, i
     assert fill_epochs(items, iters, batch) == epochs
     loader = {"drop_last": True, "batches_per_epoch": iters}
     rep = {"loader": loader, "dataset": {"items": items}, "batch_size": batch, "warmup_iters": 5}
-    assert _warmup_for(rep) == epochs * iters + 5
+    assert warmup_for(rep) == epochs * iters + 5
     rep["loader"] = {**loader, "drop_last": False}  # a partial last batch: every item every epoch
-    assert _warmup_for(rep) == iters + 5
+    assert warmup_for(rep) == iters + 5
 
 
 def test_verify_names_pauses_of_the_training_process_and_the_rate_without_them():

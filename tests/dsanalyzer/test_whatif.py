@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from dsanalyzer.cachemodel import lru_hit_ratio
-from dsanalyzer.scaling import PrepScaling
-from dsanalyzer.verdict import advice_sentence
-from dsanalyzer.whatif import Model
+from dsanalyzer.judge.verdict import advice_sentence
+from dsanalyzer.model.cache import lru_hit_ratio
+from dsanalyzer.model.scaling import PrepScaling
+from dsanalyzer.model.whatif import Model
 from dsanalyzer.whatif_cli import main as whatif_main
 
 

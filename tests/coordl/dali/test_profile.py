@@ -28,7 +28,7 @@ class _LoggedFolder(coordl.ImageFolder):
 
 @pytest.mark.slow
 def test_dsanalyzer_profiles_a_dali_loader(jpeg_folder, tmp_path):
-    from dsanalyzer.modes import MODES
+    from dsanalyzer.measure.plan import MODES
     from dsanalyzer.profiler import profile
 
     log = str(tmp_path / "reads.log")

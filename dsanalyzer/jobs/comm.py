@@ -7,7 +7,7 @@ dsanalyzer sits below gradcomp in the dependency order, so it defines the interf
   the seconds it took, and when the step was waiting on it (``exposed_s``: the part of it not hidden
   behind computation). A process that is not being profiled pays one attribute lookup and a ``None``
   check.
-* **DDP's default all-reduce**: ``ddp_model.register_comm_hook(None, dsanalyzer.comm.timed_allreduce)``
+* **DDP's default all-reduce**: ``ddp_model.register_comm_hook(None, dsanalyzer.jobs.comm.timed_allreduce)``
   (or :func:`wrap_hook` around another hook) times each bucket's all-reduce from the hook call to the
   future's completion. The exposed part of a step is the time from its last bucket's hook call (the
   backward pass is then done) until every reduction in flight has completed. Under ``dsanalyzer

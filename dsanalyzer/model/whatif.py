@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dsanalyzer.cachemodel import POLICIES, hit_ratio
-from dsanalyzer.scaling import PrepScaling
+from dsanalyzer.model.cache import POLICIES, hit_ratio
+from dsanalyzer.model.scaling import PrepScaling
 
 __all__ = ["Model", "Prediction", "format_bytes"]
 

@@ -21,10 +21,10 @@ matplotlib.use("Agg")  # no display: render to PNG bytes only
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dsanalyzer.files import atomic_write_text  # noqa: E402
-from dsanalyzer.html_tables import summary_table, verdict_block, verify_block  # noqa: E402
-from dsanalyzer.verdict import workers_noun  # noqa: E402
-from dsanalyzer.whatif import Model, format_bytes  # noqa: E402
+from dsanalyzer.judge.verdict import workers_noun  # noqa: E402
+from dsanalyzer.model.whatif import Model, format_bytes  # noqa: E402
+from dsanalyzer.report.files import atomic_write_text  # noqa: E402
+from dsanalyzer.report.html_tables import summary_table, verdict_block, verify_block  # noqa: E402
 
 __all__ = ["write_html", "render_html"]
 

@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any
 
-from dsanalyzer import fetchrate
+from dsanalyzer.measure import fetchrate
 
 __all__ = ["trace_item_files", "merge", "MISSING_SIZE_HINT"]
 

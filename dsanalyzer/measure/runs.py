@@ -21,7 +21,7 @@ how much).
 coordl is optional: it is imported only when the loader or its dataset is a coordl object (then it
 is already loaded). Every function works on a loader object and an ``open_iter`` callable, so the
 same code serves the import hook (an unmodified script) and the Python API
-(:mod:`dsanalyzer.modes` composes them).
+(:mod:`dsanalyzer.measure.modes` composes them).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dsanalyzer import fetchrate
+from dsanalyzer.measure import fetchrate
 
 __all__ = [
     "MemoryFetch",
@@ -122,8 +122,8 @@ _TRACED: dict[int, dict] = {}
 
 
 def traced_files(loader: Any) -> dict:
-    """What :func:`dsanalyzer.itemsize.trace_item_files` found for the loader's dataset (cached)."""
-    from dsanalyzer import itemsize
+    """What :func:`dsanalyzer.measure.itemsize.trace_item_files` found for the loader's dataset (cached)."""
+    from dsanalyzer.measure import itemsize
 
     dataset = getattr(loader, "dataset", None)
     if dataset is None:

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dsanalyzer.hookconfig import HookConfig
+from dsanalyzer.measure.hookconfig import HookConfig
 
 __all__ = ["ProfileError", "ProgressBar", "run_child"]
 
-_HOOK_DIR = str(Path(__file__).resolve().parent / "_hook")
-_PKG_PARENT = str(Path(__file__).resolve().parent.parent)
+_HOOK_DIR = str(Path(__file__).resolve().parents[1] / "_hook")  # dsanalyzer/_hook
+_PKG_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding dsanalyzer/
 _LINGER_S = 30.0  # how long a child may take to exit after writing its result
 
 

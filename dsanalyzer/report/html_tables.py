@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import html
 
-from dsanalyzer.verdict import workers_noun
-from dsanalyzer.whatif import format_bytes
+from dsanalyzer.judge.verdict import workers_noun
+from dsanalyzer.model.whatif import format_bytes
 
 __all__ = ["summary_table", "verdict_block", "verify_block"]
 

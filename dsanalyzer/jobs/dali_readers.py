@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from dsanalyzer import fetchrate
+from dsanalyzer.measure import fetchrate
 
 __all__ = ["Op", "pipeline_ops", "is_reader", "reader_files", "epoch_items", "prep_device"]
 

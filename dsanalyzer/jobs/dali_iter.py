@@ -4,7 +4,7 @@
 is its own iterator: ``__next__`` runs the pipeline and returns a list with one dict of torch tensors
 per pipeline; at an epoch's end it raises StopIteration and needs ``reset()`` (done by itself with
 ``auto_reset=True``, and by ``iter()`` after a consumed epoch). It has no dataset, no item source and
-no worker count to change, so :func:`dsanalyzer.modes.prepare` hands it to :func:`prepare_run`:
+no worker count to change, so :func:`dsanalyzer.measure.modes.prepare` hands it to :func:`prepare_run`:
 
 ``prep_scaling``  dataset size from the readers' files, their cold read rate (one thread per reader:
                   a DALI reader reads its files with one), then the iterator alone, files in the page
@@ -18,7 +18,7 @@ no worker count to change, so :func:`dsanalyzer.modes.prepare` hands it to :func
                   (else ``memory.method`` says so, with both numbers).
 ``real``          the readers' files dropped from the page cache (``posix_fadvise DONTNEED``).
 
-Files come from the pipeline's reader operators (:mod:`dsanalyzer.dali_readers`), else from
+Files come from the pipeline's reader operators (:mod:`dsanalyzer.jobs.dali_readers`), else from
 ``--data DIR``; with neither, the report's ``dataset.size_note`` names the flag. Never imports DALI.
 """
 
@@ -29,7 +29,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from dsanalyzer import dali_readers, fetchrate, runs
+from dsanalyzer.jobs import dali_readers
+from dsanalyzer.measure import fetchrate, runs
 
 __all__ = ["DALI_MODULE", "is_dali_iterator", "restart", "take_batch", "prepare_run", "close"]
 
@@ -81,7 +82,7 @@ def take_batch(it: Any) -> Any:
 
 
 def _facts(it: Any, ops: list[dali_readers.Op]) -> dict:
-    """:func:`dsanalyzer.modes.loader_facts`'s keys for a DALI iterator, plus where its prep runs."""
+    """:func:`dsanalyzer.measure.modes.loader_facts`'s keys for a DALI iterator, plus where its prep runs."""
     pipes = _pipelines(it)
     first = pipes[0] if pipes else None
     return {
@@ -188,7 +189,7 @@ def _prep_scaling(
 def prepare_run(
     plan: Any, it: Any, progress: Callable[[int, int], None] | None = None
 ) -> tuple[dict, Any | None]:
-    """Set a DALI iterator up for ``plan.mode`` (a :class:`dsanalyzer.modes.RunPlan`).
+    """Set a DALI iterator up for ``plan.mode`` (a :class:`dsanalyzer.measure.plan.RunPlan`).
 
     Returns the facts to record and, for the compute run, the batch to replay (else None).
     """

@@ -2,7 +2,7 @@
 
 The verdict is a consequence of the numbers, in three steps:
 
-1. **Bound.** The what-if model (:mod:`dsanalyzer.whatif`) evaluated at the measured configuration
+1. **Bound.** The what-if model (:mod:`dsanalyzer.model.whatif`) evaluated at the measured configuration
    names the binding stage; that is the bound the verdict states.
 2. **Check.** The model's samples/s is compared with the real run's. The run's own spread is the
    p10..p90 range of its per-block rates (blocks of consecutive iterations, as the summaries use);
@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from dsanalyzer.whatif import Model, Prediction, format_bytes
+from dsanalyzer.model.whatif import Model, Prediction, format_bytes
 
 __all__ = [
     "verdict",

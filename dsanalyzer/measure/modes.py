@@ -4,8 +4,9 @@ Both front ends call :func:`prepare`: the import hook inside an unmodified scrip
 (:mod:`dsanalyzer.intercept`) and the Python API (:func:`dsanalyzer.profile`). They differ only in
 how they obtain an iterator (a patched ``__iter__`` vs a plain call), which they pass in.
 
-A plain DALI iterator (``DALIGenericIterator``) has no dataset or worker count to change: its runs
-are set up by :func:`dsanalyzer.dali_iter.prepare_run`, dispatched from here.
+This module sets up a loader that has a dataset and workers (torch's DataLoader, coordl's). A job of
+another kind (a plain DALI iterator has neither) is dispatched by :func:`dsanalyzer.jobs.prepare`,
+which the front ends call, to its own module in :mod:`dsanalyzer.jobs`.
 
 ``prepare(plan, loader, open_iter)`` returns a :class:`Prepared`: the facts to record in the run's
 result (``info``), for the compute run the replayed batch, and ``undo`` to put the loader back
@@ -18,26 +19,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dsanalyzer.measure.plan import MODES, RunPlan
+
 if TYPE_CHECKING:
-    from dsanalyzer.runs import ReplayIterator
+    from dsanalyzer.measure.runs import ReplayIterator
 
-__all__ = ["MODES", "RunPlan", "Prepared", "prepare", "loader_facts"]
-
-# In the order they run: the prep-scaling run measures the dataset the others are compared against.
-MODES = ("prep_scaling", "compute", "prep", "real")
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """One differential run: its mode, how long, and the limits it must respect."""
-
-    mode: str
-    iters: int = 100
-    warmup: int = 5
-    workers_list: tuple[int, ...] = (1,)
-    data_path: str | None = None
-    memory_budget_bytes: int = 1 << 30
-
+__all__ = ["Prepared", "prepare", "loader_facts"]
 
 @dataclass
 class Prepared:
@@ -84,7 +71,7 @@ def _prep_scaling(
     progress: Callable[[int, int], None] | None,
 ) -> Prepared:
     """Dataset size, cold fetch rate, then the loader alone (items from memory) at each worker count."""
-    from dsanalyzer import fetchrate, itemsize, runs
+    from dsanalyzer.measure import fetchrate, itemsize, runs
 
     files = runs.loader_files(loader, plan.data_path)
     info: dict = {"dataset": runs.dataset_info(loader, files)}
@@ -137,18 +124,14 @@ def prepare(
 
     Args:
         plan: the run.
-        loader: the loader the job iterates (torch's, coordl's, or a DALI iterator:
-            :mod:`dsanalyzer.dali_iter`).
+        loader: the loader the job iterates (torch's or coordl's).
         open_iter: a new iterator of the loader, as the job would get it.
         fresh_iter: a new iterator with new workers (torch's ``__iter__`` reuses persistent ones);
             defaults to ``open_iter``.
         progress: called with (done, total) iterations during the prep-scaling run.
     """
-    from dsanalyzer import dali_iter, runs  # here, not at the top: the hook loads this module everywhere
+    from dsanalyzer.measure import runs  # here, not at the top: the hook loads this module everywhere
 
-    if dali_iter.is_dali_iterator(loader):  # a user's own DALI pipeline: no dataset, no workers to change
-        info, batch = dali_iter.prepare_run(plan, loader, progress)
-        return Prepared(info, replay=runs.ReplayIterator(batch) if batch is not None else None)
     fresh = fresh_iter or open_iter
     facts = {"loader": loader_facts(loader)}
     if plan.mode == "prep_scaling":

@@ -1,4 +1,4 @@
-"""report.json: the schema other tools read, its writer, its loader, and the terminal summary.
+"""report.json: the schema other tools read, its writer and its loader.
 
 ``schema_version`` 2 (version 1 reports, which lack ``verdict`` and count ``sysmon.disk_read_bytes``
 from boot, are still read). Required fields (other tools code against them): ``schema_version``,
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dsanalyzer.files import atomic_write_text
+from dsanalyzer.report.files import atomic_write_text
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -28,7 +28,6 @@ __all__ = [
     "validate_report",
     "write_report",
     "load_report",
-    "summary_text",
     "attach_model",
 ]
 
@@ -99,15 +98,15 @@ def load_report(path: str | os.PathLike) -> dict:
 
 
 def attach_model(report: dict) -> dict:
-    """Fill ``model``, ``whatif`` and ``advice`` from the what-if model (``dsanalyzer.whatif``).
+    """Fill ``model``, ``whatif`` and ``advice`` from the what-if model (``dsanalyzer.model.whatif``).
 
     A model that cannot be built (a field it needs was not measurable) leaves an empty grid and a
     note, never a lost measurement.
     """
     report.setdefault("whatif", {"grid": [], "to_compute_bound": {}})
     try:
-        from dsanalyzer.verdict import verdict
-        from dsanalyzer.whatif import Model
+        from dsanalyzer.judge.verdict import verdict
+        from dsanalyzer.model.whatif import Model
 
         model = Model.from_report(report)
         report["model"] = model.params()
@@ -129,65 +128,7 @@ def write_report(report: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
     json_path = out / "report.json"
     atomic_write_text(json_path, json.dumps(report, indent=1, allow_nan=True) + "\n")
     html_path = out / "report.html"
-    from dsanalyzer.html import write_html
+    from dsanalyzer.report.html import write_html
 
     write_html(report, html_path)
     return json_path, html_path
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.1f} ms"
-
-
-def _rate(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f}"
-
-
-def summary_text(report: dict) -> str:
-    """A short terminal summary: stalls per iteration and epoch, rates, what binds and what to do."""
-    per = report["per_iter_s"]
-    spread = report.get("per_iter_spread_s", {})
-    rates = report["rates_per_s"]
-    ds = report.get("dataset", {})
-    epoch = report.get("per_epoch_s", {})
-    lines = [
-        f"batch {report['batch_size']}, {report.get('workers', '?')} workers, "
-        f"{report.get('machine', {}).get('cpus', '?')} cpus; dataset {ds.get('items', '?')} items, "
-        f"{ds.get('bytes', 0) / 1e6:.1f} MB at {ds.get('path') or '?'}",
-    ]
-    machine = report.get("machine") or {}
-    lines += [
-        f"{what}: {machine[key]}"
-        for what, key in (("storage", "storage_note"), ("step", "compute_note"))
-        if machine.get(key)
-    ]
-    cells = []
-    for key, label in (("compute", "compute"), ("prep_stall", "prep stall"), ("fetch_stall", "fetch stall")):
-        sp = spread.get(key, {})
-        cells.append(f"{label} {_ms(per[key])} (p10 {_ms(sp.get('p10'))}, p90 {_ms(sp.get('p90'))})")
-    lines.append("per iteration: " + " | ".join(cells))
-    if epoch:
-        lines.append(
-            f"per epoch ({epoch.get('iters', '?')} iterations): compute {epoch['compute']:.1f} s | "
-            f"prep stall {epoch['prep_stall']:.1f} s | fetch stall {epoch['fetch_stall']:.1f} s | "
-            f"total {epoch['total']:.1f} s"
-        )
-    lines.append(
-        "rates (samples/s): "
-        + " | ".join(f"{k} {_rate(rates.get(k))}" for k in ("compute", "prep", "fetch", "observed"))
-    )
-    comm = report.get("comm")
-    if isinstance(comm, dict):
-        for row in comm.get("per_rank") or []:
-            mark = " (slowest)" if row["rank"] == comm.get("slowest_rank") else ""
-            lines.append(
-                f"rank {row['rank']}{mark}: compute {_ms(row['compute_s'])} | prep stall {_ms(row['prep_stall_s'])} | "
-                f"fetch stall {_ms(row['fetch_stall_s'])} | communication stall {_ms(row['comm_stall_s'])}"
-            )
-        lines.append(
-            f"communication per iteration: {_ms(comm['per_iter_s']['comm_total'])} in collectives, "
-            f"{_ms(comm['per_iter_s']['comm_stall'])} exposed ({comm.get('bytes_per_iter', 0) / 1e6:.2f} MB)"
-        )
-    lines.append(f"stalls as measured: {report['bound']}-bound")
-    lines.append(f"verdict: {report.get('advice', '')}".rstrip())
-    return "\n".join(lines)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from dsanalyzer.timeline import RunSummary
+from dsanalyzer.measure.timeline import RunSummary
 
 __all__ = ["differential", "bound_of", "per_epoch", "STALL_KEYS"]
 

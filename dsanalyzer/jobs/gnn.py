@@ -2,7 +2,7 @@
 
 A GNN step waits on two data stages instead of fetch and prep: **sampling** (CPU, walking the CSR)
 and **gathering** (reading every sampled node's features: memory- and storage-bound). The runs, each
-the same loader configuration, each timed at the iterator boundary (:class:`~dsanalyzer.timeline.Timeline`):
+the same loader configuration, each timed at the iterator boundary (:class:`~dsanalyzer.measure.timeline.Timeline`):
 
 ``compute``   one gathered batch replayed every iteration: the step alone (T1).
 ``real``      the loader as given, with the step: compute + sample stall + gather stall (T4).
@@ -11,7 +11,7 @@ the same loader configuration, each timed at the iterator boundary (:class:`~dsa
 ``alone``     sampling and gathering without a step, one batch at a time in this process: how long
               loading takes when nothing hides it (the per-batch cost the pipeline must hide).
 
-Then :func:`dsanalyzer.stalls.differential` (the same arithmetic as the data-loader profile):
+Then :func:`dsanalyzer.measure.stalls.differential` (the same arithmetic as the data-loader profile):
 ``sample_stall = max(0, T2 - T1)``, ``gather_stall = max(0, T4 - T2)``, and
 ``hidden_fraction = 1 - (sample_stall + gather_stall) / (sample_alone + gather_alone)``: the share of
 loading time the loader overlapped with compute.
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dsanalyzer.stalls import bound_of, differential
-from dsanalyzer.timeline import RunSummary, Timeline, summarize
+from dsanalyzer.measure.stalls import bound_of, differential
+from dsanalyzer.measure.timeline import RunSummary, Timeline, summarize
 
 __all__ = ["profile_gnn", "format_gnn_report", "GNN_STALL_KEYS"]
 

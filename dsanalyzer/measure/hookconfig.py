@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from dsanalyzer.modes import RunPlan
+from dsanalyzer.measure.plan import RunPlan
 
 __all__ = ["HookConfig", "ENV_MODE"]
 

@@ -1,0 +1,82 @@
+"""The terminal's text: the profile's summary and the verify result, one line per fact.
+
+Both read only the report (a dict): what they print is in report.json too.
+"""
+
+from __future__ import annotations
+
+__all__ = ["summary_text", "verify_text"]
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f} ms"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def summary_text(report: dict) -> str:
+    """A short terminal summary: stalls per iteration and epoch, rates, what binds and what to do."""
+    per = report["per_iter_s"]
+    spread = report.get("per_iter_spread_s", {})
+    rates = report["rates_per_s"]
+    ds = report.get("dataset", {})
+    epoch = report.get("per_epoch_s", {})
+    lines = [
+        f"batch {report['batch_size']}, {report.get('workers', '?')} workers, "
+        f"{report.get('machine', {}).get('cpus', '?')} cpus; dataset {ds.get('items', '?')} items, "
+        f"{ds.get('bytes', 0) / 1e6:.1f} MB at {ds.get('path') or '?'}",
+    ]
+    machine = report.get("machine") or {}
+    lines += [
+        f"{what}: {machine[key]}"
+        for what, key in (("storage", "storage_note"), ("step", "compute_note"))
+        if machine.get(key)
+    ]
+    cells = []
+    for key, label in (("compute", "compute"), ("prep_stall", "prep stall"), ("fetch_stall", "fetch stall")):
+        sp = spread.get(key, {})
+        cells.append(f"{label} {_ms(per[key])} (p10 {_ms(sp.get('p10'))}, p90 {_ms(sp.get('p90'))})")
+    lines.append("per iteration: " + " | ".join(cells))
+    if epoch:
+        lines.append(
+            f"per epoch ({epoch.get('iters', '?')} iterations): compute {epoch['compute']:.1f} s | "
+            f"prep stall {epoch['prep_stall']:.1f} s | fetch stall {epoch['fetch_stall']:.1f} s | "
+            f"total {epoch['total']:.1f} s"
+        )
+    lines.append(
+        "rates (samples/s): "
+        + " | ".join(f"{k} {_rate(rates.get(k))}" for k in ("compute", "prep", "fetch", "observed"))
+    )
+    comm = report.get("comm")
+    if isinstance(comm, dict):
+        for row in comm.get("per_rank") or []:
+            mark = " (slowest)" if row["rank"] == comm.get("slowest_rank") else ""
+            lines.append(
+                f"rank {row['rank']}{mark}: compute {_ms(row['compute_s'])} | prep stall {_ms(row['prep_stall_s'])} | "
+                f"fetch stall {_ms(row['fetch_stall_s'])} | communication stall {_ms(row['comm_stall_s'])}"
+            )
+        lines.append(
+            f"communication per iteration: {_ms(comm['per_iter_s']['comm_total'])} in collectives, "
+            f"{_ms(comm['per_iter_s']['comm_stall'])} exposed ({comm.get('bytes_per_iter', 0) / 1e6:.2f} MB)"
+        )
+    lines.append(f"stalls as measured: {report['bound']}-bound")
+    lines.append(f"verdict: {report.get('advice', '')}".rstrip())
+    return "\n".join(lines)
+
+
+def verify_text(v: dict) -> str:
+    """Predicted vs measured, side by side, for the terminal."""
+    change = ", ".join(f"{k}={val}" for k, val in (v.get("change") or {}).items()) or "no change"
+    mark = "within" if v["within_target"] else "outside"
+    n = len(v.get("runs") or [None])
+    how = f"median of {n} runs, " if n > 1 else ""
+    text = (
+        f"verify ({change}): predicted {v['predicted_samples_per_s']:,.1f} samples/s "
+        f"({v['predicted_bound']}-bound) | measured {v['measured_samples_per_s']:,.1f} samples/s | "
+        f"error {v['error']:+.1%} ({mark} the ±{v['target_error']:.0%} target; "
+        f"{how}{v['iters']} iterations after {v['warmup_iters']} warm-up)"
+    )
+    note = v.get("note", "")  # verify_result's measured causes, empty within the target
+    return f"{text}\n  note: {note}" if note else text
