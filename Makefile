@@ -1,5 +1,5 @@
 # The two commands of the quick start: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean gpu-wheels gpu-check
 
 setup:
 	@bash scripts/setup.sh
@@ -21,6 +21,16 @@ lint: setup
 bench: setup
 	COORDL_EXTRAS=dev,nfs,dali,s3 bash scripts/setup.sh
 	@echo "Each benchmark is one command; see benchmarks/README.md"
+
+# The GPU proof (docs/gpu.md): `make gpu-wheels` here packs what the accelerator machine lacks into .whl/;
+# `make gpu-check` there measures every GPU claim (exit 2 without CUDA); `make gpu-check DRY=1` checks its
+# wiring on the CPU. Without .venv (the accelerator machine) it uses python3.
+GPU_PY := $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
+gpu-wheels:
+	@bash scripts/gpu_wheels.sh
+
+gpu-check:
+	$(GPU_PY) scripts/gpu_check.py $(if $(DRY),--dry-run) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache reports/runs

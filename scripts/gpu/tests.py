@@ -1,0 +1,67 @@
+"""Every ``gpu``-marked test (``pytest -m gpu``), with each test's outcome in the report.
+
+Only the test files that use the marker are collected: collecting the whole suite imports modules that
+need what the accelerator machine lacks (libnfs, redis-server) and would fail before any GPU test ran.
+On the CPU (``--dry-run``) the same tests are collected and skipped by tests/conftest.py ("needs a CUDA
+device"), which proves the marker, the file list and the JUnit parsing.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+from gpu.common import Context, SectionError
+
+TITLE = "gpu-marked tests (pytest -m gpu)"
+BUDGET_S = 150
+_MARK = re.compile(r"mark\.gpu\b")
+
+
+def gpu_test_files(root) -> list[str]:
+    """Test files that carry the ``gpu`` marker (on a test, a class or the module), sorted."""
+    found = [p for p in (root / "tests").rglob("test_*.py") if _MARK.search(p.read_text(errors="replace"))]
+    return sorted(str(p.relative_to(root)) for p in found)
+
+
+def _outcomes(xml_path) -> list[tuple[str, str, str]]:
+    """(test id, outcome, detail) for each test case of a JUnit XML file."""
+    rows = []
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome, detail = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is not None:
+                outcome = {"failure": "FAILED", "error": "ERROR", "skipped": "skipped"}[tag]
+                detail = (el.get("message") or "").splitlines()[0][:120] if el.get("message") else ""
+                break
+        rows.append((name, outcome, f"{float(case.get('time', 0)):.2f}", detail))
+    return rows
+
+
+def run(ctx: Context) -> None:
+    files = gpu_test_files(ctx.root)
+    if not files:
+        raise SectionError("no test file under tests/ uses the gpu marker")
+    xml = ctx.work / "junit.xml"
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA",
+            f"--junitxml={xml}", "-o", "junit_family=xunit1", *files]  # fmt: skip
+    out = ""
+    try:
+        out = ctx.run(argv, timeout=BUDGET_S - 10, check=False)
+    finally:
+        rows = _outcomes(xml) if xml.exists() else []
+        if rows:
+            counts = {k: sum(r[1] == k for r in rows) for k in ("passed", "FAILED", "ERROR", "skipped")}
+            summary = ", ".join(f"{v} {k.lower()}" for k, v in counts.items() if v)
+            ctx.table(f"{len(rows)} gpu-marked tests from {len(files)} files: {summary}",
+                      ["test", "outcome", "s", "detail"], [list(r) for r in rows])  # fmt: skip
+    if not rows:
+        raise SectionError("pytest wrote no results:\n" + "\n".join(out.strip().splitlines()[-15:]))
+    bad = [r[0] for r in rows if r[1] in ("FAILED", "ERROR")]
+    if bad:
+        raise SectionError(f"{len(bad)} gpu test(s) failed: " + ", ".join(bad))
+    if ctx.device == "cuda" and any(r[1] == "skipped" for r in rows):
+        ctx.note("Skipped on a CUDA machine: see each test's detail (a missing package names itself).")
