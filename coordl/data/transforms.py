@@ -151,18 +151,23 @@ class Decode(Stage):
 DecodeJPEG = Decode
 
 
-def _resize(arr: np.ndarray, width: int, height: int) -> np.ndarray:
+def _resize(arr: np.ndarray, width: int, height: int, compact: bool = True) -> np.ndarray:
     """Antialiased bilinear resize of an HWC uint8 array.
 
     torch's uint8 kernel (channels-last, antialias=True) measured ~3x faster than Pillow's
     BILINEAR here (1900 vs 650 resizes/s of 500x375 -> 341x256 on one core), same filter family.
+    Its output is planar (CHW in memory); ``compact=False`` returns that as a strided HWC view
+    (for a stage whose output goes to ToTensor, which wants CHW: 0.07 ms per 224x224 saved twice),
+    ``compact=True`` an HWC-contiguous array (what a cache stores).
     """
-    # NCHW view of the HWC array; channels_last keeps the output HWC-contiguous (no copy either way).
+    # NCHW view of the HWC array (channels_last: no copy for a contiguous HWC input).
     t = torch.from_numpy(arr).permute(2, 0, 1)[None].contiguous(memory_format=torch.channels_last)
     out = torch.nn.functional.interpolate(
         t, size=(height, width), mode="bilinear", antialias=True, align_corners=False
     )
-    return out.contiguous(memory_format=torch.channels_last)[0].permute(1, 2, 0).numpy()
+    if compact:
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out[0].permute(1, 2, 0).numpy()
 
 
 def _pair(size: int | Sequence[int]) -> tuple[int, int]:
@@ -268,7 +273,7 @@ class RandomResizedCrop(Stage):
         top, left, h, w = self.get_params(*arr.shape[:2])
         th, tw = self.size
         # The crop is a view: the resize reads it in place, no intermediate copy.
-        return _resize(arr[top : top + h, left : left + w], tw, th)
+        return _resize(arr[top : top + h, left : left + w], tw, th, compact=False)
 
 
 class RandomHorizontalFlip(Stage):
@@ -327,9 +332,10 @@ class Normalize(Stage):
         return {"mean": self.mean, "std": self.std}
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        # x * (1/std) - mean/std in one pass, in place (it differs from (x - mean) / std by float rounding).
+        # x * (1/std) - mean/std, in place (it differs from (x - mean) / std by float rounding).
+        # mul_ and add_ with a (C, 1, 1) operand are vectorized; addcmul's broadcast was 4x slower.
         scale, shift = self._affine(t.shape[0], 1.0)
-        return torch.addcmul(shift, t, scale, out=t)
+        return t.mul_(scale).add_(shift)
 
     def _affine(self, channels: int, input_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, shift) with ``normalize(x * input_scale) == x * scale + shift``, per channel."""
@@ -352,7 +358,8 @@ class _ToTensorNormalize:
     def __call__(self, arr: np.ndarray) -> torch.Tensor:
         x = _chw_view(arr)
         scale, shift = self.normalize._affine(x.shape[0], 1 / 255.0)
-        return torch.addcmul(shift, x, scale, out=new_output(x.shape, torch.float32))
+        # Convert, then scale and shift in place: 0.02 ms for 3x224x224 vs 0.07 for one broadcast addcmul.
+        return new_output(x.shape, torch.float32).copy_(x).mul_(scale).add_(shift)
 
 
 class _DecodeRandomResizedCrop:
@@ -376,7 +383,7 @@ class _DecodeRandomResizedCrop:
         box = cropdecode.decode_crop(raw, top, left, h, w, (th, tw), self.decode.fastdct)
         if box is None:  # libjpeg objected: the full decode decides (and raises CorruptItemError)
             box = self.decode(raw)[top : top + h, left : left + w]
-        return _resize(box, tw, th)
+        return _resize(box, tw, th, compact=False)
 
 
 def _chw_view(arr: np.ndarray) -> torch.Tensor:
