@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from dsanalyzer.judge.verdict import advice_sentence
+from dsanalyzer.model import search
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.comm import CommModel
 from dsanalyzer.model.whatif import Model, format_bytes
@@ -135,7 +136,7 @@ def run_whatif(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    caches, cpus_list, _ = model.default_axes()
+    caches, cpus_list, _ = search.default_axes(model)
     caches = sorted(set(caches) | {round(cache)})
     cpus_list = sorted(set(cpus_list) | {cpus})
     print(
@@ -154,7 +155,7 @@ def run_whatif(args: argparse.Namespace) -> int:
             f"\nsamples/s with the {pol} cache at {format_bytes(storage)}/s (bound: C compute, P prep, F fetch)"
         )
         print(_table(model, pol, storage, args.gpu_speedup, cpus_list, caches))
-    need = model.to_compute_bound(gpu_speedup=args.gpu_speedup)
+    need = search.to_compute_bound(model, gpu_speedup=args.gpu_speedup)
     print(
         "\nto be compute-bound "
         f"({need['compute_samples_per_s']:.1f} samples/s): cores {need['cpus_needed'] or 'never (prep saturates)'}; "

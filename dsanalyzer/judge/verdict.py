@@ -21,7 +21,9 @@ import math
 
 import numpy as np
 
-from dsanalyzer.model.whatif import Model, Prediction, format_bytes
+from dsanalyzer.model import search
+from dsanalyzer.model.rates import Prediction
+from dsanalyzer.model.whatif import Model, format_bytes
 
 __all__ = [
     "verdict",
@@ -126,7 +128,7 @@ def recommend(model: Model) -> dict | None:
     kw = {"cpus": model.cpus, "storage_bytes_per_s": model.storage_bytes_per_s, "workers": workers}
     at_workers = model.predict(model.cache_bytes, policy=model.cache_policy, **kw)
     if at_workers.bound == "fetch":
-        need = model.cache_bytes_for_rate(target, model.cpus, model.storage_bytes_per_s, "minio")
+        need = search.cache_bytes_for_rate(model, target, model.cpus, model.storage_bytes_per_s, "minio")
         if need is None:
             need = model.dataset_bytes  # the most a cache can do: everything in memory
         cache = int(min(model.dataset_bytes, math.ceil(need * _CACHE_MARGIN / 1e6) * 1e6))
@@ -253,7 +255,7 @@ def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
 
 
 def _no_fix_text(model: Model, bound: str, noun: str) -> str:
-    need = model.to_compute_bound()
+    need = search.to_compute_bound(model)
     if bound == "prep":
         if need["cpus_needed"] is None:
             return "prep saturates however many cores it gets: make prep cheaper (cache decoded samples)"

@@ -10,6 +10,7 @@ distributed step (:mod:`~dsanalyzer.model.comm`). This folder imports nothing el
 
 from __future__ import annotations
 
-from dsanalyzer.model.whatif import Model, Prediction, format_bytes
+from dsanalyzer.model.rates import Prediction
+from dsanalyzer.model.whatif import Model, format_bytes
 
 __all__ = ["Model", "Prediction", "format_bytes"]

@@ -106,11 +106,12 @@ def attach_model(report: dict) -> dict:
     report.setdefault("whatif", {"grid": [], "to_compute_bound": {}})
     try:
         from dsanalyzer.judge.verdict import verdict
+        from dsanalyzer.model import search
         from dsanalyzer.model.whatif import Model
 
         model = Model.from_report(report)
         report["model"] = model.params()
-        report["whatif"] = {"grid": model.grid(), "to_compute_bound": model.to_compute_bound()}
+        report["whatif"] = {"grid": search.grid(model), "to_compute_bound": search.to_compute_bound(model)}
         report["verdict"] = verdict(report)
         report["advice"] = report["verdict"]["sentence"]
     except (ImportError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dsanalyzer.judge.verdict import advice_sentence
+from dsanalyzer.model import search
 from dsanalyzer.model.cache import lru_hit_ratio
 from dsanalyzer.model.scaling import PrepScaling
 from dsanalyzer.model.whatif import Model
@@ -119,7 +120,7 @@ def test_prep_bound_and_cores_needed():
     m = Model.from_report(synthetic_report())
     p = m.predict(1e9, cpus=2, storage_bytes_per_s=1e12, policy="minio")
     assert p.bound == "prep"
-    need = m.to_compute_bound()
+    need = search.to_compute_bound(m)
     assert need["cpus_needed"] is not None
     assert m.prep.rate(need["cpus_needed"]) >= 800 * (1 - 1e-9)
     assert m.prep.rate(need["cpus_needed"] - 1) < 800
@@ -128,7 +129,7 @@ def test_prep_bound_and_cores_needed():
 def test_cache_needed_for_compute_bound_is_minimal_and_pagecache_needs_more():
     rep = synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [5000.0]}, runs={})
     m = Model.from_report(rep)
-    need = m.to_compute_bound()
+    need = search.to_compute_bound(m)
     minio, page = need["cache_bytes_needed"]["minio"], need["cache_bytes_needed"]["pagecache"]
     assert 0 < minio < page <= 1e9
     assert m.predict(minio, 2, 50e6, policy="minio").bound == "compute"
@@ -198,7 +199,7 @@ def test_bad_reports_name_the_field():
 
 def test_grid_rows_have_contract_keys():
     m = Model.from_report(synthetic_report())
-    rows = m.grid(cache_bytes=[0, 1e9], cpus=[1, 4], storage_bytes_per_s=[1e8])
+    rows = search.grid(m, cache_bytes=[0, 1e9], cpus=[1, 4], storage_bytes_per_s=[1e8])
     assert len(rows) == 2 * 2 * 1 * 2
     for row in rows:
         assert {
@@ -212,14 +213,14 @@ def test_grid_rows_have_contract_keys():
         } <= set(row)
     # strict JSON: no NaN or Infinity may leak into report.json
     json.dumps(
-        {"model": m.params(), "whatif": {"grid": rows, "to_compute_bound": m.to_compute_bound()}},
+        {"model": m.params(), "whatif": {"grid": rows, "to_compute_bound": search.to_compute_bound(m)}},
         allow_nan=False,
     )
 
 
 def test_advice_when_prep_saturates():
     rep = synthetic_report(prep_scaling={"workers": [1, 2], "samples_per_s": [200.0, 210.0]}, bound="prep")
-    need = Model.from_report(rep).to_compute_bound()
+    need = search.to_compute_bound(Model.from_report(rep))
     assert need["cpus_needed"] is None and need["prep_max_samples_per_s"] < 800
     assert "prep saturates" in advice_sentence(rep)
     assert "5 CPU cores" in advice_sentence(synthetic_report(bound="prep"))

@@ -1,0 +1,104 @@
+"""The rate composition: a job's samples/s from its stages' rates, and which stage binds.
+
+The job is a pipeline of stages and runs at the rate of its slowest one (Plumber-style rate model)::
+
+    observed = min(G * gpu_speedup,           compute: the step alone (measured run 1)
+                   F(h, storage),             fetch: the storage device and memory bus, shared by all workers
+                   W(workers, cores, h))      worker cycle: each worker fetches *then* preps its items
+
+* Fetch stage, aggregate over all workers: ``F = 1 / (h * s / membw + (1 - h) * s / storage_bw)`` items/s,
+  with ``s`` the mean item size, ``membw`` the measured memory bandwidth and ``storage_bw`` the measured
+  (or asked) storage bandwidth. The storage bandwidth is a property of the device, shared by the
+  parallel fetch streams of the workers, so it is *not* multiplied by the worker count.
+* Worker cycle: a DataLoader worker reads an item and then preps it; its own read latency is not
+  overlapped with its own prep. With ``w`` workers on ``c`` cores each item costs a worker
+  ``t_fetch = h * s / membw + (1 - h) * (s / storage_bw + overhead_s)`` plus ``w / P(min(w, c))`` of prep,
+  so ``W = w / (t_fetch + w / P(min(w, c)))``. With a free fetch this is the prep rate P.
+  This term is why adding workers helps a latency-bound fetch even when the device is not saturated.
+
+``bound`` follows the differential definition: compute when the prediction equals the compute rate,
+prep when it equals the in-memory pipeline rate (prep stall = its gap to compute), fetch otherwise
+(fetch stall = the rest). The hit ratio ``h`` and the prep rate ``P`` come in as numbers: the cache
+model (:mod:`~dsanalyzer.model.cache`) and the prep curve (:mod:`~dsanalyzer.model.scaling`) give them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Prediction", "ItemCosts", "compose"]
+
+TOL = 1e-6  # a rate within this fraction of a stage's rate is bound by that stage
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted operating point: rate, epoch time, binding stage and every stage's rate."""
+
+    samples_per_s: float
+    epoch_s: float
+    bound: str
+    stage_rates: dict = field(default_factory=dict)
+    hit_ratio: float = 0.0
+    per_iter_s: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ItemCosts:
+    """Seconds one item costs to fetch: from memory (a hit), from storage (a miss), plus a miss's latency."""
+
+    hit_s: float
+    miss_s: float
+    miss_overhead_s: float = 0.0
+
+    def aggregate_s(self, h: float) -> float:
+        """The fetch stage's seconds per item over all workers: bandwidth only (latencies overlap)."""
+        return h * self.hit_s + (1 - h) * self.miss_s
+
+    def worker_s(self, h: float) -> float:
+        """One worker's seconds per item fetched: its own latency is not hidden behind its own prep."""
+        return h * self.hit_s + (1 - h) * (self.miss_s + self.miss_overhead_s)
+
+
+def compose(
+    *,
+    step_per_s: float,
+    compute_per_s: float,
+    prep_per_s: float,
+    costs: ItemCosts,
+    h: float,
+    workers: int,
+    batch_size: int,
+    dataset_items: int,
+) -> Prediction:
+    """The predicted rate of ``workers`` loader workers at hit ratio ``h`` (0 workers: all in the main process).
+
+    ``step_per_s`` is the step alone (G x speed-up), ``compute_per_s`` the step with the main process's
+    per-batch cost; ``prep_per_s`` the prep rate at this worker count on these cores.
+    """
+    fetch_s = costs.aggregate_s(h)
+    fetch = math.inf if fetch_s <= 0 else 1.0 / fetch_s
+    worker_fetch_s = costs.worker_s(h)
+    if workers == 0:  # num_workers=0: fetch, prep and step run one after another in the main process
+        cycle = 1.0 / (1.0 / compute_per_s + worker_fetch_s + 1.0 / prep_per_s)
+        in_memory = 1.0 / (1.0 / compute_per_s + costs.hit_s + 1.0 / prep_per_s)
+    else:
+        cycle = workers / (worker_fetch_s + workers / prep_per_s)
+        in_memory = workers / (costs.hit_s + workers / prep_per_s)  # the differential run 2: items from memory
+    rate = min(compute_per_s, fetch, cycle)
+    no_fetch = min(compute_per_s, in_memory)
+    if rate >= compute_per_s * (1 - TOL):
+        bound = "compute"
+    elif rate >= no_fetch * (1 - TOL):
+        bound = "prep"
+    else:
+        bound = "fetch"
+    b = batch_size
+    per_iter = {  # the differential split: receive overhead counts as prep stall, as run 2 sees it
+        "compute": b / step_per_s,
+        "prep_stall": max(0.0, b / no_fetch - b / step_per_s),
+        "fetch_stall": max(0.0, b / rate - b / no_fetch),
+    }
+    stages = {"compute": compute_per_s, "prep": prep_per_s, "fetch": fetch, "worker_cycle": cycle}
+    return Prediction(rate, dataset_items / rate, bound, stages, h, per_iter)
