@@ -21,6 +21,7 @@ _LAZY = {
     "FileListDataset": "coordl.data.datasets",
     "LMDBDataset": "coordl.data.lmdb",
     "TarShards": "coordl.data.tar",
+    "ShardSampler": "coordl.data.shard_sampler",
     "as_item_source": "coordl.data.adapt",
     "MinioCache": "coordl.fetch.minio",
     "ItemSource": "coordl.data.source",

@@ -75,6 +75,31 @@ def unpack_record(record: bytes | memoryview, where: str = "record") -> tuple[me
     return payload, (label if flags & _HAS_LABEL else None), crc
 
 
+def _stage_from_bucket(url: str, stage_dir: Any, storage_options: Any) -> tuple[str, Any]:
+    """(local path of the staged data file, its StagedSource): an LMDB environment is memory-mapped at random
+    offsets, so it must be a local file; from a bucket it is fetched whole once into ``stage_dir``."""
+    if stage_dir is None:
+        raise ValueError(
+            f"LMDBDataset({url!r}): an LMDB environment is memory-mapped, so it is read from a local copy: pass "
+            "stage_dir= (local disk, or /dev/shm for RAM) and it is fetched whole once"
+        )
+    from coordl.objectstore.source import S3Source
+    from nfs_cache import StagedSource
+    from shmem.counters import SharedCounters
+
+    parent, _, name = url.rstrip("/").rpartition("/")
+    source = S3Source(parent, storage_options)
+    names = {f.relpath for f in source.list_files()}
+    rel = f"{name}/data.mdb" if f"{name}/data.mdb" in names else name
+    if rel not in names:
+        raise FileNotFoundError(f"LMDBDataset: no {source.describe(name)} nor {source.describe(name + '/data.mdb')}")
+    staged = StagedSource(source, os.fspath(stage_dir), counters=SharedCounters(["remote_bytes_read"]))
+    staged.read(rel)  # one GET of the whole file (checksummed, atomic); later runs find it staged
+    if not staged.is_staged(rel):
+        raise OSError(f"LMDBDataset: could not stage {source.describe(rel)} into {stage_dir} (disk full?)")
+    return staged.local_path(rel), staged
+
+
 def _data_file(path: str) -> tuple[str, bool]:
     """(the data.mdb file, subdir flag): ``path`` is the environment directory or the file itself."""
     if os.path.isdir(path):
@@ -86,7 +111,8 @@ class LMDBDataset(_FileSource):
     """Samples of a coordl LMDB environment (``coordl pack SRC DST --format lmdb``).
 
     Args:
-        path: the environment directory (holding ``data.mdb``) or the data file itself.
+        path: the environment directory (holding ``data.mdb``) or the data file itself; or its ``s3://`` URL,
+            fetched whole into ``stage_dir`` once (``storage_options`` for the endpoint and credentials).
         transform: gets the encoded sample bytes (default: decode to an HWC uint8 array).
         target_transform: applied to the label.
         verify: check each record's CRC32 in prep (about 1 GB/s of CPU): catches a damaged page.
@@ -106,9 +132,15 @@ class LMDBDataset(_FileSource):
         *,
         verify: bool = True,
         readahead: bool = False,
+        stage_dir: str | os.PathLike | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(transform, target_transform)
         self.path = os.fspath(path)
+        self.url, self._staged = None, None
+        if self.path.lower().startswith(("s3://", "s3a://")):
+            self.url = self.path
+            self.path, self._staged = _stage_from_bucket(self.url, stage_dir, storage_options)
         self.verify = verify
         self.readahead = readahead
         self._data_path, self._subdir = _data_file(self.path)
@@ -253,8 +285,10 @@ class LMDBDataset(_FileSource):
         return [self._data_path]
 
     def stats(self) -> dict[str, int]:
-        """No counters of its own (the loader counts reads and bytes)."""
-        return {}
+        """Staging and object-store counters when read from a bucket; otherwise none (the loader counts)."""
+        if self._staged is None:
+            return {}
+        return {**self._staged.stats(), **self._staged.source.stats()}
 
     def close(self) -> None:
         """Close this process's environment for the file (any dataset on it reopens it on its next read)."""

@@ -31,6 +31,7 @@ __all__ = [
     "TruncatedShardError",
     "build_index",
     "load_index",
+    "index_mtime_ns",
     "save_index",
     "NO_LABEL",
 ]
@@ -227,6 +228,16 @@ def save_index(index: ShardIndex, path: str, extensions: tuple[str, ...]) -> Non
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def index_mtime_ns(data: bytes) -> int:
+    """The shard mtime an ``.idx`` records (-1 if unreadable): an index uploaded to a bucket beside its shard
+    is checked by the shard's size, since uploading gives the object a new mtime."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            return int(json.loads(z["header"].tobytes().decode()).get("shard_mtime_ns", -1))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError):
+        return -1
 
 
 def load_index(

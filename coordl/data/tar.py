@@ -11,7 +11,11 @@ is kept in ``index_dir`` (default: under the stage directory, else in memory onl
 ``fetch(i)`` is one ``pread`` of the data member (thread-safe: no shared file position); ``prep``
 is :class:`coordl.ImageFolder`'s. With ``stage_dir=`` (or an ``nfs://`` pattern) shards are staged
 whole through ``nfs_cache.StagedSource``: the first read of any sample of a shard copies the shard
-to local disk, later reads ``pread`` the local copy.
+to local disk, later reads ``pread`` the local copy. An ``s3://`` pattern without ``stage_dir`` streams
+whole shards through :class:`coordl.objectstore.shards.ShardBuffer` (one GET per shard, not one per sample;
+pair it with :class:`coordl.data.ShardSampler` so reads stay within a few shards at a time).
+
+Why this module is long: one class reads shards from three places (local, staged, bucket) behind one fetch.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from coordl.data.shards import (
     TruncatedShardError,
     build_index,
     expand_braces,
+    index_mtime_ns,
     load_index,
     save_index,
 )
@@ -90,6 +95,8 @@ class TarShards(_FileSource):
         truncated: "raise" (default): a truncated shard is an error naming shard, member and offset;
             "skip": index the complete samples before the cut and log how many were lost.
         max_open_shards: shard files kept open per process.
+        storage_options: endpoint and credentials for an ``s3://`` pattern (default: environment, AWS config).
+        memory_shards: whole shards each process keeps in memory when streaming from a bucket.
     """
 
     def __init__(
@@ -105,6 +112,8 @@ class TarShards(_FileSource):
         index_dir: str | os.PathLike | None = None,
         truncated: str = "raise",
         max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
+        storage_options: dict[str, Any] | None = None,
+        memory_shards: int | None = None,
     ) -> None:
         super().__init__(transform, target_transform)
         if truncated not in ("raise", "skip"):
@@ -114,9 +123,11 @@ class TarShards(_FileSource):
         self.truncated = truncated
         self.max_open_shards = max_open_shards
         self.directory, name_pattern = _split_pattern(self.pattern)
-        self._staged = None
+        self._staged = self._bucket = self._buffer = None
         self.index_dir = os.fspath(index_dir) if index_dir is not None else None
-        if stage_dir is not None or "://" in self.directory:
+        if self.directory.lower().startswith(("s3://", "s3a://")):
+            self._open_bucket(storage_options, memory_shards, stage_dir)
+        if stage_dir is not None or ("://" in self.directory and self._bucket is None):
             self._open_staged(stage_dir, stage_budget_bytes, prefetch)
         remote = self._remote = self._list_remote()
         names = (
@@ -137,6 +148,18 @@ class TarShards(_FileSource):
 
     # -- construction -----------------------------------------------------------------------------
 
+    def _open_bucket(self, storage_options: Any, memory_shards: int | None, stage_dir: Any) -> None:
+        from coordl.objectstore.shards import DEFAULT_MEMORY_SHARDS, ShardBuffer
+        from coordl.objectstore.source import S3Source
+
+        self._bucket = S3Source(self.directory, storage_options)
+        self._buffer = ShardBuffer(self._bucket.read, memory_shards or DEFAULT_MEMORY_SHARDS)
+        if stage_dir is None and self.index_dir is None:
+            from coordl.objectstore.listing import default_cache_dir
+
+            digest = hashlib.sha256(self.directory.encode()).hexdigest()[:16]
+            self.index_dir = os.path.join(os.path.dirname(default_cache_dir()), "tar-index", digest)
+
     def _open_staged(self, stage_dir: Any, budget: int | None, prefetch: bool) -> None:
         if stage_dir is None:
             raise ValueError(
@@ -146,7 +169,7 @@ class TarShards(_FileSource):
         from shmem.counters import SharedCounters
 
         self._staged = StagedSource(
-            self.directory, os.fspath(stage_dir), budget_bytes=budget, prefetch=prefetch,
+            self._bucket or self.directory, os.fspath(stage_dir), budget_bytes=budget, prefetch=prefetch,
             counters=SharedCounters(["remote_bytes_read"]),
         )  # fmt: skip
         if self.index_dir is None:
@@ -154,6 +177,8 @@ class TarShards(_FileSource):
 
     def _list_remote(self) -> dict[str, tuple[int, int]]:
         """name -> (size, mtime_ns) of the files directly in the shard directory."""
+        if self._bucket is not None and self._staged is None:
+            return {f.relpath: (f.size, f.mtime_ns) for f in self._bucket.list_files() if "/" not in f.relpath}
         if self._staged is None:
             if not os.path.isdir(self.directory):
                 raise FileNotFoundError(f"TarShards: {self.directory} is not a directory")
@@ -169,13 +194,15 @@ class TarShards(_FileSource):
         }
 
     def _where(self, name: str) -> str:
+        if self._bucket is not None:
+            return self._bucket.describe(name)
         return self._staged.describe(name) if self._staged is not None else os.path.join(self.directory, name)
 
     def _index(self, name: str, size: int, mtime_ns: int) -> ShardIndex:
         """The shard's index: beside it, else in ``index_dir``, else built (and stored where possible)."""
         beside = name + INDEX_SUFFIX
         candidates = []
-        if self._staged is None:
+        if self._staged is None and self._bucket is None:
             candidates.append(os.path.join(self.directory, beside))
         if self.index_dir is not None:
             candidates.append(os.path.join(self.index_dir, beside))
@@ -191,6 +218,11 @@ class TarShards(_FileSource):
             found = load_index(self._staged.read(beside), size, mtime_ns, self.extensions)
             if found is not None:
                 return self._check_cut(name, found)
+        elif self._bucket is not None and beside in self._remote:  # uploaded with its shard: trust its mtime
+            data = self._bucket.read(beside)
+            found = load_index(data, size, index_mtime_ns(data), self.extensions)
+            if found is not None:
+                return self._check_cut(name, found)
         return self._check_cut(name, self._build_and_store(name, mtime_ns, candidates))
 
     def _check_cut(self, name: str, index: ShardIndex) -> ShardIndex:
@@ -204,7 +236,12 @@ class TarShards(_FileSource):
         return index
 
     def _build_and_store(self, name: str, mtime_ns: int, candidates: list[str]) -> ShardIndex:
-        index = build_index(self._local_shard(name), self.extensions, mtime_ns, keep_partial=True)
+        path = self._local_shard(name)
+        try:
+            index = build_index(path, self.extensions, mtime_ns, keep_partial=True)
+        finally:
+            if path.endswith(".tmp"):  # the temporary copy of a bucket's shard
+                os.unlink(path)
         for path in candidates:
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -216,7 +253,13 @@ class TarShards(_FileSource):
         return index
 
     def _local_shard(self, name: str) -> str:
-        """A local path to the shard's bytes (staging it first when staged)."""
+        """A local path to the shard's bytes (staging it first when staged; a temporary copy from a bucket)."""
+        if self._staged is None and self._bucket is not None:
+            os.makedirs(self.index_dir, exist_ok=True)
+            tmp = os.path.join(self.index_dir, f".{name}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(self._buffer.get(name))
+            return tmp
         if self._staged is None:
             return os.path.join(self.directory, name)
         if not self._staged.is_staged(name):
@@ -333,6 +376,13 @@ class TarShards(_FileSource):
             raise IndexError(f"TarShards: index {index} out of range (0..{len(self.keys) - 1})")
         s = int(self._shard_of[index])
         offset, size = int(self._offsets[index]), int(self._sizes[index])
+        if self._buffer is not None and not self._has_local(s):
+            data = self._buffer.slice(self.shards[s], offset, size)
+            if len(data) == size:
+                return data
+            where = self.describe(index)
+            raise CorruptItemError(f"{where}: read {len(data)} of {size} bytes (truncated shard)", path=where,
+                                   index=index)  # fmt: skip
         fd, owned = self._fd(s)
         try:
             data = os.pread(fd, size, offset)
@@ -345,6 +395,17 @@ class TarShards(_FileSource):
                 f"{where}: read {len(data)} of {size} bytes (truncated shard)", path=where, index=index
             )
         return data
+
+    def _has_local(self, s: int) -> bool:
+        """True when shard ``s`` is (or can now be) read from a local staged copy."""
+        if self._staged is None:
+            return False
+        if s in self._local_shards:
+            return True
+        name = self.shards[s]
+        if not self._staged.is_staged(name):
+            self._staged.read(name)  # stages it whole unless the budget or the disk is full
+        return self._staged.is_staged(name)
 
     def target(self, index: int) -> Any:
         label = int(self._labels[index])
@@ -362,8 +423,17 @@ class TarShards(_FileSource):
         return [self._staged.local_path(n) for n in self.shards if self._staged.is_staged(n)]
 
     def stats(self) -> dict[str, int]:
-        """Staging counters (``staged_items`` = shards, ``staged_bytes``, ``remote_bytes_read``); empty unstaged."""
-        return dict(self._staged.stats()) if self._staged is not None else {}
+        """Staging counters (``staged_items`` = shards, ``staged_bytes``, ``remote_bytes_read``) and a bucket's
+        (``store_requests``, ``store_bytes``, ``store_retries``); empty for local shards."""
+        out = dict(self._staged.stats()) if self._staged is not None else {}
+        if self._bucket is not None:
+            out.update(self._bucket.stats())
+        return out
+
+    def shard_ranges(self) -> list[tuple[int, int]]:
+        """``[(first, end)]`` sample indexes of each shard, for :class:`coordl.data.ShardSampler`."""
+        starts = self._starts.tolist()
+        return list(zip(starts[:-1], starts[1:], strict=True))
 
     def dataset_identity(self) -> str:
         """Pattern plus each shard's size and sample count: a changed shard never hits a stale cache."""
