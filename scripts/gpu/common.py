@@ -74,6 +74,7 @@ class Context:
         self.root = ROOT
         self.data: dict[str, Any] = {"tables": [], "notes": [], "commands": []}
         self._logs = 0
+        self.last_output = ""  # stdout and stderr of the last program run
         self.save()
 
     @property
@@ -121,6 +122,7 @@ class Context:
         except subprocess.TimeoutExpired as e:
             raise SectionError(f"{argv[0]} ... timed out after {timeout:.0f} s") from e
         log.write_text(f"$ {argv}\n# rc {res.returncode}, {time.monotonic() - t0:.1f} s\n{res.stdout}\n{res.stderr}")
+        self.last_output = res.stdout + res.stderr
         if check and res.returncode:
             tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
             raise SectionError(f"exit code {res.returncode} from {self.data['commands'][-1]}:\n{tail}")

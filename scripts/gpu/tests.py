@@ -16,7 +16,7 @@ from gpu.common import Context, SectionError
 
 TITLE = "gpu-marked tests (pytest -m gpu)"
 BUDGET_S = 150
-_MARK = re.compile(r"mark\.gpu\b")
+_MARK = re.compile(r"pytest\.mark\.gpu\b")
 
 
 def gpu_test_files(root) -> list[str]:
@@ -48,9 +48,8 @@ def run(ctx: Context) -> None:
     xml = ctx.work / "junit.xml"
     argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA",
             f"--junitxml={xml}", "-o", "junit_family=xunit1", *files]  # fmt: skip
-    out = ""
     try:
-        out = ctx.run(argv, timeout=BUDGET_S - 10, check=False)
+        ctx.run(argv, timeout=BUDGET_S - 10, check=False)
     finally:
         rows = _outcomes(xml) if xml.exists() else []
         if rows:
@@ -59,7 +58,7 @@ def run(ctx: Context) -> None:
             ctx.table(f"{len(rows)} gpu-marked tests from {len(files)} files: {summary}",
                       ["test", "outcome", "s", "detail"], [list(r) for r in rows])  # fmt: skip
     if not rows:
-        raise SectionError("pytest wrote no results:\n" + "\n".join(out.strip().splitlines()[-15:]))
+        raise SectionError("pytest wrote no results:\n" + "\n".join(ctx.last_output.strip().splitlines()[-15:]))
     bad = [r[0] for r in rows if r[1] in ("FAILED", "ERROR")]
     if bad:
         raise SectionError(f"{len(bad)} gpu test(s) failed: " + ", ".join(bad))

@@ -30,7 +30,7 @@ def step_seconds(name: str, device: str, batch: int, size: int, dry: bool, reps:
     torch.manual_seed(0)
     model = build_model(name, 10, dry).to(device)
     step = make_step(model, device)
-    x, y = torch.randn(batch, 3, size, size), torch.randint(0, 10, (batch,))
+    x, y = torch.randn(batch, 3, size, size, device=device), torch.randint(0, 10, (batch,), device=device)
     for _ in range(5):
         step(x, y)
     samples = []

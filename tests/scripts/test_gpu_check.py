@@ -1,0 +1,136 @@
+"""scripts/gpu_check.py (``make gpu-check``) on a machine without CUDA: its refusal, and its dry run.
+
+The real run needs the accelerator machine (docs/gpu.md); here the dry run drives every section's code
+on the CPU with tiny sizes: the same programs, arguments, result files and report writer, so a lent
+GPU's short window is not spent finding a typo. Also: a section that fails or overruns its time is
+reported and the others still run, and an overrun leaves no process of it behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from gpu import SECTIONS  # noqa: E402
+from gpu.report import markdown, report_path  # noqa: E402
+from gpu.tests import gpu_test_files  # noqa: E402
+
+
+def _run(args: list[str], tmp_path: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}
+    full_env.pop("OUT", None)
+    full_env.update({k: v for k, v in env.items()})
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=full_env, capture_output=True,
+                          text=True, timeout=timeout, check=False)  # fmt: skip
+
+
+def _sections(report: str) -> dict[str, str]:
+    """section name -> status, from the report's summary table."""
+    return dict(re.findall(r"^\| (\w+) \| (ok|skipped|FAILED|TIMEOUT|not run) \|", report, re.M))
+
+
+def test_without_cuda_it_exits_2_with_one_line_naming_what_is_missing(tmp_path):
+    before = sorted((ROOT / "reports" / "gpu").glob("*")) if (ROOT / "reports" / "gpu").exists() else []
+    res = _run([], tmp_path, timeout=120)
+    assert res.returncode == 2
+    assert res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no CUDA device" in lines[0] and "--dry-run" in lines[0], res.stderr
+    after = sorted((ROOT / "reports" / "gpu").glob("*")) if (ROOT / "reports" / "gpu").exists() else []
+    assert after == before  # no report of a run that did not happen
+
+
+def test_an_unknown_section_is_named_with_the_choices(tmp_path):
+    res = _run(["--dry-run", "--only", "tests,nosuch"], tmp_path, timeout=120)
+    assert res.returncode == 1
+    assert "nosuch" in res.stderr and all(s in res.stderr for s in SECTIONS)
+
+
+def test_the_gpu_marked_test_files_are_found():
+    files = gpu_test_files(ROOT)
+    assert "tests/gradcomp/test_cuda.py" in files and "tests/coordl/dali/test_gpu.py" in files
+    for f in files:
+        assert "pytest.mark." + "gpu" in (ROOT / f).read_text()
+    assert "tests/scripts/test_gpu_check.py" not in files
+
+
+def test_report_tables_escape_cells_and_a_second_run_gets_its_own_file(tmp_path):
+    from datetime import datetime
+
+    section = {"name": "pin", "title": "t", "status": "FAILED", "seconds": 3.0, "budget": 60, "reason": "boom",
+               "notes": ["n1"], "commands": ["python3 x.py"],
+               "tables": [{"title": "T", "header": ["a", "b"], "rows": [["1|2", "x\ny"]], "note": ""}]}  # fmt: skip
+    text = markdown("GPU check", "python3 scripts/gpu_check.py", {"GPU": "H100"}, [section])
+    assert "| 1\\|2 | x y |" in text and "| pin | FAILED | 3 | 60 |" in text and "boom" in text
+    now = datetime(2026, 11, 25, 14, 5, 6)
+    first = report_path(tmp_path, "NVIDIA H100 80GB HBM3", now)
+    assert first.name == "2026-11-25-nvidia-h100-80gb-hbm3.md"
+    first.write_text("x")
+    assert report_path(tmp_path, "NVIDIA H100 80GB HBM3", now).name == "2026-11-25-140506-nvidia-h100-80gb-hbm3.md"
+
+
+def test_a_failing_section_is_reported_and_the_next_one_still_runs(tmp_path):
+    report = tmp_path / "r.md"
+    res = _run(["--dry-run", "--only", "tests,pin", "--report", str(report), "--work", str(tmp_path / "w")],
+               tmp_path, timeout=300, PYTEST_ADDOPTS="--no-such-pytest-option")  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    text = report.read_text()
+    assert _sections(text) == {"tests": "FAILED", "pin": "ok"}, text
+    assert "no-such-pytest-option" in text  # the failure's own words are in the report
+    assert "coordl.DataLoader, batch ring on" in text
+
+
+def _leftovers(mark: str) -> list[str]:
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get("GPU_CHECK_TEST_MARK") == mark:
+                found.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:200]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_an_overrun_section_is_stopped_with_everything_it_started(tmp_path):
+    mark = uuid.uuid4().hex
+    report = tmp_path / "r.md"
+    # the demo section runs for a minute or more; 16 s of budget leaves it 11 s
+    res = _run(["--dry-run", "--only", "dsanalyzer", "--budget", "16", "--report", str(report)], tmp_path,
+               timeout=300, GPU_CHECK_TEST_MARK=mark)  # fmt: skip
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert _sections(report.read_text()) == {"dsanalyzer": "TIMEOUT"}
+    assert _leftovers(mark) == []
+
+
+@pytest.mark.slow
+def test_the_dry_run_drives_every_section_end_to_end(tmp_path):
+    """`make gpu-check DRY=1`: every section ok (DALI's too where DALI is installed), report and $OUT files."""
+    out = tmp_path / "out"
+    report = tmp_path / "report.md"
+    res = _run(["--dry-run", "--report", str(report), "--work", str(tmp_path / "w")], tmp_path, timeout=900,
+               OUT=str(out))  # fmt: skip
+    assert report.exists(), res.stdout + res.stderr
+    text = report.read_text()
+    status = _sections(text)
+    assert set(status) == set(SECTIONS)
+    failed = {k: v for k, v in status.items() if v not in ("ok", "skipped")}
+    assert not failed and res.returncode == 0, text
+    for title in ("gpu-marked tests", "MSTopK vs torch.topk", "Compressors on cpu", "batch ring off",
+                  "the fix applied and verified", "whatif --gpu-speedup S"):  # fmt: skip
+        assert title in text, title
+    assert sorted(p.name for p in out.iterdir()) == sorted([report.name, "gpu-check-results.json",
+                                                            "gpu-check-logs.tar.gz"])  # fmt: skip
+    assert [r["name"] for r in json.loads((out / "gpu-check-results.json").read_text())] == list(SECTIONS)
