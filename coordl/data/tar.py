@@ -172,6 +172,8 @@ class TarShards(_FileSource):
             self._bucket or self.directory, os.fspath(stage_dir), budget_bytes=budget, prefetch=prefetch,
             counters=SharedCounters(["remote_bytes_read"]),
         )  # fmt: skip
+        if self._buffer is not None:  # one GET per shard: staged whole when the budget has room, else in memory
+            self._buffer.fetch = self._staged.read
         if self.index_dir is None:
             self.index_dir = os.path.join(os.fspath(stage_dir), "tar-index")
 
@@ -214,13 +216,13 @@ class TarShards(_FileSource):
                 continue
             if found is not None:
                 return self._check_cut(name, found)
-        if self._staged is not None and beside in self._remote:
-            found = load_index(self._staged.read(beside), size, mtime_ns, self.extensions)
-            if found is not None:
-                return self._check_cut(name, found)
-        elif self._bucket is not None and beside in self._remote:  # uploaded with its shard: trust its mtime
+        if self._bucket is not None and beside in self._remote:  # uploaded with its shard: checked by size
             data = self._bucket.read(beside)
             found = load_index(data, size, index_mtime_ns(data), self.extensions)
+            if found is not None:
+                return self._check_cut(name, found)
+        elif self._staged is not None and beside in self._remote:
+            found = load_index(self._staged.read(beside), size, mtime_ns, self.extensions)
             if found is not None:
                 return self._check_cut(name, found)
         return self._check_cut(name, self._build_and_store(name, mtime_ns, candidates))
@@ -402,10 +404,10 @@ class TarShards(_FileSource):
             return False
         if s in self._local_shards:
             return True
-        name = self.shards[s]
-        if not self._staged.is_staged(name):
-            self._staged.read(name)  # stages it whole unless the budget or the disk is full
-        return self._staged.is_staged(name)
+        if self._staged.is_staged(self.shards[s]):
+            self._local_shards.add(s)
+            return True
+        return False  # the buffer's fetch (StagedSource.read) stages it whole if the budget has room
 
     def target(self, index: int) -> Any:
         label = int(self._labels[index])
