@@ -195,6 +195,7 @@ def test_server_killed_mid_epoch_is_a_clear_error_and_caches_nothing_partial(ima
         assert ds.stats()["store_retries"] == 3
 
 
+@pytest.mark.slow
 def test_killed_server_through_the_loader(image_root):
     from tests.support.s3server import S3Server
 
