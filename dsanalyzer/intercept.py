@@ -20,11 +20,8 @@ from __future__ import annotations
 
 import atexit
 import importlib.abc
-import json
-import math
 import os
 import sys
-import time
 from collections.abc import Callable
 from functools import partial, wraps
 from typing import Any
@@ -32,7 +29,8 @@ from typing import Any
 from dsanalyzer.jobs import comm
 from dsanalyzer.measure.hookconfig import ENV_MODE, HookConfig
 from dsanalyzer.measure.plan import MODES
-from dsanalyzer.measure.timeline import Timeline, cuda_sync_or_none
+from dsanalyzer.measure.recorder import RunComplete, RunRecorder
+from dsanalyzer.measure.timeline import cuda_sync_or_none
 
 __all__ = ["ProbeState", "TimedIterator", "install_from_env", "patch_loader_class",
            "patch_dali_iterator_class"]  # fmt: skip
@@ -44,24 +42,26 @@ _LOADER_CLASSES = ("DataLoader", "DALILoader")
 
 
 class ProbeState:
-    """The per-process profiler: which loader is timed, its timeline, and the result file."""
+    """Which loader this process profiles, and getting it ready for the run; the recording is :attr:`recorder`'s.
+
+    The first loader the script iterates becomes the profiled one (later loaders, and loaders that
+    another profiled loader iterates inside itself, are passed through); at its first iterator the run
+    is prepared by the loader's kind (:func:`dsanalyzer.jobs.prepare`), and every batch it yields
+    goes through :meth:`timed_next` to the :class:`~dsanalyzer.measure.recorder.RunRecorder`.
+    """
 
     def __init__(self, cfg: HookConfig) -> None:
         if cfg.mode not in MODES:
             raise ValueError(f"{ENV_MODE}={cfg.mode!r} is not one of {', '.join(MODES)}")
         self.cfg = cfg
+        self.recorder = RunRecorder(cfg)
         self.comm = comm.CommLog()  # receives the trainer's collective timings (dsanalyzer.jobs.comm)
-        self.pid = os.getpid()
         self.loader: Any = None
-        self.timeline = Timeline()
-        self.remaining = cfg.warmup + cfg.iters
         self.info: dict = {}
         self.done = False
         self.depth = 0
         self._replay: Any = None
         self.default_batch = 1
-        self._last_progress = 0.0
-        self._measure_from: float | None = None  # when the first measured (post-warm-up) batch was asked for
 
     # -- iterator creation -------------------------------------------------------------------
     def iter_for(self, loader: Any, orig_iter: Callable[[Any], Any]) -> Any:
@@ -94,31 +94,25 @@ class ProbeState:
         return self.timed_next(replay.__next__ if replay is not None else partial(orig_next, it))
 
     def timed_next(self, pull: Callable[[], Any]) -> Any:
-        """One batch from ``pull``, its wait recorded; after warm-up + N batches, stop the script."""
-        self.timeline.next_started()
-        if self._measure_from is None and self.remaining <= self.cfg.iters:
-            self._measure_from = time.monotonic()
-        if self.remaining <= 0 and time.monotonic() - self._measure_from >= self.cfg.min_seconds:
+        """One batch from ``pull``, recorded; after warm-up + N batches, write the result and stop the script."""
+        try:
+            batch = self.recorder.next_batch(pull, self._items_of)
+        except RunComplete:
             self.finish("stopped")
             sys.stderr.write(f"dsanalyzer: {self.cfg.mode} run done, stopping the script\n")
-            raise SystemExit(0)
-        try:
-            batch = pull()
-        except StopIteration:
-            self.timeline.abandon_pending()
-            raise
-        self.timeline.next_ended(_batch_items(batch, self.default_batch))
-        self.comm.iteration = len(self.timeline.wait_s) - 1  # the step that follows is this batch's
-        self.remaining -= 1
-        self.on_batch()
+            raise SystemExit(0) from None
+        self.comm.iteration = self.recorder.batches - 1  # the step that follows is this batch's
         return batch
+
+    def _items_of(self, batch: Any) -> int:
+        return _batch_items(batch, self.default_batch)
 
     def _first_iter(self, loader: Any, orig_iter: Callable[[Any], Any]) -> None:
         from dsanalyzer import jobs  # lazy: keeps the hook cheap for processes that never iterate
 
         self.loader = loader
         if "torch" in sys.modules:
-            self.timeline.sync = cuda_sync_or_none()
+            self.recorder.timeline.sync = cuda_sync_or_none()
         self.default_batch = getattr(loader, "batch_size", None) or 1
         # A fresh iterator per worker count: torch's own __iter__ would reuse persistent workers.
         fresh = getattr(loader, "_get_iterator", None)
@@ -127,7 +121,7 @@ class ProbeState:
             loader,
             lambda: orig_iter(loader),
             fresh if callable(fresh) else None,
-            progress=self._progress,
+            progress=self.recorder.progress,
         )
         self.info.update(prepared.info)
         self._replay = prepared.replay
@@ -135,65 +129,15 @@ class ProbeState:
             self.finish("stopped")
             raise SystemExit(0)
 
-    # -- results --------------------------------------------------------------------------------
-    def _progress(self, done: int, total: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_progress < 0.5:
-            return
-        self._last_progress = now
-        path = os.path.join(self.cfg.result_dir, f"progress-{self.pid}.txt")
-        try:
-            with open(path, "w") as f:
-                f.write(f"{done} {total}\n")
-        except OSError:
-            pass
-
-    def on_batch(self) -> None:
-        if time.monotonic() - self._last_progress >= 0.5:
-            self._progress(*self.progress_counts())
-
-    def progress_counts(self) -> tuple[int, int]:
-        """(iterations done, iterations expected): past ``iters`` when ``min_seconds`` keeps measuring,
-        the expected total is what the measured pace reaches in ``min_seconds`` (so a bar keeps moving)."""
-        total = self.cfg.warmup + self.cfg.iters
-        done = total - self.remaining
-        if self.cfg.min_seconds > 0 and self._measure_from is not None:
-            elapsed = time.monotonic() - self._measure_from
-            measured = done - self.cfg.warmup
-            if 0 < elapsed < self.cfg.min_seconds and measured > 0:
-                total = max(total, self.cfg.warmup + math.ceil(measured * self.cfg.min_seconds / elapsed))
-        return done, max(done, total)
-
     def finish(self, status: str) -> None:
-        """Write ``result-<pid>.json`` once (atomically: the CLI may be polling for it)."""
-        if self.done or self.loader is None or os.getpid() != self.pid:
+        """Write ``result-<pid>.json`` once, from the process that started profiling."""
+        if self.done or self.loader is None or os.getpid() != self.recorder.pid:
             return
         self.done = True
-        if self.cfg.mode != "prep_scaling":  # its progress counts the scaling iterations, already final
-            done, total = self.progress_counts()  # a run that reached its target ends full
-            self._progress(done, done if self.remaining <= 0 else total, force=True)
-        tl = self.timeline
-        result = {
-            "format": "dsanalyzer-run/1",
-            "pid": self.pid,
-            "mode": self.cfg.mode,
-            "status": status,
-            "iters_target": self.cfg.iters,
-            "warmup": self.cfg.warmup,
-            "wait_s": tl.wait_s,
-            "step_s": tl.step_s,
-            "batch_items": tl.batch_items,
-            "rank": int(os.environ.get("RANK", "0") or 0),
-            "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
-            **self.info,
-        }
+        info = dict(self.info)
         if self.comm.per_iter:
-            result["comm"] = self.comm.series(len(tl.wait_s))
-        path = os.path.join(self.cfg.result_dir, f"result-{self.pid}.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f)
-        os.replace(tmp, path)
+            info["comm"] = self.comm.series(self.recorder.batches)
+        self.recorder.write_result(status, info)
 
 
 def _batch_items(batch: Any, default: int) -> int:

@@ -251,18 +251,20 @@ def test_progress_off_a_terminal_is_a_line_every_few_seconds(monkeypatch):
 
 
 def test_progress_keeps_moving_while_min_seconds_keeps_measuring(monkeypatch, tmp_path):
-    from dsanalyzer import intercept
+    from dsanalyzer.measure import recorder
 
     clock = [0.0]
-    monkeypatch.setattr(intercept.time, "monotonic", lambda: clock[0])
-    state = intercept.ProbeState(HookConfig("real", result_dir=str(tmp_path), iters=10, warmup=2, min_seconds=10.0))
+    monkeypatch.setattr(recorder.time, "monotonic", lambda: clock[0])
+    rec = recorder.RunRecorder(HookConfig("real", result_dir=str(tmp_path), iters=10, warmup=2, min_seconds=10.0))
+
+    def pull() -> list:
+        clock[0] += 0.25
+        return [0]
+
     seen = []
     for _ in range(30):  # one batch every 0.25 s: 10 measured iterations take 2.5 s of the 10
-        if state._measure_from is None and state.remaining <= state.cfg.iters:
-            state._measure_from = clock[0]
-        clock[0] += 0.25
-        state.remaining -= 1
-        seen.append(state.progress_counts())
+        rec.next_batch(pull, len)
+        seen.append(rec.progress_counts())
     assert seen[:2] == [(1, 12), (2, 12)]  # warm-up: the target as asked
     # from the first measured batch on: 4 per second for 10 s, 40 iterations past the warm-up
     assert seen[2:] == [(done, 42) for done in range(3, 31)]

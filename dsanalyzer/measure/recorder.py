@@ -1,0 +1,116 @@
+"""Recording one differential run inside the profiled process: each batch's wait, progress, the result file.
+
+:class:`RunRecorder` is the measuring half of the import hook (:mod:`dsanalyzer.intercept` decides
+which loader is timed and prepares it; this records it): it times every batch the job pulls on a
+:class:`~dsanalyzer.measure.timeline.Timeline`, counts down warm-up + ``iters`` batches (then keeps
+going until ``min_seconds`` of measured batches have passed), writes ``progress-<pid>.txt`` for the
+CLI's bar at most twice a second, and writes ``result-<pid>.json`` atomically (the CLI may be
+polling for it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dsanalyzer.measure.hookconfig import HookConfig
+from dsanalyzer.measure.timeline import Timeline
+
+__all__ = ["RunRecorder", "RunComplete", "RESULT_FORMAT"]
+
+RESULT_FORMAT = "dsanalyzer-run/1"
+_PROGRESS_EVERY_S = 0.5
+
+
+class RunComplete(Exception):
+    """The run has recorded what it was asked for: the hook writes the result and stops the script."""
+
+
+class RunRecorder:
+    """The batches of one run in one process: their waits, how many are left, progress and the result."""
+
+    def __init__(self, cfg: HookConfig) -> None:
+        self.cfg = cfg
+        self.pid = os.getpid()
+        self.timeline = Timeline()
+        self.remaining = cfg.warmup + cfg.iters
+        self.measure_from: float | None = None  # when the first measured (post-warm-up) batch was asked for
+        self._last_progress = 0.0
+
+    def next_batch(self, pull: Callable[[], Any], items_of: Callable[[Any], int]) -> Any:
+        """One batch from ``pull``, its wait recorded; :class:`RunComplete` once the run has enough."""
+        self.timeline.next_started()
+        if self.measure_from is None and self.remaining <= self.cfg.iters:
+            self.measure_from = time.monotonic()
+        if self.remaining <= 0 and time.monotonic() - self.measure_from >= self.cfg.min_seconds:
+            raise RunComplete
+        try:
+            batch = pull()
+        except StopIteration:
+            self.timeline.abandon_pending()
+            raise
+        self.timeline.next_ended(items_of(batch))
+        self.remaining -= 1
+        if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
+            self.progress(*self.progress_counts())
+        return batch
+
+    @property
+    def batches(self) -> int:
+        """Batches recorded so far (the index of the step that follows the last one, plus one)."""
+        return len(self.timeline.wait_s)
+
+    def progress(self, done: int, total: int, force: bool = False) -> None:
+        """Write ``progress-<pid>.txt`` (done, total) for the CLI's bar; at most every half second."""
+        now = time.monotonic()
+        if not force and now - self._last_progress < _PROGRESS_EVERY_S:
+            return
+        self._last_progress = now
+        path = os.path.join(self.cfg.result_dir, f"progress-{self.pid}.txt")
+        try:
+            with open(path, "w") as f:
+                f.write(f"{done} {total}\n")
+        except OSError:
+            pass
+
+    def progress_counts(self) -> tuple[int, int]:
+        """(iterations done, iterations expected): past ``iters`` when ``min_seconds`` keeps measuring,
+        the expected total is what the measured pace reaches in ``min_seconds`` (so a bar keeps moving)."""
+        total = self.cfg.warmup + self.cfg.iters
+        done = total - self.remaining
+        if self.cfg.min_seconds > 0 and self.measure_from is not None:
+            elapsed = time.monotonic() - self.measure_from
+            measured = done - self.cfg.warmup
+            if 0 < elapsed < self.cfg.min_seconds and measured > 0:
+                total = max(total, self.cfg.warmup + math.ceil(measured * self.cfg.min_seconds / elapsed))
+        return done, max(done, total)
+
+    def write_result(self, status: str, info: dict) -> None:
+        """Write ``result-<pid>.json``: the recorded run, ``info`` (what preparing the run found) after it."""
+        if self.cfg.mode != "prep_scaling":  # its progress counts the scaling iterations, already final
+            done, total = self.progress_counts()  # a run that reached its target ends full
+            self.progress(done, done if self.remaining <= 0 else total, force=True)
+        tl = self.timeline
+        result = {
+            "format": RESULT_FORMAT,
+            "pid": self.pid,
+            "mode": self.cfg.mode,
+            "status": status,
+            "iters_target": self.cfg.iters,
+            "warmup": self.cfg.warmup,
+            "wait_s": tl.wait_s,
+            "step_s": tl.step_s,
+            "batch_items": tl.batch_items,
+            "rank": int(os.environ.get("RANK", "0") or 0),
+            "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
+            **info,
+        }
+        path = os.path.join(self.cfg.result_dir, f"result-{self.pid}.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, path)
