@@ -18,6 +18,7 @@ See docs/gpu.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -128,7 +129,7 @@ def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> d
     module = importlib.import_module(f"gpu.{SECTIONS[name]}")
     result = work / f"{name}.json"
     base = {"name": name, "title": module.TITLE, "budget": module.BUDGET_S, "seconds": 0.0}
-    if timeout < 20:
+    if timeout < 10:
         return {**base, "status": "not run", "reason": f"out of time: {timeout:.0f} s left of --budget {args.budget:g}"}
     cmd = [sys.executable, __file__, "--section", name, "--result", str(result), "--work", str(work / name),
            "--device", args.device] + (["--dry-run"] if args.dry_run else [])  # fmt: skip
@@ -140,12 +141,13 @@ def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> d
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
-            _kill_group(proc)
+            _kill_tree(proc)
     out = {**base, "seconds": time.monotonic() - t0}
     data = json.loads(result.read_text()) if result.exists() else {}
     out.update({k: data.get(k, []) for k in ("tables", "notes", "commands")})
     if rc is None:
-        out["status"], out["reason"] = "TIMEOUT", f"stopped after {timeout:.0f} s; the tables above are what it finished"
+        running = f"; it was running: {out['commands'][-1]}" if out.get("commands") else ""
+        out["status"], out["reason"] = "TIMEOUT", f"stopped after {timeout:.0f} s (its tables are what it finished){running}"
     elif rc == 0:
         out["status"] = "ok"
     elif rc == EXIT_SKIPPED:
@@ -157,18 +159,32 @@ def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> d
     return out
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the section's process group (it and every program it started), SIGKILL what is left after 5 s."""
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        try:
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Stop a section that overran: it and every program it started, also those in sessions of their own.
+
+    Programs the section started may have their own process group (``dsanalyzer profile`` puts each run
+    of the job in a new session), so the group alone is not enough: the descendants are listed first,
+    by id, while their parent links still hold. SIGINT first (Python programs clean up after
+    KeyboardInterrupt: the profiler then stops its job), then SIGTERM, then SIGKILL to what is left.
+    """
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for sig, grace in ((signal.SIGINT, 5), (signal.SIGTERM, 3), (signal.SIGKILL, 3)):
+        alive = [p for p in tree if p.is_running()]
+        if not alive:
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        psutil.wait_procs(alive, timeout=grace)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
 
 
 def _selected(args: argparse.Namespace) -> list[str]:
@@ -234,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     machine = {**machine_info(ROOT), "carried wheels": wheels_line, "budget": f"{args.budget:g} s for the sections"}
     results = []
+    t_sections = time.monotonic()  # --budget is the sections' time, not the set-up's
     for name in names:
-        left = args.budget - (time.monotonic() - t_start)
+        left = args.budget - (time.monotonic() - t_sections)
         results.append(_spawn(name, args, work, min(_budget(name), left - 5)))
     gpu = machine["GPU"].split(",")[0]
     default_dir = ROOT / "reports" / ("runs" if args.dry_run else "gpu")
