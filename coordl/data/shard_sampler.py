@@ -6,7 +6,8 @@ sampler shuffles the shards, takes them ``window`` at a time, and shuffles the s
 worker holds at most about ``window`` shards (``TarShards(memory_shards=)`` must be at least that) and fetches
 each shard about once per epoch. The same trade as Mosaic Streaming's ``py1b`` and WebDataset's shard shuffle
 plus buffer: a sample's neighbours come from ``window`` shards, not from the whole dataset; pack shards from a
-shuffled list (``coordl pack`` does) so that a shard mixes classes.
+shuffled list (e.g. ``coordl.data.pack.pack(FileListDataset(shuffled_paths, labels), ...)``: ``coordl pack`` keeps
+the source's order) so that a shard mixes classes.
 
 Deterministic: epoch ``e`` of seed ``s`` is always the same order (``set_epoch`` as with DistributedSampler;
 without it, each iteration advances the epoch).

@@ -31,7 +31,7 @@ __all__ = [
     "TruncatedShardError",
     "build_index",
     "load_index",
-    "index_mtime_ns",
+    "load_uploaded_index",
     "save_index",
     "NO_LABEL",
 ]
@@ -230,14 +230,31 @@ def save_index(index: ShardIndex, path: str, extensions: tuple[str, ...]) -> Non
             os.unlink(tmp)
 
 
-def index_mtime_ns(data: bytes) -> int:
-    """The shard mtime an ``.idx`` records (-1 if unreadable): an index uploaded to a bucket beside its shard
-    is checked by the shard's size, since uploading gives the object a new mtime."""
+def load_uploaded_index(data: bytes, shard_bytes: int, extensions: tuple[str, ...]) -> ShardIndex | None:
+    """An ``.idx`` uploaded to a bucket beside its shard, or None when it cannot serve ``extensions``.
+
+    Checked by the shard's size (uploading gives the object a new mtime). An index written for more extensions
+    (``coordl pack`` adds ``bin``) still serves when ``extensions`` are among its own in the same order: a key's
+    data member is then the same, and samples whose member has another extension are dropped.
+    """
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            return int(json.loads(z["header"].tobytes().decode()).get("shard_mtime_ns", -1))
+            header = json.loads(z["header"].tobytes().decode())
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError):
-        return -1
+        return None
+    theirs = tuple(header.get("extensions", ()))
+    if tuple(e for e in theirs if e in extensions) != tuple(extensions):
+        return None
+    index = load_index(data, shard_bytes, int(header.get("shard_mtime_ns", -1)), theirs)
+    if index is None or all(e in extensions for e in index.exts):
+        return index
+    keep = np.array([e in extensions for e in index.exts], dtype=bool)
+    return ShardIndex(
+        keys=[k for k, y in zip(index.keys, keep, strict=True) if y],
+        exts=[e for e, y in zip(index.exts, keep, strict=True) if y],
+        offsets=index.offsets[keep], sizes=index.sizes[keep], labels=index.labels[keep],
+        shard_bytes=index.shard_bytes, shard_mtime_ns=index.shard_mtime_ns, cut=index.cut,
+    )  # fmt: skip
 
 
 def load_index(

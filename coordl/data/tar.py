@@ -38,8 +38,8 @@ from coordl.data.shards import (
     TruncatedShardError,
     build_index,
     expand_braces,
-    index_mtime_ns,
     load_index,
+    load_uploaded_index,
     save_index,
 )
 from coordl.errors import CorruptItemError
@@ -217,8 +217,7 @@ class TarShards(_FileSource):
             if found is not None:
                 return self._check_cut(name, found)
         if self._bucket is not None and beside in self._remote:  # uploaded with its shard: checked by size
-            data = self._bucket.read(beside)
-            found = load_index(data, size, index_mtime_ns(data), self.extensions)
+            found = load_uploaded_index(self._bucket.read(beside), size, self.extensions)
             if found is not None:
                 return self._check_cut(name, found)
         elif self._staged is not None and beside in self._remote:
@@ -256,7 +255,7 @@ class TarShards(_FileSource):
 
     def _local_shard(self, name: str) -> str:
         """A local path to the shard's bytes (staging it first when staged; a temporary copy from a bucket)."""
-        if self._staged is None and self._bucket is not None:
+        if self._bucket is not None:  # through the buffer: one GET, staged whole if the budget has room
             os.makedirs(self.index_dir, exist_ok=True)
             tmp = os.path.join(self.index_dir, f".{name}.{os.getpid()}.tmp")
             with open(tmp, "wb") as f:

@@ -74,11 +74,13 @@ class S3Server:
         delay_ms: float = 0.0,
         tag: str = "s3",
         start_timeout_s: float = 60.0,
+        stats_file: str | None = None,
     ) -> None:
         if rate is not None and not netns:
             raise ValueError("rate= shapes the link to a namespace: pass netns=True as well")
         self.netns, self.rate, self.delay_ms, self.tag = netns, rate, delay_ms, tag
         self.start_timeout_s = start_timeout_s
+        self.stats_file = stats_file  # with delay_ms: the proxy's request/byte counts (delayproxy.py)
         self.host, self.port = "127.0.0.1", 0
         self.ns_name = self.veth_host = ""
         self.access_key = self.secret_key = ""
@@ -200,7 +202,8 @@ class S3Server:
             outer_port = inner_port + 1 if self.netns else _free_port()
             self._proxy = subprocess.Popen(
                 prefix + [sys.executable, _DELAY_PROXY, "--listen", f"{self.host}:{outer_port}",
-                          "--to", f"{inner_host}:{inner_port}", "--delay-ms", str(self.delay_ms)],
+                          "--to", f"{inner_host}:{inner_port}", "--delay-ms", str(self.delay_ms)]
+                + (["--stats-file", self.stats_file] if self.stats_file else []),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             self.port = outer_port

@@ -38,6 +38,8 @@ def test_tar_shards_from_a_bucket_fetch_whole_shards(s3, packed):
                               storage_options=s3.storage_options())  # fmt: skip
     assert len(remote) == len(local) == N_ITEMS
     assert remote.dataset_identity().split(":")[-2:] == local.dataset_identity().split(":")[-2:]
+    # construction: one LIST and one GET per uploaded .idx, no shard (coordl pack's index serves)
+    assert remote.stats()["store_requests"] == 1 + _shard_count(packed)
     before = remote.stats()["store_requests"]
     got = [remote[i] for i in range(len(remote))]  # shard order: each shard once
     assert got == [local[i] for i in range(len(local))]
