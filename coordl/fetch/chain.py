@@ -3,7 +3,8 @@
 Every loader front end (``coordl.DataLoader``, ``coordl.dali.DALILoader``) builds its fetch side here,
 so the MinIO cache and the partitioned cache are made in exactly one place:
 
-* ``cache_bytes > 0``: the node's MinIO cache (:mod:`coordl.fetch.minio`), as a :class:`MinioTier`;
+* ``cache_bytes > 0``: the node's MinIO cache (:mod:`coordl.fetch.minio`), as a :class:`MinioTier`; the
+  ranks of a node in a distributed job share one (:mod:`coordl.fetch.node_cache`);
 * ``partitioned=True``: the partitioned tier (:mod:`coordl.partitioned`), with the MinIO cache on the
   node leader as its local share.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordl.fetch.minio import MinioCache
+from coordl.fetch.node_cache import close_minio, data_identity, open_minio
 from coordl.fetch.pipeline import FetchTier, MinioTier
 from coordl.partitioned.ownership import NodeTopology
 from coordl.partitioned.tier import build_partitioned_tier
@@ -59,7 +61,9 @@ class FetchChain:
         # An opaque dataset has no raw bytes to cache (as_item_source already warned about it). When
         # partitioned, only the node leader holds the cache; its other ranks reach it through its server.
         if cache_bytes > 0 and not opaque and (not partitioned or NodeTopology.from_env().is_node_leader):
-            self.minio = MinioCache(cache_bytes, len(source), directory=cache_dir, name=name)
+            # A partitioned job's node leader holds the node's share alone; otherwise the node's ranks share.
+            identity = None if partitioned else data_identity(source)
+            self.minio = open_minio(cache_bytes, len(source), directory=cache_dir, name=name, identity=identity)
         self.tiers: list[FetchTier] = []
         if partitioned:
             self.tiers.append(build_partitioned_tier(len(source), cache_bytes, counters, self.minio))
@@ -79,7 +83,7 @@ class FetchChain:
             if callable(getattr(tier, "close", None)):
                 tier.close()
         if self.minio is not None:
-            self.minio.close()
+            close_minio(self.minio)
 
     def __repr__(self) -> str:
         return f"FetchChain(tiers={[t.name for t in self.tiers]}, cache={self.minio!r})"

@@ -71,6 +71,21 @@ class MinioCache:
             raise
         self._full_logged = False
 
+    @classmethod
+    def attach(cls, path: str, capacity_bytes: int, num_items: int, *, name: str | None = None) -> MinioCache:
+        """The cache another process created at ``path`` (for the same budget and items), shared, not owned.
+
+        Raises ``FileNotFoundError`` when it is gone.
+        """
+        directory = os.path.dirname(path)
+        backend = "shm" if os.path.realpath(directory) == os.path.realpath(DEFAULT_DIR) else "file"
+        cache = cls.__new__(cls)
+        cache.__setstate__({
+            "capacity_bytes": int(capacity_bytes), "num_items": int(num_items), "name": name or "minio",
+            "directory": directory, "backend": backend, "segment": Segment.attach(path),
+        })  # fmt: skip
+        return cache
+
     def _choose_directory(self, directory: str | os.PathLike | None) -> str:
         reclaim_stale(DEFAULT_DIR)
         if directory is not None:
