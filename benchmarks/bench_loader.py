@@ -2,10 +2,13 @@
 
     sudo .venv/bin/python benchmarks/bench_loader.py              # ~10 min on the 2-core VM
     sudo .venv/bin/python benchmarks/bench_loader.py --runs 1 --n 1000   # quick look
+    sudo .venv/bin/python benchmarks/bench_loader.py --n 2000 --skip-fetch-bound --prep-configs bcdh \
+        --recipes resize_first,standard_full,standard    # the prep recipes side by side (issue 27)
 
-Same dataset (synthetic ImageFolder, 500x375 JPEGs of ~90 KB), same transform (decode, resize
-shorter side to 256, random-resized-crop 224, flip, normalize to float CHW), same batch size and
-worker count (= cores), 3 epochs, shuffled:
+Same dataset (synthetic ImageFolder, 500x375 JPEGs of ~90 KB), same transform (``--recipe``, default
+``standard``: decode, random-resized-crop 224 of the full image, flip, normalize to float CHW; see
+``prep_recipes.py`` for ``resize_first`` and ``standard_full``), same batch size and worker count
+(= cores), 3 epochs, shuffled:
 
 (a) ``torch.utils.data.DataLoader`` over a Pillow ImageFolder-style dataset: what users run today
     (torchvision's PIL path, rebuilt here with Pillow because torchvision has no CPU build here);
@@ -29,7 +32,10 @@ from the blkio counter of the loop device (only the dataset lives there); hit ra
 seconds per sample: user+system time of the child and its workers over items. Configurations
 alternate within each of ``--runs`` rounds; tables show medians.
 
-Then the prep-bound check: storage unthrottled; (b), (d), and coordl with its batch ring off (e),
+First (unless ``--skip-cpu-table``) ``prep_recipes.cpu_table``: CPU per sample of each recipe in one
+process, coordl's transforms and DALI's CPU pipeline, at 500x375 and 1000x750.
+
+Then the prep-bound check, once per recipe of ``--recipes``: storage unthrottled; (b), (d), and coordl with its batch ring off (e),
 copying out of it (f), without its worker heap setting (g) or with persistent workers (h), against
 the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
 bytes in memory, at once, rates summed; measured alternately in the same run (``--prep-configs``),
@@ -54,6 +60,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import prep_recipes  # noqa: E402  (the recipes and the one-process CPU table)
+
 CONFIGS = {
     "a": "torch DataLoader + Pillow",
     "b": "torch DataLoader + simplejpeg",
@@ -67,6 +75,7 @@ CONFIGS = {
 COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True}  # config -> batch_ring
 RESIZE, CROP = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+TODAY = "resize_first"  # coordl's train_transform before issue 27: the baseline of the recipe table
 # Page cache every run gets on top of its budget: file-system metadata and reads in flight. Without
 # it a loader with a zero page-cache budget re-reads inode blocks and half-read files.
 METADATA_ALLOWANCE_BYTES = 8 << 20
@@ -158,8 +167,8 @@ def _blkio_read(path: str, device: str) -> int:
     return total
 
 
-def _dali_loader(root: str, batch_size: int, threads: int, seed: int):
-    from nvidia.dali import fn, pipeline_def, types
+def _dali_loader(root: str, batch_size: int, threads: int, seed: int, recipe: str):
+    from nvidia.dali import fn, pipeline_def
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=None, seed=seed)
@@ -169,18 +178,7 @@ def _dali_loader(root: str, batch_size: int, threads: int, seed: int):
         jpegs, labels = fn.readers.file(
             file_root=root, random_shuffle=True, name="Reader", seed=seed, dont_use_mmap=True
         )
-        images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-        images = fn.resize(images, resize_shorter=RESIZE)
-        images = fn.random_resized_crop(images, size=(CROP, CROP))
-        images = fn.crop_mirror_normalize(
-            images,
-            dtype=types.FLOAT,
-            output_layout="CHW",
-            mean=[m * 255 for m in MEAN],
-            std=[s * 255 for s in STD],
-            mirror=fn.random.coin_flip(),
-        )
-        return images, labels
+        return prep_recipes.dali_graph(recipe, jpegs), labels
 
     return DALIGenericIterator(
         [pipe()],
@@ -195,7 +193,6 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     import coordl
-    from coordl.data.transforms import train_transform
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(args.seed)
@@ -204,12 +201,12 @@ def child(args: argparse.Namespace) -> None:
         loader = torch.utils.data.DataLoader(PillowFolder(args.root), **common)
     elif args.child == "b":
         loader = torch.utils.data.DataLoader(
-            coordl.ImageFolder(args.root, train_transform(CROP, RESIZE)), **common
+            coordl.ImageFolder(args.root, prep_recipes.make_transform(args.recipe)), **common
         )
     elif args.child == "c":
-        loader = _dali_loader(args.root, args.batch_size, args.workers, args.seed)
+        loader = _dali_loader(args.root, args.batch_size, args.workers, args.seed, args.recipe)
     else:
-        ds = coordl.ImageFolder(args.root, train_transform(CROP, RESIZE))
+        ds = coordl.ImageFolder(args.root, prep_recipes.make_transform(args.recipe))
         if args.child == "g":  # attribution only: the ring without its mallopt in the workers
             import coordl.ring.writer
 
@@ -245,16 +242,15 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"epochs": epochs}))
 
 
-def _decode_worker(root: str, count: int, queue) -> None:
+def _decode_worker(root: str, count: int, queue, recipe: str) -> None:
     import torch
 
     from coordl.data.datasets import ImageFolder
-    from coordl.data.transforms import train_transform
 
     torch.set_num_threads(1)
     ds = ImageFolder(root)
     raws = [ds.fetch(i) for i in range(min(len(ds), 200))]
-    tf = train_transform(CROP, RESIZE)
+    tf = prep_recipes.make_transform(recipe)
     for r in raws[:20]:  # warm up (first-touch memory is slow on this VM)
         tf(r)
     t, cpu, machine = time.perf_counter(), time.process_time(), _machine_cpu()
@@ -267,14 +263,14 @@ def _decode_worker(root: str, count: int, queue) -> None:
     queue.put((count / wall, (time.process_time() - cpu) / count, faults, busy / wall, steal / wall))
 
 
-def decode_limit(root: str, cores: int, count: int) -> tuple[float, ...]:
+def decode_limit(root: str, cores: int, count: int, recipe: str) -> tuple[float, ...]:
     """(sum of the rates, mean CPU s/sample, mean minor faults/sample, machine cores busy, cores
     stolen by the hypervisor) of ``cores`` simultaneous tight decode+augment loops."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_decode_worker, args=(root, count, q)) for _ in range(cores)]
+    procs = [ctx.Process(target=_decode_worker, args=(root, count, q, recipe)) for _ in range(cores)]
     for p in procs:
         p.start()
     results = [q.get(timeout=600) for _ in procs]
@@ -298,9 +294,10 @@ def _dali_available() -> bool:
 
 
 def _run_child(
-    store, config: str, args: argparse.Namespace, root: str, seed: int, cache_bytes: int, page_budget: int
+    store, config: str, args: argparse.Namespace, root: str, seed: int, cache_bytes: int, page_budget: int,
+    recipe: str,
 ) -> dict:
-    cmd = [sys.executable, __file__, "--child", config, "--root", root, "--seed", str(seed)]
+    cmd = [sys.executable, __file__, "--child", config, "--root", root, "--seed", str(seed), "--recipe", recipe]
     cmd += [
         "--epochs",
         str(args.epochs),
@@ -320,7 +317,7 @@ def _run_child(
     return out
 
 
-def _run_limit(store, args: argparse.Namespace, root: str, page_budget: int) -> tuple[float, ...]:
+def _run_limit(store, args: argparse.Namespace, root: str, page_budget: int, recipe: str) -> tuple[float, ...]:
     cmd = [
         sys.executable,
         __file__,
@@ -330,6 +327,8 @@ def _run_limit(store, args: argparse.Namespace, root: str, page_budget: int) -> 
         root,
         "--workers",
         str(os.cpu_count() or 1),
+        "--recipe",
+        recipe,
     ]
     store.set_page_cache_bytes(page_budget + METADATA_ALLOWANCE_BYTES)
     ctl0, t0 = store.controller_cpu_s, time.monotonic()
@@ -407,9 +406,12 @@ def _prep_summary(res: dict) -> dict[str, float]:
     return out
 
 
-def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
+def print_prep_table(prep: dict, args: argparse.Namespace, recipe: str) -> None:
     lim_rate, lim_cpu = _med(r[0] for r in prep["limit"]), _med(r[1] for r in prep["limit"])
-    print(f"\n### Prep-bound (storage unthrottled, epochs 2-{args.epochs}), median of {args.runs}\n")
+    print(
+        f"\n### Prep-bound, {prep_recipes.RECIPES[recipe]} (storage unthrottled, epochs 2-{args.epochs}), "
+        f"median of {args.runs}\n"
+    )
     print("% of limit and the CPU ratio: medians of each run's ratio to the limit measured just before it.\n")
     print("| | samples/s (runs) | % of limit (runs) | CPU s/sample | limit CPU / loader CPU | cores busy |")
     print("|---|---|---|---|---|---|")
@@ -463,7 +465,62 @@ def print_prep_table(prep: dict, args: argparse.Namespace) -> None:
         )
 
 
-def main() -> None:
+def print_recipe_summary(prep: dict, args: argparse.Namespace) -> None:
+    """One table over the recipes: each loader's rate, its share of its recipe's limit, and both
+    against today's limit (the resize-first recipe's), rates and CPU per sample."""
+    if TODAY not in prep:
+        return
+    today_rate = _med(r[0] for r in prep[TODAY]["limit"])
+    today_cpu = _med(r[1] for r in prep[TODAY]["limit"])
+    print(f"\n### Recipes side by side (prep-bound, {os.cpu_count()} cores, median of {args.runs})\n")
+    print(
+        f"x today = rate / today's limit ({prep_recipes.RECIPES[TODAY]}, {today_rate:.0f}/s); CPU x today = "
+        f"today's limit CPU per sample / this row's ({today_cpu * 1000:.2f} ms). % of limit: of its own recipe's.\n"
+    )
+    print("| recipe | loader | samples/s | % of its limit | x today | CPU ms/sample | CPU x today |")
+    print("|---|---|---|---|---|---|---|")
+    for recipe, res in prep.items():
+        lim_rate, lim_cpu = _med(r[0] for r in res["limit"]), _med(r[1] for r in res["limit"])
+        print(
+            f"| {prep_recipes.RECIPES[recipe]} | limit: {os.cpu_count()} x tight loop | {lim_rate:.0f} | 100% | "
+            f"{lim_rate / today_rate:.2f}x | {lim_cpu * 1000:.2f} | {today_cpu / lim_cpu:.2f}x |"
+        )
+        for cfg in args.prep_configs:
+            if not res.get(cfg):
+                continue
+            rate, cpu = _med(r["rate"] for r in res[cfg]), _med(r["cpu_s"] for r in res[cfg])
+            share = _med(r["rate"] / r["limit_rate"] for r in res[cfg])
+            print(
+                f"| | ({cfg}) {CONFIGS[cfg]} | {rate:.0f} | {share:.0%} | {rate / today_rate:.2f}x | "
+                f"{cpu * 1000:.2f} | {today_cpu / cpu:.2f}x |"
+            )
+
+
+def run_prep_bound(store, args: argparse.Namespace, root: str, cache_bytes: int) -> dict:
+    """``{recipe: {"limit": [...], config: [...]}}``: each loader right after a limit measurement."""
+    configs = args.prep_configs
+    prep: dict[str, dict[str, list]] = {r: {"limit": [], **{c: [] for c in configs}} for r in args.recipes}
+    store.set_read_bps(None)
+    for run in range(args.runs):
+        for recipe in args.recipes:
+            order = configs[run % len(configs) :] + configs[: run % len(configs)]
+            for cfg in order:
+                # The limit is measured right before each loader (the machine's load drifts), in the
+                # same cgroups under the same page-cache controller as the loaders.
+                prep[recipe]["limit"].append(_run_limit(store, args, root, cache_bytes, recipe))
+                res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes, recipe)
+                summary = _prep_summary(res)
+                summary["limit_rate"], summary["limit_cpu_s"] = prep[recipe]["limit"][-1][:2]
+                prep[recipe][cfg].append(summary)
+            rates = ", ".join(
+                f"({c}) {prep[recipe][c][-1]['rate']:.0f}/s vs limit {prep[recipe][c][-1]['limit_rate']:.0f}/s"
+                for c in configs
+            )
+            print(f"prep-bound run {run}, {recipe}: {rates}", flush=True)
+    return prep
+
+
+def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--child", choices=[*sorted(CONFIGS), "limit"])
     p.add_argument("--root", default="")
@@ -481,15 +538,28 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", default="abcd", help="which loaders, fetch-bound (default abcd)")
     p.add_argument("--prep-configs", default="bdefgh", help="which loaders, prep-bound (default bdefgh)")
+    p.add_argument("--recipe", default="standard", choices=sorted(prep_recipes.RECIPES),
+                   help="the training prep of the fetch-bound loaders (and of a --child)")  # fmt: skip
+    p.add_argument("--recipes", default="standard", type=lambda v: v.split(","),
+                   help="comma-separated recipes of the prep-bound section (default standard)")  # fmt: skip
     p.add_argument("--skip-prep-bound", action="store_true")
     p.add_argument("--skip-fetch-bound", action="store_true")
+    p.add_argument("--skip-cpu-table", action="store_true", help="skip the one-process CPU table")
     p.add_argument(
         "--data-dir", default="/var/tmp/coordl-bench-data", help="where the synthetic dataset is kept"
     )
     p.add_argument("--json", type=Path, help="also write raw results here")
     args = p.parse_args()
+    unknown = [r for r in args.recipes if r not in prep_recipes.RECIPES]
+    if unknown:
+        p.error(f"--recipes: unknown {unknown}; choose from {sorted(prep_recipes.RECIPES)}")
+    return args
+
+
+def main() -> None:
+    args = _parse_args()
     if args.child == "limit":
-        print(json.dumps(decode_limit(args.root, args.workers, 600)))
+        print(json.dumps(decode_limit(args.root, args.workers, 600, args.recipe)))
         return
     if args.child:
         child(args)
@@ -506,50 +576,36 @@ def main() -> None:
     cache_bytes = int(dataset_bytes * args.cache_fraction)
     notes: list[str] = []
     configs = list(args.configs)
-    if "c" in configs and not _dali_available():
-        configs.remove("c")
+    dali = _dali_available()
+    if not dali:
+        configs = [c for c in configs if c != "c"]
+        args.prep_configs = args.prep_configs.replace("c", "")
         notes.append("(c) DALI skipped: nvidia-dali-cuda130 is not installed (pip install -e '.[dali]').")
+    cpu = None if args.skip_cpu_table else prep_recipes.cpu_table(dali=dali)
     image_bytes = int(dataset_bytes * 1.6) + (128 << 20)
     results: dict[str, list[dict]] = {c: [] for c in configs}
-    prep: dict[str, list] = {"limit": [], **{c: [] for c in args.prep_configs}}
+    prep: dict = {}
     with SlowStore(image_bytes, int(args.read_mb_s * 1e6), page_cache_bytes=cache_bytes) as store:
         root = os.path.join(store.mount, "data")
         copy_tree(src, root)
         for run in range(0 if args.skip_fetch_bound else args.runs):
             order = configs[run % len(configs) :] + configs[: run % len(configs)]  # spread load drift
             for cfg in order:
-                res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes)
+                res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes, args.recipe)
                 results[cfg].append(res)
                 rates = [round(e["items"] / e["time_s"]) for e in res["epochs"]]
                 print(f"run {run} ({cfg}) samples/s per epoch {rates}", flush=True)
         if not args.skip_prep_bound:
-            store.set_read_bps(None)
-            for run in range(args.runs):
-                order = (
-                    args.prep_configs[run % len(args.prep_configs) :]
-                    + args.prep_configs[: run % len(args.prep_configs)]
-                )
-                for cfg in order:
-                    # The limit is measured right before each loader (the machine's load drifts), in the
-                    # same cgroups under the same page-cache controller as the loaders.
-                    prep["limit"].append(_run_limit(store, args, root, cache_bytes))
-                    res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes)
-                    summary = _prep_summary(res)
-                    summary["limit_rate"], summary["limit_cpu_s"] = prep["limit"][-1][:2]
-                    prep[cfg].append(summary)
-                rates = ", ".join(
-                    f"({c}) {prep[c][-1]['rate']:.0f}/s vs limit {prep[c][-1]['limit_rate']:.0f}/s"
-                    for c in args.prep_configs
-                )
-                print(f"prep-bound run {run}: {rates}", flush=True)
+            prep = run_prep_bound(store, args, root, cache_bytes)
     if args.json:
         args.json.write_text(
-            json.dumps({"fetch": results, "prep": prep, "dataset_bytes": dataset_bytes}, indent=1)
+            json.dumps({"fetch": results, "prep": prep, "cpu": cpu, "dataset_bytes": dataset_bytes}, indent=1)
         )
     if not args.skip_fetch_bound:
         print_fetch_table(results, dataset_bytes, args, notes)
-    if prep["limit"]:
-        print_prep_table(prep, args)
+    for recipe, res in prep.items():
+        print_prep_table(res, args, recipe)
+    print_recipe_summary(prep, args)
 
 
 if __name__ == "__main__":

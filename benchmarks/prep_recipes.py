@@ -1,0 +1,184 @@
+"""The training-prep recipes ``bench_loader.py`` compares, and its one-process CPU table.
+
+Recipes (all end in a 224x224 random-resized crop, flip, normalize to float CHW):
+
+- ``resize_first``: ``train_transform(224, recipe="resize_first")``: decode, resize the shorter side
+  to 256, then the random crop (coordl's default before issue 27; what a sample cache keeps);
+- ``standard_full``: the standard recipe (the crop of the full-resolution image) with a full decode:
+  ``Compose(train_transform(224), crop_decode=False)``;
+- ``standard``: ``train_transform(224)``: the standard recipe decoding only the crop's box.
+
+``cpu_table`` times each, one process and one thread, on JPEG bytes held in memory (500x375 and
+1000x750, quality 90, 4:2:0, the synthetic dataset's images), against DALI's CPU pipeline for the
+same recipe (``coordl.dali.train_pipeline(224)``: ``decoders.image_random_crop`` + resize, one
+thread) fed the same bytes. The machine is shared, so the measure is CPU time per sample
+(``time.process_time``: every thread of the process, DALI's included), median of ``rounds`` rounds
+that alternate the methods.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+CROP = 224
+RECIPES = {
+    "resize_first": "resize-first (decode, resize 256, crop)",
+    "standard_full": "standard recipe, full decode",
+    "standard": "standard recipe, crop decode",
+}
+SIZES = ((500, 375), (1000, 750))
+
+
+def make_transform(recipe: str, size: int = CROP) -> Any:
+    """The coordl.transforms pipeline of ``recipe`` (one of :data:`RECIPES`)."""
+    from coordl.data.transforms import Compose, train_transform
+
+    if recipe == "resize_first":
+        return train_transform(size, recipe="resize_first")
+    if recipe == "standard_full":
+        return Compose(list(train_transform(size)), crop_decode=False)
+    if recipe == "standard":
+        return train_transform(size)
+    raise ValueError(f"unknown recipe {recipe!r}; one of {sorted(RECIPES)}")
+
+
+def dali_graph(recipe: str, jpegs: Any) -> Any:
+    """DALI's CPU graph for ``recipe`` on the encoded-bytes node ``jpegs`` (inside a pipeline)."""
+    from nvidia.dali import fn, types
+
+    from coordl.dali.ops import DALITransform
+    from coordl.data import recipe as params
+
+    if recipe != "resize_first":
+        return DALITransform(CROP, fused=recipe == "standard")(jpegs, "cpu")
+    images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+    images = fn.resize(images, resize_shorter=params.shorter_side_for(CROP))
+    images = fn.random_resized_crop(images, size=(CROP, CROP))
+    return fn.crop_mirror_normalize(
+        images, dtype=types.FLOAT, output_layout="CHW", mirror=fn.random.coin_flip(),
+        mean=[m * 255 for m in params.IMAGENET_MEAN], std=[s * 255 for s in params.IMAGENET_STD],
+    )  # fmt: skip
+
+
+def _images(width: int, height: int, count: int) -> list[bytes]:
+    import simplejpeg
+
+    from coordl.data.synth import make_image
+
+    return [
+        simplejpeg.encode_jpeg(make_image(i, 10, width, height, 0), quality=90, colorsubsampling="420")
+        for i in range(count)
+    ]
+
+
+def _coordl_timer(recipe: str, raws: list[bytes]) -> Callable[[], float]:
+    import torch
+
+    tf = make_transform(recipe)
+
+    def run() -> float:
+        torch.manual_seed(0)
+        t = time.process_time()
+        for raw in raws:
+            tf(raw)
+        return (time.process_time() - t) / len(raws)
+
+    return run
+
+
+def _dali_timer(recipe: str, raws: list[bytes], batch: int = 32) -> Callable[[], float]:
+    from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
+
+    arrays = [np.frombuffer(r, dtype=np.uint8) for r in raws]
+    batches = [arrays[i : i + batch] for i in range(0, len(arrays) - batch + 1, batch)]
+    state = {"next": 0}
+
+    def feed() -> list[np.ndarray]:
+        out = batches[state["next"] % len(batches)]
+        state["next"] += 1
+        return out
+
+    pipe = Pipeline(batch_size=batch, num_threads=1, device_id=None, seed=0, prefetch_queue_depth=1)
+    with pipe:
+        jpegs = fn.external_source(source=feed, batch=True, dtype=types.UINT8)
+        pipe.set_outputs(dali_graph(recipe, jpegs))
+    pipe.build()
+    pipe.run()  # warm up: first allocations
+
+    def run() -> float:
+        t = time.process_time()
+        for _ in batches:
+            pipe.run()
+        return (time.process_time() - t) / (len(batches) * batch)
+
+    return run
+
+
+def pixel_check(raws: list[bytes], samples: int = 64) -> tuple[int, int, float]:
+    """(max abs difference where no DCT scaling applies, max and mean abs difference overall) between
+    crop-decoded samples and a full decode + the same crop, as uint8 after the resize to 224."""
+    import torch
+
+    from coordl.data import cropdecode
+    from coordl.data.decode import decode_image
+    from coordl.data.transforms import RandomResizedCrop, _resize
+
+    gen = torch.Generator().manual_seed(0)
+    rrc = RandomResizedCrop(CROP, generator=gen)
+    exact, worst, means = 0, 0, []
+    for i in range(samples):
+        raw = raws[i % len(raws)]
+        full = decode_image(raw)
+        top, left, h, w = rrc.get_params(*full.shape[:2])
+        a = _resize(full[top : top + h, left : left + w], CROP, CROP).astype(np.int16)
+        box = cropdecode.decode_crop(raw, top, left, h, w, (CROP, CROP))
+        if box is None:
+            continue
+        d = np.abs(a - _resize(box, CROP, CROP).astype(np.int16))
+        worst, means = max(worst, int(d.max())), [*means, float(d.mean())]
+        if cropdecode.dct_denom(h, w, CROP, CROP) == 1:
+            exact = max(exact, int(d.max()))
+    return exact, worst, statistics.mean(means) if means else float("nan")
+
+
+def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, Any]:
+    """Print (and return) CPU ms per sample of each recipe, coordl and DALI, at both image sizes."""
+    import torch
+
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {}
+    print(f"\n### One process, CPU per sample (ms, median of {rounds} rounds of {count} images)\n")
+    header = "| image | " + " | ".join(RECIPES.values())
+    header += " | DALI CPU, resize-first | DALI CPU, standard (fused crop decode) | full / crop decode |"
+    header += " resize-first / crop decode | DALI standard / crop decode | crop vs full decode pixels |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for width, height in SIZES:
+        raws = _images(width, height, count)
+        timers: dict[str, Callable[[], float]] = {r: _coordl_timer(r, raws) for r in RECIPES}
+        if dali:
+            timers["dali_resize_first"] = _dali_timer("resize_first", raws)
+            timers["dali_standard"] = _dali_timer("standard", raws)
+        for timer in timers.values():  # warm up
+            timer()
+        samples: dict[str, list[float]] = {k: [] for k in timers}
+        for _ in range(rounds):
+            for name, timer in timers.items():
+                samples[name].append(timer())
+        med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        exact, worst, mean = pixel_check(raws)
+        results[f"{width}x{height}"] = {"ms": med, "runs_ms": samples, "pixels": (exact, worst, mean)}
+        cells = [f"{med[r]:.3f}" for r in RECIPES]
+        cells += [f"{med[k]:.3f}" if k in med else "-" for k in ("dali_resize_first", "dali_standard")]
+        cells.append(f"**{med['standard_full'] / med['standard']:.2f}x**")
+        cells.append(f"{med['resize_first'] / med['standard']:.2f}x")
+        cells.append(f"{med['dali_standard'] / med['standard']:.2f}x" if "dali_standard" in med else "-")
+        cells.append(f"max {exact} (scale 1), max {worst} / mean {mean:.2f} (with DCT scaling)")
+        print(f"| {width}x{height} q90 | " + " | ".join(cells) + " |")
+    return results
