@@ -109,7 +109,7 @@ class Compose(Stage):
         return {k: v for k, v in self.__dict__.items() if k not in ("_plan", "_plan_key")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _plan=[], _plan_key=())
+        self.__dict__.update({"crop_decode": True, **state}, _plan=[], _plan_key=())  # pickles from before it
 
     def __len__(self) -> int:
         return len(self.stages)

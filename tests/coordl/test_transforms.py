@@ -215,3 +215,16 @@ def test_dali_and_cpu_pipelines_share_their_parameters():
     cpu_eval = T.eval_transform(224)
     assert cpu_eval.stages[1].size == 256 and eval_pipeline(224).resize is None  # DALI: the same 256
     assert T.train_transform(224, recipe="resize_first").stages[1].size == 256
+
+
+def test_compose_pickles_with_its_crop_decode_choice():
+    import pickle
+
+    plain = T.Compose(list(T.train_transform(32)), crop_decode=False)
+    again = pickle.loads(pickle.dumps(plain))
+    assert again.crop_decode is False and repr(again) == repr(plain)
+    state = T.train_transform(32).__getstate__()
+    del state["crop_decode"]  # a Compose pickled before the option existed
+    old = T.Compose.__new__(T.Compose)
+    old.__setstate__(state)
+    assert old.crop_decode is True and old(_jpeg(_pixels(120, 160))).shape == (3, 32, 32)
