@@ -128,7 +128,8 @@ def _child(cfg: dict) -> None:
         try:
             ds = coordl.TarShards(f"s3://{BUCKET}/shards", transform=prep, storage_options=opts,
                                   stage_dir=stage, stage_budget_bytes=half, memory_shards=4)  # fmt: skip
-            sampler = coordl.ShardSampler(ds, window=2, seed=0)
+            sampler = coordl.ShardSampler(ds, window=2, seed=0, batch_size=kw["batch_size"],
+                                          num_workers=kw["num_workers"])  # fmt: skip
             with coordl.DataLoader(ds, sampler=sampler, **kw) as loader:
                 _epochs(loader, epochs, lambda b: len(b[1]))
         finally:
@@ -219,8 +220,9 @@ def _prepare(args, work: Path) -> dict:
     paths = [os.path.join(images, base.items[i][0]) for i in order]
     labels = [base.items[i][1] for i in order]
     shard_bytes = int(args.shard_mb * (1 << 20))
-    assert pack(coordl.FileListDataset(paths, labels), work / "shards", "tar", shard_mb=args.shard_mb,
-                progress=False).ok  # fmt: skip
+    shuffled = coordl.FileListDataset(paths, labels)
+    shuffled.targets = labels  # what pack writes as each sample's .cls
+    assert pack(shuffled, work / "shards", "tar", shard_mb=args.shard_mb, progress=False).ok
     listing = work / "listing.json"
     listing.write_text(json.dumps(list(zip(paths, labels, strict=True))))
     peers = {}
@@ -239,8 +241,8 @@ def _prepare(args, work: Path) -> dict:
 def _run(name: str, args, srv, prepared: dict, stats_file: str) -> list[dict]:
     peer = name in PEERS
     env = dict(os.environ, **srv.env(), BENCH_PROXY_STATS=stats_file, S3_ENDPOINT_URL=srv.endpoint)
-    if peer:
-        env["PYTHONPATH"] = prepared["shim"]
+    if peer:  # the shim for Mosaic's torchvision import; plain HTTP for LitData's obstore path (local server)
+        env.update(PYTHONPATH=prepared["shim"], AWS_ALLOW_HTTP="true")
     cfg = {"name": name, "epochs": args.epochs, "half_bytes": prepared["data_bytes"] // 2, "env": srv.env()}
     python = args.peers_python if peer else sys.executable
     res = subprocess.run([python, __file__, "--child", json.dumps(cfg)], env=env, capture_output=True, text=True,
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"),
                    help="a venv with mosaicml-streaming and litdata (see reports/bench_objectstore.md)")
-    p.add_argument("--quick", action="store_true", help="400 JPEGs of 250x188, 2 epochs")
+    p.add_argument("--quick", action="store_true", help="400 JPEGs of 250x188, 2 epochs, 1 MB shards")
     p.add_argument("--timeout-s", type=float, default=900.0)
     p.add_argument("--json", help="write the raw per-epoch results here")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         _convert(fmt, listing, out, int(shard_bytes))
         return 0
     if args.quick:
-        args.n, args.size, args.epochs = 400, "250x188", 2
+        args.n, args.size, args.epochs, args.shard_mb = 400, "250x188", 2, 1.0
     if os.geteuid() != 0:
         print("needs root (a network namespace and tc)", file=sys.stderr)
         return 2

@@ -63,7 +63,7 @@ def test_shard_sampler_with_workers_requests_shards_not_samples(s3, packed):
     name = os.path.basename(packed["pattern"])
     ds = coordl.TarShards(f"s3://{BUCKET}/shards/{name}", storage_options=s3.storage_options(),
                           transform=_ident, memory_shards=4)  # fmt: skip
-    sampler = coordl.ShardSampler(ds, window=2, seed=1)
+    sampler = coordl.ShardSampler(ds, window=2, seed=1, batch_size=4, num_workers=2)
     order = list(sampler)
     assert sorted(order) == list(range(N_ITEMS)) and order != list(range(N_ITEMS))
     loader = coordl.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=lambda b: b)
@@ -74,7 +74,8 @@ def test_shard_sampler_with_workers_requests_shards_not_samples(s3, packed):
     finally:
         loader.close()
     assert seen == N_ITEMS
-    assert requests <= 2 * _shard_count(packed) < N_ITEMS  # at most each worker once per shard
+    # each shard goes to one worker: one GET per shard, but for the epoch's tail, where batches may cross
+    assert requests <= _shard_count(packed) + 2 < N_ITEMS
 
 
 def test_tar_shards_staged_from_a_bucket(s3, packed, tmp_path):
