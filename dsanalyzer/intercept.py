@@ -5,7 +5,7 @@
 imports ``torch.utils.data.dataloader`` (or ``coordl.dataloader``, ``coordl.dali.loader``), the hook
 replaces the loader class's ``__iter__`` so that the first loader the script iterates is timed
 (:class:`TimedIterator`) and prepared for the run named by ``DSANALYZER_MODE`` (see
-:mod:`dsanalyzer.measure.modes`). A DALI iterator (``nvidia.dali.plugin.pytorch.DALIGenericIterator``) is its
+:func:`dsanalyzer.jobs.prepare`). A DALI iterator (``nvidia.dali.plugin.pytorch.DALIGenericIterator``) is its
 own iterator, so there the hook times ``__next__`` itself (:func:`patch_dali_iterator_class`). After
 warm-up + N iterations it writes ``result-<pid>.json`` (plain JSON) into ``DSANALYZER_RESULT_DIR``
 and ends the script with ``SystemExit(0)``; if the script ends first, an ``atexit`` handler writes

@@ -91,6 +91,35 @@ def _dataset(dataset: dict, fetch: dict) -> dict:
     return dataset
 
 
+def _main_process(results: dict[str, dict], warmup: int, workers: int, scaling: dict) -> dict:
+    """The main process's own CPU per batch: receiving (the in-memory run) and the step (the compute run).
+
+    With ``num_workers=0`` the main thread preps inside ``__next__``, so its receive cost is read from
+    the loader-alone run with workers (at the most workers measured) instead.
+    """
+    from dsanalyzer.measure.timeline import summarize_cpu
+
+    def cpu(mode: str) -> dict | None:
+        r = results.get(mode) or {}
+        return summarize_cpu(r.get("wait_cpu_s") or [], r.get("step_cpu_s") or [], warmup)
+
+    compute, prep = cpu("compute"), cpu("prep")
+    out: dict = {
+        "receive_cpu_s_per_batch": None,
+        "step_cpu_s_per_batch": compute["step_s"] if compute else None,
+        "method": "CPU time: the main thread's inside __next__ (the in-memory run), the process's during "
+        "the step (the compute run); waiting for workers and waiting for a core cost none",
+    }
+    if workers > 0 and prep:
+        out["receive_cpu_s_per_batch"] = prep["receive_s"]
+    else:
+        receive = [r for r in scaling.get("receive_cpu_s_per_batch") or [] if r is not None]
+        if receive:
+            out["receive_cpu_s_per_batch"] = receive[-1]
+            out["method"] += "; receive from the loader-alone run with workers (the job loads in its main process)"
+    return out
+
+
 def _runs_section(results: dict[str, dict], summaries: dict) -> dict:
     runs = {}
     for mode, r in results.items():
@@ -168,9 +197,10 @@ def assemble_report(
             "observed": summaries["real"].samples_per_s,
         },
         "prep_scaling": scaling,
+        "main_process": _main_process(results, warmup, workers, scaling),
         "fetch": {k: fetch.get(k) for k in ("bytes_per_s", "items_per_s", "threads", "method", "error")},
         **diff,
-        "per_epoch_s": per_epoch(per_iter, int(dataset.get("items") or 0), batch),
+        "per_epoch_s": per_epoch(per_iter, int(dataset.get("items") or 0), batch, loader.get("batches_per_epoch")),
         "bound": bound_of(per_iter),
         "advice": "",
         "runs": {},
@@ -309,7 +339,14 @@ def _drive(open_iter: Callable[[], Any], train_step: Callable[[Any], Any], n: in
         timeline.next_started()  # closes the last step
     finally:
         runs.shutdown_iterator(it)
-    return {"wait_s": timeline.wait_s, "step_s": timeline.step_s, "batch_items": timeline.batch_items}
+    return {
+        "wait_s": timeline.wait_s,
+        "step_s": timeline.step_s,
+        "batch_items": timeline.batch_items,
+        "wait_cpu_s": timeline.wait_cpu_s,
+        "step_cpu_s": timeline.step_cpu_s,
+        "starts_s": timeline.starts,
+    }
 
 
 def profile(

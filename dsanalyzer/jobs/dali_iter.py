@@ -4,7 +4,7 @@
 is its own iterator: ``__next__`` runs the pipeline and returns a list with one dict of torch tensors
 per pipeline; at an epoch's end it raises StopIteration and needs ``reset()`` (done by itself with
 ``auto_reset=True``, and by ``iter()`` after a consumed epoch). It has no dataset, no item source and
-no worker count to change, so :func:`dsanalyzer.measure.modes.prepare` hands it to :func:`prepare_run`:
+no worker count to change, so :func:`dsanalyzer.jobs.prepare` hands it to :func:`prepare_run`:
 
 ``prep_scaling``  dataset size from the readers' files, their cold read rate (one thread per reader:
                   a DALI reader reads its files with one), then the iterator alone, files in the page
@@ -82,7 +82,7 @@ def take_batch(it: Any) -> Any:
 
 
 def _facts(it: Any, ops: list[dali_readers.Op]) -> dict:
-    """:func:`dsanalyzer.measure.modes.loader_facts`'s keys for a DALI iterator, plus where its prep runs."""
+    """:func:`dsanalyzer.jobs.torch_loader.loader_facts`'s keys for a DALI iterator, plus where its prep runs."""
     pipes = _pipelines(it)
     first = pipes[0] if pipes else None
     return {
@@ -203,7 +203,7 @@ def prepare_run(
     elif plan.mode == "prep":
         info["memory"] = _warm(files, plan.memory_budget_bytes)
     elif plan.mode == "real":
-        info["cold"] = runs.start_cold(None, files=files)
+        info["cold"] = runs.evict_cold(files)
         if not files:
             info["cold"]["note"] = NO_FILES
     else:

@@ -121,7 +121,7 @@ def recommend(model: Model) -> dict | None:
         return None
     change: dict = {}
     workers = model.workers
-    cores = model.prep.cores_for_rate(target)
+    cores = model.cores_for_rate(target)
     if cores is not None and max(1, workers) < cores <= model.cpus:  # prep cannot keep up at this count
         workers = cores
         change["num_workers"] = workers
@@ -168,7 +168,13 @@ def _change_text(change: dict, report: dict) -> str:
 
 
 def verdict(report: dict) -> dict:
-    """Bound, check against the measured run, causes and fix, as JSON-ready fields."""
+    """Bound, check against the measured run, causes and fix, as JSON-ready fields.
+
+    ``bound`` is the bound the verdict states; ``model_bound`` the model's at the measured rates;
+    ``measured_bound`` the stalls' (report.json's top-level ``bound``). They differ only with
+    ``bound_note`` saying why, with the numbers; the verdict states the measured bound when the
+    model also misses the real run's rate (then the stalls are the better evidence).
+    """
     model = Model.from_report(report)
     pred = model.predict_measured()
     observed = float((report.get("rates_per_s") or {}).get("observed") or 0.0)
@@ -179,10 +185,14 @@ def verdict(report: dict) -> dict:
     else:
         allowed = 0.0
     disagrees = abs(gap) > allowed
+    measured = report.get("bound")
+    stated = measured if measured in _BOUNDS and measured != pred.bound and disagrees else pred.bound
     fix = recommend(model)
     out = {
-        "bound": pred.bound,
-        "measured_bound": report.get("bound"),
+        "bound": stated,
+        "model_bound": pred.bound,
+        "measured_bound": measured,
+        "bound_note": None,
         "predicted_samples_per_s": pred.samples_per_s,
         "observed_samples_per_s": observed,
         "gap": gap,
@@ -190,10 +200,48 @@ def verdict(report: dict) -> dict:
         "disagrees": disagrees,
         "causes": _causes(report, model, pred, spread, gap) if disagrees else [],
         "overhead": _overhead(model),
+        "more_cores": _more_cores(model, pred),
         "fix": None if fix is None else {**fix, "code": _change_text(fix["change"], report)},
     }
+    if measured in _BOUNDS and measured != pred.bound:
+        out["bound_note"] = _bound_note(report, model, pred, stated)
     out["sentence"] = _sentence(model, pred, out, workers_noun(report))
     return out
+
+
+_BOUNDS = ("compute", "prep", "fetch")
+
+
+def _more_cores(model: Model, pred: Prediction) -> dict:
+    """The what-if at twice the cores (one worker per core), beside the measured configuration's rate."""
+    cpus = 2 * model.cpus
+    more = model.predict(model.cache_bytes, cpus, model.storage_bytes_per_s, policy=model.cache_policy)
+    return {
+        "cpus": cpus,
+        "samples_per_s": more.samples_per_s,
+        "rises": more.samples_per_s > pred.samples_per_s * 1.02,
+    }
+
+
+def _bound_note(report: dict, model: Model, pred: Prediction, stated: str) -> str:
+    """Why the stalls as measured and the model name different bounds, with both sets of numbers."""
+    per = report.get("per_iter_s") or {}
+    total = sum(float(per.get(k) or 0.0) for k in _STALLS)
+    stages = pred.stage_rates
+    in_memory = min(stages.get("prep", math.inf), stages.get("cpu", math.inf))
+    text = (
+        f"the stalls as measured name {report.get('bound')} (prep stall {float(per.get('prep_stall') or 0) * 1e3:.1f} ms, "
+        f"fetch stall {float(per.get('fetch_stall') or 0) * 1e3:.1f} ms of a {total * 1e3:.1f} ms iteration; "
+        "a stall under 5% of the iteration counts as none), the model names "
+        f"{pred.bound} (compute with the main process's own work {stages.get('compute', math.nan):,.0f}, "
+        f"prep {in_memory:,.0f}, fetch {stages.get('fetch', math.nan):,.0f} samples/s)"
+    )
+    if stated != pred.bound:
+        text += f"; the model's {pred.samples_per_s:,.0f} samples/s misses the real run, so the verdict follows the stalls"
+    return text
+
+
+_STALLS = ("compute", "prep_stall", "fetch_stall")
 
 
 def _overhead(model: Model) -> dict | None:
@@ -206,16 +254,15 @@ def _overhead(model: Model) -> dict | None:
         "ceiling_samples_per_s": model.compute_rate(),
         "text": (
             f"the step alone runs at {model.compute_per_s:,.0f} samples/s, but the main process spends "
-            f"{model.batch_overhead_s * 1e3:.1f} ms per batch receiving it from the loader (measured "
-            f"in the in-memory run), so the job tops out at {model.compute_rate():,.0f} samples/s"
+            f"{model.batch_overhead_s * 1e3:.1f} ms of its own CPU per batch receiving it from the loader "
+            f"(CPU time in the in-memory run), so the job tops out at {model.compute_rate():,.0f} samples/s"
         ),
     }
 
 
 def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
-    parts = [
-        f"{pred.bound}-bound: the model predicts {pred.samples_per_s:,.0f} samples/s at the measured rates"
-    ]
+    bound = v["bound"]
+    parts = [f"{bound}-bound: the model predicts {pred.samples_per_s:,.0f} samples/s at the measured rates"]
     if pred.bound == "fetch":
         parts[0] += f" (storage {format_bytes(model.storage_bytes_per_s)}/s, hit ratio {pred.hit_ratio:.2f})"
     if v["disagrees"]:
@@ -240,17 +287,21 @@ def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
         )
     else:
         parts.append(f"the real run agrees ({v['observed_samples_per_s']:,.0f} samples/s)")
-    if v["overhead"] is not None and pred.bound == "compute":
+    if v["bound_note"]:
+        parts.append(v["bound_note"])
+    if v["overhead"] is not None and bound == "compute" and pred.bound == "compute":
         parts.append(v["overhead"]["text"])
-    fix = v["fix"]
+    fix, more = v["fix"], v["more_cores"]
     if fix is not None:
         parts.append(f"fix: {fix['code']}, predicted {fix['predicted_samples_per_s']:,.0f} samples/s")
         if fix["bound"] != "compute":
             parts.append(f"then {fix['bound']}-bound: {_no_fix_text(model, fix['bound'], noun)}")
-    elif pred.bound == "compute":
+    elif bound == "compute" and not more["rises"]:
         parts.append("more cores, cache or storage speed will not help")
+    elif bound == "compute":
+        parts.append(f"with {more['cpus']} cores the what-if predicts {more['samples_per_s']:,.0f} samples/s")
     else:
-        parts.append(_no_fix_text(model, pred.bound, noun))
+        parts.append(_no_fix_text(model, bound, noun))
     return "; ".join(parts) + "."
 
 
@@ -259,7 +310,11 @@ def _no_fix_text(model: Model, bound: str, noun: str) -> str:
     if bound == "prep":
         if need["cpus_needed"] is None:
             return "prep saturates however many cores it gets: make prep cheaper (cache decoded samples)"
-        return f"{need['cpus_needed']} CPU cores for data prep would make it compute-bound (this machine has {model.cpus})"
+        more = model.predict(model.cache_bytes, 2 * model.cpus, model.storage_bytes_per_s, policy=model.cache_policy)
+        return (
+            f"{need['cpus_needed']} CPU cores for data prep would make it compute-bound (this machine has "
+            f"{model.cpus}; with {2 * model.cpus} the what-if predicts {more.samples_per_s:,.0f} samples/s)"
+        )
     storage = need["storage_bytes_per_s_needed"]
     if storage:
         return f"storage at {format_bytes(storage)}/s would make it compute-bound"

@@ -1,15 +1,20 @@
 """The differential runs by name, and what one run is asked to do (:class:`RunPlan`).
 
 A leaf: the profiler builds plans, the hook's config carries one into the job
-(:class:`~dsanalyzer.measure.hookconfig.HookConfig` is a RunPlan), :mod:`~dsanalyzer.measure.modes`
-and the job kinds carry them out.
+(:class:`~dsanalyzer.measure.hookconfig.HookConfig` is a RunPlan), the job kinds
+(:func:`dsanalyzer.jobs.prepare`) carry them out and say what they did (:class:`Prepared`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["MODES", "RunPlan"]
+if TYPE_CHECKING:
+    from dsanalyzer.measure.runs import ReplayIterator
+
+__all__ = ["MODES", "RunPlan", "Prepared"]
 
 # In the order they run: the prep-scaling run measures the dataset the others are compared against.
 MODES = ("prep_scaling", "compute", "prep", "real")
@@ -25,3 +30,12 @@ class RunPlan:
     workers_list: tuple[int, ...] = (1,)
     data_path: str | None = None
     memory_budget_bytes: int = 1 << 30
+
+
+@dataclass
+class Prepared:
+    """What preparing a run did (each job kind's ``prepare``): facts for the result, the compute run's batch, how to undo it."""
+
+    info: dict
+    replay: ReplayIterator | None = None
+    undo: Callable[[], None] = field(default=lambda: None)

@@ -49,9 +49,14 @@ def bound_of(per_iter_s: dict, threshold: float = 0.05) -> str:
     return "fetch" if fetch >= prep else "prep"
 
 
-def per_epoch(per_iter_s: dict, items: int, batch_size: float) -> dict:
-    """Per-iteration figures scaled to one epoch of ``items`` (the last batch may be partial)."""
-    iters = math.ceil(items / batch_size) if batch_size > 0 else 0
+def per_epoch(per_iter_s: dict, items: int, batch_size: float, batches: int | None = None) -> dict:
+    """Per-iteration figures scaled to one epoch: ``batches`` iterations when the loader knows its length
+    (``len(loader)``: under a ``DistributedSampler`` each rank's own share), else ``items / batch_size``
+    (the last batch may be partial)."""
+    if batches is not None and int(batches) > 0:
+        iters = int(batches)
+    else:
+        iters = math.ceil(items / batch_size) if batch_size > 0 else 0
     out = {k: per_iter_s[k] * iters for k in STALL_KEYS}
     out["total"] = sum(out.values())
     out["iters"] = iters

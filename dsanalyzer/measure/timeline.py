@@ -6,8 +6,13 @@ batch has ended) and ``__next__`` returns (the wait for this batch has ended). S
     wait_s[i] = time inside __next__ for batch i
     step_s[i] = time from batch i handed over to the call for batch i+1
 
-Recording costs two ``perf_counter`` calls and two list appends per iteration (about a microsecond),
-far below 1% of any real step. On a GPU the step's kernels run asynchronously, so the boundary
+Each boundary also reads two CPU clocks: the calling thread's (``wait_cpu_s[i]``, the main thread's
+own work inside ``__next__``: receiving, unpickling, collating; never its waiting, which costs no CPU)
+and the whole process's (``step_cpu_s[i]``, the step's host-side work on every thread of the main
+process, loader worker processes excluded). They are what the main process costs a core per batch,
+apart from waiting for workers and from losing its core to them (:mod:`dsanalyzer.model.rates`).
+Recording costs a few clock reads and list appends per iteration (a few microseconds), far below 1%
+of any real step. On a GPU the step's kernels run asynchronously, so the boundary
 synchronises the device first (``sync``); otherwise the GPU time would show up as wait.
 
 Summaries drop warm-up iterations and report, for each quantity, the median over blocks of the
@@ -26,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Timeline", "RunSummary", "summarize", "block_median", "cuda_sync_or_none"]
+__all__ = ["Timeline", "RunSummary", "summarize", "summarize_cpu", "block_median", "cuda_sync_or_none"]
 
 
 class Timeline:
@@ -41,18 +46,28 @@ class Timeline:
         self.wait_s: list[float] = []
         self.step_s: list[float] = []
         self.batch_items: list[int] = []
+        self.wait_cpu_s: list[float] = []  # the calling (main) thread's CPU inside __next__
+        self.step_cpu_s: list[float] = []  # the process's CPU (all threads) during the step
+        self.t0 = time.perf_counter()  # the timeline's origin (trace timestamps count from it)
+        self.starts: list[float] = []  # when each __next__ began, seconds since t0
         self._last_end: float | None = None
         self._start: float | None = None
+        self._cpu_start = (0.0, 0.0)  # (thread, process) CPU when __next__ began
+        self._step_cpu_start: float | None = None
 
     def next_started(self) -> float:
         """Mark the start of ``__next__``: the previous step (if any) ends here."""
         if self.sync is not None:
             self.sync()
         now = time.perf_counter()
+        proc = time.process_time()
         if self._last_end is not None:
             self.step_s.append(now - self._last_end)
+            if self._step_cpu_start is not None:
+                self.step_cpu_s.append(proc - self._step_cpu_start)
             self._last_end = None
         self._start = now
+        self._cpu_start = (time.thread_time(), proc)
         return now
 
     def next_ended(self, items: int) -> float:
@@ -60,14 +75,18 @@ class Timeline:
         now = time.perf_counter()
         if self._start is not None:
             self.wait_s.append(now - self._start)
+            self.wait_cpu_s.append(time.thread_time() - self._cpu_start[0])
+            self.starts.append(self._start - self.t0)
             self.batch_items.append(items)
         self._last_end = now
+        self._step_cpu_start = time.process_time()
         return now
 
     def abandon_pending(self) -> None:
         """Forget an unfinished wait (the iterator ended: StopIteration is not a batch)."""
         self._start = None
         self._last_end = None
+        self._step_cpu_start = None
 
     @property
     def complete_iterations(self) -> int:
@@ -150,6 +169,20 @@ def summarize(
         samples_per_s=samples_per_s,
         spread_s={"wait": _spread(w), "step": _spread(s), "iter": _spread(total)},
     )
+
+
+def summarize_cpu(wait_cpu_s: list[float], step_cpu_s: list[float], warmup: int = 5) -> dict | None:
+    """The main process's own CPU seconds per batch, warm-up dropped (block medians): None when not recorded.
+
+    ``receive_s``: the main thread inside ``__next__`` (its share of the data path); ``step_s``: the
+    whole process during the step (its host-side work, intra-op threads included).
+    """
+    n = min(len(wait_cpu_s), len(step_cpu_s))
+    if n == 0:
+        return None
+    skip = min(warmup, max(0, n - 1))
+    receive, step = block_median(wait_cpu_s[skip:n]), block_median(step_cpu_s[skip:n])
+    return {"receive_s": receive, "step_s": step, "iters": n - skip}
 
 
 def cuda_sync_or_none() -> Callable[[], None] | None:

@@ -12,7 +12,7 @@ import math
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.scaling import PrepScaling
 
-__all__ = ["field", "positive", "batch_overhead_s", "model_fields"]
+__all__ = ["field", "positive", "main_process_costs", "model_fields"]
 
 
 def field(report: dict, *keys: str, required: bool = True, default=None):
@@ -37,26 +37,51 @@ def positive(value, name: str) -> float:
     return value
 
 
-def batch_overhead_s(report: dict, batch: int, compute_per_s: float, prep_per_s: float, workers: int) -> float:
-    """Main-process seconds per batch that add to the step (receiving a batch from a worker).
+def _number(value) -> float | None:
+    """``value`` as a finite non-negative float, None when absent or not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if value >= 0 and math.isfinite(value) else None
 
-    Run 2 (the full job, items from memory) runs at ``1 / (1/G + overhead/B)`` when prep has room to
-    spare; below both G and the loader-alone rate P(w), the gap is that overhead. When run 2 runs at
-    about P(w), prep binds and the overhead cannot be told apart: 0. Run 2's rate is taken from its
-    block-median iteration (``summary.iter_s``) where recorded, so that one pause of the process (a
-    410 ms step among 30 ms ones in a demo profile) is not read as a per-batch cost of every batch.
+
+def main_process_costs(report: dict, cpus: int) -> dict:
+    """The CPU the job's processes spend, per batch and per sample, and the share of its cores it got.
+
+    * ``batch_overhead_s``: the main thread's own CPU per batch inside ``__next__`` (receiving,
+      unpickling, collating), from the in-memory run (``main_process.receive_cpu_s_per_batch``). It is
+      CPU time, so neither waiting for workers nor losing the core to them counts in it.
+    * ``step_cpu_s``: the main process's CPU per step (``main_process.step_cpu_s_per_batch``, the compute run).
+    * ``prep_cpu_s``: CPU per sample of the data path, workers and main process together, from the
+      loader-alone run at the most workers measured within the cores (``prep_scaling.cpu_s_per_sample``).
+    * ``cpu_share``: the job's CPU over wall time x cores in that run (below 1: other processes held
+      some of the cores), so that CPU seconds become wall seconds as this machine gave them.
+
+    A report without them (an older dsanalyzer, a hand-written report) gets 0 / None: then the model
+    has no per-batch cost and no shared-core limit, as before these were measured.
     """
-    rate2 = field(report, "runs", "prep", "samples_per_s", required=False)
-    summary = field(report, "runs", "prep", "summary", required=False) or {}
-    iter_s, items = summary.get("iter_s"), summary.get("batch_size")
-    if isinstance(iter_s, (int, float)) and isinstance(items, (int, float)) and iter_s > 0 and items > 0:
-        rate2 = items / iter_s
-    if not rate2 or workers == 0 or not math.isfinite(float(rate2)) or float(rate2) <= 0:
-        return 0.0
-    rate2 = float(rate2)
-    if rate2 >= 0.97 * prep_per_s or rate2 >= compute_per_s:
-        return 0.0
-    return max(0.0, batch / rate2 - batch / compute_per_s)
+    mp = field(report, "main_process", required=False) or {}
+    out: dict = {
+        "batch_overhead_s": _number(mp.get("receive_cpu_s_per_batch")) or 0.0,
+        "step_cpu_s": _number(mp.get("step_cpu_s_per_batch")),
+        "prep_cpu_s": None,
+        "cpu_share": 1.0,
+    }
+    scaling = field(report, "prep_scaling", required=False) or {}
+    ks = scaling.get("workers") or []
+    per_sample = scaling.get("cpu_s_per_sample") or []
+    shares = scaling.get("cpu_share") or []
+    cores = int(scaling.get("cores") or cpus)
+    best = None
+    for i, k in enumerate(ks):
+        if i < len(per_sample) and _number(per_sample[i]) and k <= cores and (best is None or k > ks[best]):
+            best = i
+    if best is not None:
+        out["prep_cpu_s"] = float(per_sample[best])
+        share = _number(shares[best]) if best < len(shares) else None
+        if share and ks[best] >= cores:  # saturating: every core had a worker or the main process on it
+            out["cpu_share"] = min(1.0, max(0.05, share))
+    return out
 
 
 def _item_bytes(report: dict, items: int) -> float:
@@ -112,5 +137,5 @@ def model_fields(report: dict) -> dict:
         "cache_bytes": float(field(report, "cache_bytes", required=False, default=0.0)),
         "cache_policy": policy,
         "prep_points": tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
-        "batch_overhead_s": batch_overhead_s(report, batch, compute, prep.rate(min(max(workers, 1), cpus)), workers),
+        **main_process_costs(report, cpus),
     }

@@ -2,9 +2,10 @@
 
 The job is a pipeline of stages and runs at the rate of its slowest one (Plumber-style rate model)::
 
-    observed = min(G * gpu_speedup,           compute: the step alone (measured run 1)
-                   F(h, storage),             fetch: the storage device and memory bus, shared by all workers
-                   W(workers, cores, h))      worker cycle: each worker fetches *then* preps its items
+    observed = min(1/(1/(G * gpu_speedup) + r/(a B)),   compute: the step plus the main process's own receive work
+                   F(h, storage),                       fetch: the storage device and memory bus, shared by all workers
+                   W(workers, cores, h),                worker cycle: each worker fetches *then* preps its items
+                   C(cores))                            cpu: every process of the job sharing the cores
 
 * Fetch stage, aggregate over all workers: ``F = 1 / (h * s / membw + (1 - h) * s / storage_bw)`` items/s,
   with ``s`` the mean item size, ``membw`` the measured memory bandwidth and ``storage_bw`` the measured
@@ -15,6 +16,16 @@ The job is a pipeline of stages and runs at the rate of its slowest one (Plumber
   ``t_fetch = h * s / membw + (1 - h) * (s / storage_bw + overhead_s)`` plus ``w / P(min(w, c))`` of prep,
   so ``W = w / (t_fetch + w / P(min(w, c)))``. With a free fetch this is the prep rate P.
   This term is why adding workers helps a latency-bound fetch even when the device is not saturated.
+* Shared cores: every sample costs the job's processes CPU, ``prep_cpu_s`` in the data path (the
+  workers, and the main process receiving) plus ``step_cpu_s / B`` of the main process's own step
+  work (its host side; all of a CPU step). ``c`` cores, of which the job gets the share ``a`` that
+  the profile measured, run at most ``C = a * c / (prep_cpu_s + step_cpu_s / B)`` samples/s. On a
+  GPU the step leaves the cores to prep and ``C`` is about ``P(c)``; on a small machine with a CPU
+  step the main process takes a core from the workers and ``C`` binds: that is prep stall (more
+  cores raise it), not a fixed cost of the main process.
+* Main process: it receives each batch (``batch_overhead_s`` of its own CPU) and runs the step one
+  after the other, so the job never exceeds ``B / (B/G + batch_overhead_s / a)``: the compute
+  bound. Only its own work counts here; waiting for workers and losing its core to them do not.
 
 ``bound`` follows the differential definition: compute when the prediction equals the compute rate,
 prep when it equals the in-memory pipeline rate (prep stall = its gap to compute), fetch otherwise
@@ -71,11 +82,13 @@ def compose(
     workers: int,
     batch_size: int,
     dataset_items: int,
+    cpu_per_s: float = math.inf,
 ) -> Prediction:
     """The predicted rate of ``workers`` loader workers at hit ratio ``h`` (0 workers: all in the main process).
 
     ``step_per_s`` is the step alone (G x speed-up), ``compute_per_s`` the step with the main process's
-    per-batch cost; ``prep_per_s`` the prep rate at this worker count on these cores.
+    per-batch cost; ``prep_per_s`` the prep rate at this worker count on these cores; ``cpu_per_s``
+    the rate the job's CPU work fits in on these cores (``C``; infinite when not measured).
     """
     fetch_s = costs.aggregate_s(h)
     fetch = math.inf if fetch_s <= 0 else 1.0 / fetch_s
@@ -84,8 +97,9 @@ def compose(
         cycle = 1.0 / (1.0 / compute_per_s + worker_fetch_s + 1.0 / prep_per_s)
         in_memory = 1.0 / (1.0 / compute_per_s + costs.hit_s + 1.0 / prep_per_s)
     else:
-        cycle = workers / (worker_fetch_s + workers / prep_per_s)
-        in_memory = workers / (costs.hit_s + workers / prep_per_s)  # the differential run 2: items from memory
+        cycle = min(cpu_per_s, workers / (worker_fetch_s + workers / prep_per_s))
+        # the differential run 2: items from memory
+        in_memory = min(cpu_per_s, workers / (costs.hit_s + workers / prep_per_s))
     rate = min(compute_per_s, fetch, cycle)
     no_fetch = min(compute_per_s, in_memory)
     if rate >= compute_per_s * (1 - TOL):
@@ -100,5 +114,5 @@ def compose(
         "prep_stall": max(0.0, b / no_fetch - b / step_per_s),
         "fetch_stall": max(0.0, b / rate - b / no_fetch),
     }
-    stages = {"compute": compute_per_s, "prep": prep_per_s, "fetch": fetch, "worker_cycle": cycle}
+    stages = {"compute": compute_per_s, "prep": prep_per_s, "fetch": fetch, "worker_cycle": cycle, "cpu": cpu_per_s}
     return Prediction(rate, dataset_items / rate, bound, stages, h, per_iter)

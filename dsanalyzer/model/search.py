@@ -102,7 +102,7 @@ def to_compute_bound(model: Model, gpu_speedup: float = 1.0) -> dict:
     max(measured cores, cores needed). Storage: at the measured cache and policy.
     """
     target = model.compute_rate(gpu_speedup)
-    cpus_needed = model.prep.cores_for_rate(target)
+    cpus_needed = model.cores_for_rate(target, gpu_speedup)
     cpus_for_cache = max(model.cpus, cpus_needed or model.cpus)
     cache_needed = {
         p: cache_bytes_for_rate(model, target, cpus_for_cache, model.storage_bytes_per_s, p, gpu_speedup)

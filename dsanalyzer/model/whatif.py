@@ -15,6 +15,7 @@ Rates are steady-state (epoch 2 on); a cold first epoch is all misses.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dsanalyzer.model.cache import hit_ratio
@@ -42,7 +43,10 @@ class Model:
     cache_bytes: float = 0.0
     cache_policy: str = "pagecache"
     prep_points: tuple = ()  # the measured (workers, samples/s) pairs the prep curve was fitted to
-    batch_overhead_s: float = 0.0  # main-process cost per batch in series with the step (from run 2)
+    batch_overhead_s: float = 0.0  # the main thread's own CPU per batch receiving it (in series with the step)
+    step_cpu_s: float | None = None  # the main process's CPU per step (None: not measured)
+    prep_cpu_s: float | None = None  # CPU per sample of the data path, all processes (None: not measured)
+    cpu_share: float = 1.0  # the share of its cores the job got while profiled
 
     @classmethod
     def from_report(cls, report: dict) -> Model:
@@ -56,8 +60,8 @@ class Model:
     def params(self) -> dict:
         """JSON-ready model parameters (what report.json stores under ``model``)."""
         return {
-            "formula": "min(1/(1/(G*gpu_speedup) + batch_overhead_s/B), 1/(h*s/membw + (1-h)*s/storage_bw), "
-            "w/(t_fetch + w/P(min(w,c))))",
+            "formula": "min(1/(1/(G*gpu_speedup) + batch_overhead_s/(a*B)), 1/(h*s/membw + (1-h)*s/storage_bw), "
+            "w/(t_fetch + w/P(min(w,c))), a*c/(prep_cpu_s + step_cpu_s/B))",
             "dataset_items": self.dataset_items,
             "avg_item_bytes": self.avg_item_bytes,
             "batch_size": self.batch_size,
@@ -66,6 +70,9 @@ class Model:
             "storage_bytes_per_s": self.storage_bytes_per_s,
             "storage_overhead_s": self.storage_overhead_s,
             "batch_overhead_s": self.batch_overhead_s,
+            "step_cpu_s": self.step_cpu_s,
+            "prep_cpu_s": self.prep_cpu_s,
+            "cpu_share": self.cpu_share,
             "mem_bandwidth_bytes_per_s": self.mem_bandwidth_bytes_per_s,
             "measured_at": {
                 "cpus": self.cpus,
@@ -77,7 +84,28 @@ class Model:
 
     def compute_rate(self, gpu_speedup: float = 1.0) -> float:
         """The most samples/s the job can reach: the step plus the main process's per-batch cost."""
-        return 1.0 / (1.0 / (self.compute_per_s * gpu_speedup) + self.batch_overhead_s / self.batch_size)
+        own = self.batch_overhead_s / (self.cpu_share * self.batch_size)
+        return 1.0 / (1.0 / (self.compute_per_s * gpu_speedup) + own)
+
+    def cpu_rate(self, cpus: int) -> float:
+        """Samples/s the job's CPU work fits in on ``cpus`` cores (infinite when it was not measured)."""
+        if not self.prep_cpu_s:
+            return math.inf
+        per_sample = self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
+        return self.cpu_share * cpus / per_sample
+
+    def in_memory_rate(self, cpus: int, gpu_speedup: float = 1.0) -> float:
+        """Samples/s with every item in memory and one worker per core: fetch free, prep and step left."""
+        return min(self.compute_rate(gpu_speedup), self.prep.rate(cpus), self.cpu_rate(cpus))
+
+    def cores_for_rate(self, target: float, gpu_speedup: float = 1.0, max_cores: int = 4096) -> int | None:
+        """Fewest cores whose in-memory rate reaches ``target`` (None: no core count does)."""
+        for c in range(1, max_cores + 1):
+            if self.in_memory_rate(c, gpu_speedup) >= target * (1 - 1e-9):
+                return c
+            if c > self.prep.peak_cores() and self.prep.rate(c) < target:
+                return None
+        return None
 
     def predict(
         self,
@@ -115,6 +143,7 @@ class Model:
             workers=w,
             batch_size=self.batch_size,
             dataset_items=self.dataset_items,
+            cpu_per_s=self.cpu_rate(cpus),
         )
 
     def predict_measured(self) -> Prediction:

@@ -49,6 +49,7 @@ def summary_text(report: dict) -> str:
         "rates (samples/s): "
         + " | ".join(f"{k} {_rate(rates.get(k))}" for k in ("compute", "prep", "fetch", "observed"))
     )
+    lines += _cpu_lines(report)
     comm = report.get("comm")
     if isinstance(comm, dict):
         for row in comm.get("per_rank") or []:
@@ -64,6 +65,24 @@ def summary_text(report: dict) -> str:
     lines.append(f"stalls as measured: {report['bound']}-bound")
     lines.append(f"verdict: {report.get('advice', '')}".rstrip())
     return "\n".join(lines)
+
+
+def _cpu_lines(report: dict) -> list[str]:
+    """The main process's own CPU per batch and the data path's per sample (what the cores axis uses)."""
+    mp = report.get("main_process") or {}
+    params = report.get("model") or {}
+    if mp.get("receive_cpu_s_per_batch") is None and mp.get("step_cpu_s_per_batch") is None:
+        return []
+    line = (
+        f"main process (its own CPU per batch): receiving {_ms(mp.get('receive_cpu_s_per_batch'))} | "
+        f"step {_ms(mp.get('step_cpu_s_per_batch'))}"
+    )
+    if params.get("prep_cpu_s"):
+        line += f"; data path {params['prep_cpu_s'] * 1e3:.2f} ms CPU per sample"
+    if params.get("cpu_share") is not None and "cpu_share" in params:
+        cores = (report.get("machine") or {}).get("cpus", "?")
+        line += f"; the job got {params['cpu_share']:.0%} of its {cores} cores while profiled"
+    return [line]
 
 
 def verify_text(v: dict) -> str:

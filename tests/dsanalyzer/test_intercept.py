@@ -273,7 +273,7 @@ def test_progress_keeps_moving_while_min_seconds_keeps_measuring(monkeypatch, tm
 def test_loader_facts_record_the_epoch_verify_warms_up_over():
     import torch
 
-    from dsanalyzer.measure.modes import loader_facts
+    from dsanalyzer.jobs.torch_loader import loader_facts
 
     facts = loader_facts(torch.utils.data.DataLoader(list(range(100)), batch_size=32, drop_last=True))
     assert facts["drop_last"] is True and facts["batches_per_epoch"] == 3

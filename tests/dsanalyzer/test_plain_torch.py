@@ -69,8 +69,8 @@ def test_plain_torch_job_without_coordl_gets_item_sizes_and_a_model(tmp_path):
 def test_dsanalyzer_imports_without_coordl():
     code = (
         "import sys; sys.modules['coordl'] = None\n"
-        "import dsanalyzer, dsanalyzer.measure.modes, dsanalyzer.measure.runs, dsanalyzer.intercept, dsanalyzer.report\n"
-        "from dsanalyzer.measure.runs import find_item_source, is_coordl_loader\n"
+        "import dsanalyzer, dsanalyzer.jobs.torch_loader, dsanalyzer.measure.runs, dsanalyzer.intercept, dsanalyzer.report\n"
+        "from dsanalyzer.jobs.item_source import find_item_source\nfrom dsanalyzer.jobs.coordl_loader import is_coordl_loader\n"
         "class L: dataset = [1, 2]\n"
         "assert find_item_source(L()) is None and not is_coordl_loader(L())\n"
         "assert dsanalyzer.profile and dsanalyzer.load_report\n"

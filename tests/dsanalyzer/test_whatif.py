@@ -143,22 +143,57 @@ def test_gpu_speedup_scales_compute():
     assert m.predict(1e9, 2, 1e12, gpu_speedup=2.0).stage_rates["compute"] == pytest.approx(1600)
 
 
-def test_main_process_batch_overhead_is_read_from_run_2():
-    # run 2 (items from memory, prep has room) at 640/s although G = 800: 10 ms per batch of 32 on top
+def test_main_process_batch_overhead_is_its_measured_cpu_not_run_2s_wall_time():
+    # run 2 (items from memory) at 640/s although G = 800: its wall time alone infers no per-batch cost
     rep = synthetic_report(prep_scaling={"workers": [1, 2], "samples_per_s": [3000.0, 6000.0]})
     rep["runs"]["prep"]["samples_per_s"] = 640.0
+    assert Model.from_report(rep).batch_overhead_s == 0.0
+    # the main thread's own CPU per batch, measured inside __next__: 10 ms per batch of 32 on top of the step
+    rep["main_process"] = {"receive_cpu_s_per_batch": 0.010, "step_cpu_s_per_batch": 0.001}
     m = Model.from_report(rep)
-    assert m.batch_overhead_s == pytest.approx(32 / 640 - 32 / 800)
+    assert m.batch_overhead_s == pytest.approx(0.010)
     p = m.predict(1e9, 2, 1e12, policy="minio")
-    assert p.bound == "compute" and p.samples_per_s == pytest.approx(640.0)
+    assert p.bound == "compute" and p.samples_per_s == pytest.approx(1 / (1 / 800 + 0.010 / 32))
     assert p.per_iter_s["compute"] == pytest.approx(0.04)  # the step; the overhead shows as prep stall
     assert p.per_iter_s["prep_stall"] == pytest.approx(0.01)
-    # one long pause in run 2 lowers its mean rate, not its block-median iteration: not a per-batch cost
-    rep["runs"]["prep"]["samples_per_s"] = 600.0
-    rep["runs"]["prep"]["summary"] = {"iter_s": 32 / 640, "batch_size": 32.0}
-    assert Model.from_report(rep).batch_overhead_s == pytest.approx(32 / 640 - 32 / 800)
-    # when run 2 runs at the prep rate, prep binds and nothing is inferred
-    assert Model.from_report(synthetic_report()).batch_overhead_s == 0.0
+
+
+def one_cpu_prep_bound_report() -> dict:
+    """A job profiled on 1 CPU: one worker preps at 900/s, the step alone runs at 12,000/s; the worker
+    and the main process share the core, so run 2 (items from memory) is slow in wall time."""
+    rep = synthetic_report(
+        machine={"cpus": 1, "memory_bytes": 24e9, "mem_bandwidth_bytes_per_s": 10e9},
+        workers=1,
+        rates_per_s={"compute": 12000.0, "prep": 900.0, "fetch": 5000.0, "observed": 830.0},
+        prep_scaling={"workers": [1], "samples_per_s": [900.0], "cores": 1,
+                      "cpu_s_per_sample": [1 / 900], "cpu_share": [1.0]},  # fmt: skip
+        main_process={"receive_cpu_s_per_batch": 0.0003, "step_cpu_s_per_batch": 32 / 12000},
+        fetch={"bytes_per_s": 1e9, "items_per_s": 1e4},
+        cache_bytes=2e9,
+    )
+    rep["runs"]["prep"]["samples_per_s"] = 830.0
+    return rep
+
+
+def test_one_cpu_profile_charges_the_step_to_the_shared_core_and_more_cores_help():
+    m = Model.from_report(one_cpu_prep_bound_report())
+    one = m.predict(2e9, 1, 1e9, policy="pagecache", workers=1)
+    # on one core the worker's prep and the main process's step take turns: 1/(1/900 + 1/12000)
+    assert one.samples_per_s == pytest.approx(1 / (1 / 900 + 1 / 12000), rel=1e-6)
+    assert one.bound == "prep"
+    two = m.predict(2e9, 2, 1e9, policy="pagecache", workers=2)
+    assert two.bound == "prep" and two.samples_per_s == pytest.approx(2 * one.samples_per_s, rel=1e-6)
+    # the ceiling is the step plus the main process's own receive CPU, not the 1-CPU wall rate
+    assert m.compute_rate() == pytest.approx(1 / (1 / 12000 + 0.0003 / 32))
+    assert m.cores_for_rate(m.compute_rate()) == 13  # 13 x 837/s >= 10,784/s
+
+
+def test_cpu_share_turns_cpu_seconds_into_this_machines_wall_seconds():
+    rep = one_cpu_prep_bound_report()
+    rep["prep_scaling"]["cpu_share"] = [0.5]  # other processes held half the core
+    m = Model.from_report(rep)
+    assert m.cpu_share == 0.5
+    assert m.cpu_rate(2) == pytest.approx(0.5 * 2 / (1 / 900 + 1 / 12000))
 
 
 def test_workers_zero_loads_in_series_with_the_step():

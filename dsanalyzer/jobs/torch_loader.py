@@ -1,38 +1,27 @@
-"""The four differential runs, written once: what each run does to a loader before it is timed.
+"""torch's DataLoader (and coordl's, which is one) as a job kind: what each differential run changes in it.
 
-Both front ends call :func:`prepare`: the import hook inside an unmodified script
-(:mod:`dsanalyzer.intercept`) and the Python API (:func:`dsanalyzer.profile`). They differ only in
-how they obtain an iterator (a patched ``__iter__`` vs a plain call), which they pass in.
+Both front ends call :func:`dsanalyzer.jobs.prepare`, which hands such a loader to :func:`prepare`
+here: the import hook inside an unmodified script (:mod:`dsanalyzer.intercept`) and the Python API
+(:func:`dsanalyzer.profile`). They differ only in how they obtain an iterator (a patched
+``__iter__`` vs a plain call), which they pass in.
 
-This module sets up a loader that has a dataset and workers (torch's DataLoader, coordl's). A job of
-another kind (a plain DALI iterator has neither) is dispatched by :func:`dsanalyzer.jobs.prepare`,
-which the front ends call, to its own module in :mod:`dsanalyzer.jobs`.
-
-``prepare(plan, loader, open_iter)`` returns a :class:`Prepared`: the facts to record in the run's
-result (``info``), for the compute run the replayed batch, and ``undo`` to put the loader back
-(a dataset object may be shared by the next run's loader).
+``prepare(plan, loader, open_iter)`` returns a :class:`~dsanalyzer.measure.plan.Prepared`: the facts
+to record in the run's result (``info``), for the compute run the replayed batch, and ``undo`` to put
+the loader back (a dataset object may be shared by the next run's loader). Where the loader's items
+come from and how they are served from memory: :mod:`dsanalyzer.jobs.item_source`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dsanalyzer.measure.plan import MODES, RunPlan
+from dsanalyzer.jobs import item_source
+from dsanalyzer.jobs.coordl_loader import is_coordl_loader
+from dsanalyzer.measure import fetchrate, itemsize, runs
+from dsanalyzer.measure.plan import MODES, Prepared, RunPlan
 
-if TYPE_CHECKING:
-    from dsanalyzer.measure.runs import ReplayIterator
-
-__all__ = ["Prepared", "prepare", "loader_facts"]
-
-@dataclass
-class Prepared:
-    """What :func:`prepare` did: facts for the result, the compute run's batch, how to undo it."""
-
-    info: dict
-    replay: ReplayIterator | None = None
-    undo: Callable[[], None] = field(default=lambda: None)
+__all__ = ["prepare", "loader_facts", "set_workers", "take_one_batch"]
 
 
 def loader_facts(loader: Any) -> dict:
@@ -71,15 +60,13 @@ def _prep_scaling(
     progress: Callable[[int, int], None] | None,
 ) -> Prepared:
     """Dataset size, cold fetch rate, then the loader alone (items from memory) at each worker count."""
-    from dsanalyzer.measure import fetchrate, itemsize, runs
-
-    files = runs.loader_files(loader, plan.data_path)
-    info: dict = {"dataset": runs.dataset_info(loader, files)}
+    files = item_source.loader_files(loader, plan.data_path)
+    info: dict = {"dataset": item_source.dataset_info(loader, files)}
     if not files:  # nothing lists the files: watch which files the dataset opens
-        traced = runs.traced_files(loader)
+        traced = item_source.traced_files(loader)
         info["dataset"] = itemsize.merge(info["dataset"], traced)
         files = traced.get("files") or []
-    source = runs.find_item_source(loader)
+    source = item_source.find_item_source(loader)
     threads = max(1, int(getattr(loader, "num_workers", 0) or 0))
     try:
         # Through the item source when there is one: its fetch is what the job reads storage with
@@ -93,7 +80,7 @@ def _prep_scaling(
         )
     except ValueError as e:
         info["fetch"] = {"error": str(e)}
-    info["memory"], undo = runs.serve_from_memory(
+    info["memory"], undo = item_source.serve_from_memory(
         loader, _items_needed(plan, loader), plan.memory_budget_bytes, plan.data_path
     )
     # 1..cores, plus the script's own worker count when it asks for more workers than cores.
@@ -107,6 +94,7 @@ def _prep_scaling(
             plan.iters,
             plan.warmup,
             progress=(lambda n: progress(n, total)) if progress is not None else None,
+            set_workers=set_workers,
         )
     finally:
         undo()
@@ -130,8 +118,6 @@ def prepare(
             defaults to ``open_iter``.
         progress: called with (done, total) iterations during the prep-scaling run.
     """
-    from dsanalyzer.measure import runs  # here, not at the top: the hook loads this module everywhere
-
     fresh = fresh_iter or open_iter
     facts = {"loader": loader_facts(loader)}
     if plan.mode == "prep_scaling":
@@ -139,12 +125,41 @@ def prepare(
         done.info.update(facts)
         return done
     if plan.mode == "compute":
-        return Prepared(facts, replay=runs.ReplayIterator(runs.take_one_batch(loader, fresh)))
+        return Prepared(facts, replay=runs.ReplayIterator(take_one_batch(loader, fresh)))
     if plan.mode == "prep":
-        memory, undo = runs.serve_from_memory(
+        memory, undo = item_source.serve_from_memory(
             loader, _items_needed(plan, loader), plan.memory_budget_bytes, plan.data_path
         )
         return Prepared({**facts, "memory": memory}, undo=undo)
     if plan.mode == "real":
-        return Prepared({**facts, "cold": runs.start_cold(loader, plan.data_path)})
+        return Prepared({**facts, "cold": item_source.start_cold(loader, plan.data_path)})
     raise ValueError(f"run mode {plan.mode!r} is not one of {', '.join(MODES)}")
+
+
+def set_workers(loader: Any, workers: int) -> None:
+    """Change a loader's worker count between iterators.
+
+    torch's ``num_workers`` is a plain attribute (prefetch then needs a value); coordl's is a public
+    property that takes effect at the next ``iter``.
+    """
+    loader.num_workers = workers
+    if not is_coordl_loader(loader) and workers > 0 and getattr(loader, "prefetch_factor", 2) is None:
+        loader.prefetch_factor = 2
+
+
+def take_one_batch(loader: Any, open_iter: Callable[[], Iterator]) -> Any:
+    """One real batch, prepared in this process (no worker start-up), workers restored after."""
+    workers = getattr(loader, "num_workers", 0)
+    set_workers(loader, 0)
+    try:
+        it = open_iter()
+        try:
+            return next(it)
+        except StopIteration:
+            raise RuntimeError(
+                f"the loader ({type(loader).__name__}) yielded no batches: nothing to profile"
+            ) from None
+        finally:
+            runs.shutdown_iterator(it)
+    finally:
+        set_workers(loader, workers)

@@ -1,0 +1,55 @@
+"""The coordl DataLoader as a job kind: how the differential runs serve its raw items from memory.
+
+A ``coordl.DataLoader`` takes a fetch tier through its public ``add_fetch_tier`` (asked before every
+other tier): :class:`MemoryTier` answers every read from a dict, so the prep run measures prep alone.
+Everything else about it (its dataset, its ``num_workers``) is torch's DataLoader's, in
+:mod:`dsanalyzer.jobs.torch_loader`. coordl is imported only when the loader comes from it (then it
+is already loaded): dsanalyzer works without coordl installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["is_coordl_loader", "MemoryTier", "serve_tier"]
+
+
+def is_coordl_loader(loader: Any) -> bool:
+    """True for a ``coordl.DataLoader`` (coordl is imported only when the object comes from it)."""
+    if type(loader).__module__.partition(".")[0] != "coordl":
+        return False
+    from coordl.dataloader import DataLoader
+
+    return isinstance(loader, DataLoader)
+
+
+class MemoryTier:
+    """A coordl fetch tier (``coordl.fetch.pipeline.FetchTier``) answering every read from a dict."""
+
+    name = "dsanalyzer-memory"
+    in_memory = True
+
+    def __init__(self, fetch: Callable[[int], bytes]) -> None:
+        self._fetch = fetch  # answers every index (jobs.item_source.MemoryFetch: a dict, substituting)
+        self.hits = 0
+
+    def get(self, index: int) -> bytes:
+        self.hits += 1
+        return self._fetch(index)
+
+    def offer(self, index: int, raw: bytes | memoryview) -> None:
+        """Every read hits: nothing is ever offered."""
+
+    def stats(self) -> dict[str, int]:
+        return {"dsanalyzer_memory_hits": self.hits}
+
+
+def serve_tier(loader: Any, fetch: Callable[[int], bytes]) -> Callable[[], None] | None:
+    """Put a :class:`MemoryTier` answering with ``fetch`` in front of a coordl loader's tiers; the undo,
+    or None when ``loader`` is not a coordl loader over an item source."""
+    if not is_coordl_loader(loader) or getattr(loader, "source", None) is None:
+        return None
+    tier = MemoryTier(fetch)
+    loader.add_fetch_tier(tier)
+    return lambda: loader.remove_fetch_tier(tier)
