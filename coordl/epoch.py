@@ -1,8 +1,8 @@
 """One pass over a ``coordl.DataLoader``: the iterator the user gets, and the per-epoch statistics.
 
 :class:`EpochIterator` drops batches whose every item was skipped, turns torch's worker-death and
-timeout ``RuntimeError`` into coordl's errors, unwraps batch-ring batches, and closes the epoch's
-statistics when the pass ends. :class:`EpochStats` turns counter snapshots into per-epoch deltas.
+timeout ``RuntimeError`` into coordl's errors, lets the caller go on after a batch's error as torch
+does, unwraps batch-ring batches, and closes the epoch's statistics when the pass ends. :class:`EpochStats` turns counter snapshots into per-epoch deltas.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from coordl.errors import WorkerDiedError
 
 __all__ = ["EmptyBatch", "EpochIterator", "EpochStats", "LoaderStats", "SkipAwareCollate", "Sized"]
 
@@ -105,7 +107,8 @@ class EpochIterator:
         unwrap: turns what ``it`` yields into the user's batch (the batch ring's views).
         on_end: called once when ``it`` is exhausted.
         on_batch: called after each batch handed to the user (counts batches for resumable state).
-        on_error: called with ``it`` when it raised (the epoch is over: its workers can stop now).
+        on_error: called with ``it`` when it raised an error that ends the epoch (a worker died; see
+            :meth:`_raise`): its workers can stop now.
     """
 
     def __init__(
@@ -142,18 +145,23 @@ class EpochIterator:
                 return self._unwrap(batch)
 
     def _raise(self, error: Exception) -> None:
-        """End the epoch and raise ``error`` (or coordl's translation of a RuntimeError), leaving no cycle.
+        """Raise ``error`` (or coordl's translation of a RuntimeError), leaving no cycle.
 
-        The underlying iterator is told first (``on_error``: its workers stop now, not whenever the
-        iterator is collected). torch re-raises a worker's exception from frames that hold the exception
-        and the iterator; such a cycle keeps the iterator, and any worker processes, alive until the
-        cyclic collector runs at some random later point (measured in CI: 5 s per worker, inside
-        whatever allocation triggered the collection). The finished frames' locals are cleared (the
-        printed traceback keeps every line), so the iterator goes as soon as the exception.
+        As in torch, an exception raised by the dataset or collate in a worker reaches the caller for
+        its batch only: the caller may catch it and call ``next`` again for the following batches
+        (torch's own iterator is built for that). A worker that died ends the epoch: the underlying
+        iterator is told (``on_error``), so its other workers stop now.
+
+        torch re-raises a worker's exception from frames that hold the exception and the iterator; such
+        a cycle keeps the iterator, and any worker processes, alive until the cyclic collector runs at
+        some random later point (measured in CI: 5 s per worker, inside whatever allocation triggered
+        the collection). The finished frames' locals are cleared (the printed traceback keeps every
+        line), so the iterator goes as soon as nothing else holds it.
         """
         traceback.clear_frames(error.__traceback__)
         translated = self._translate(error, self._it) if isinstance(error, RuntimeError) else None
-        self._on_error(self._it)
+        if isinstance(translated, WorkerDiedError):
+            self._on_error(self._it)
         try:
             if translated is None:
                 raise error

@@ -28,7 +28,7 @@ def validate_options(
     if on_error == "skip" and batch_size is None and batch_sampler is None:
         raise ValueError("on_error='skip' needs batching: with batch_size=None a skipped item cannot be dropped")
     if timeout < 0:
-        raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        raise ValueError(f"timeout option should be non-negative (seconds), got timeout={timeout!r}")
     if batch_ring not in (True, False, "copy"):
         raise ValueError(f"batch_ring must be True, False or 'copy', got {batch_ring!r}")
     if fetch_ahead is not None and (not isinstance(fetch_ahead, int) or fetch_ahead < 0):

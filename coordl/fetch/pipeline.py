@@ -5,6 +5,10 @@
 asks the fetch tiers in order (MinIO cache, later a peer's cache), falls back to ``source.fetch``
 (storage), offers the bytes to the tiers that missed, and preps them. Optionally the deterministic part
 of prep is looked up in / stored to a sample cache (memcache) first.
+
+What torch would hand the dataset, the dataset gets (:mod:`coordl.fetch.keys`): a key that is not an
+item index goes to ``dataset[key]`` as it is, and a dataset run as one opaque stage that defines
+``__getitems__`` gets each batch in one call.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch.utils.data
 
 from coordl.data.source import describe_item
 from coordl.errors import CorruptItemError
+from coordl.fetch.keys import DatasetKeys, is_index
 from coordl.fetch.minio import MinioCache
 from coordl.ring.output_buffers import lend
 from coordl.workers.watch import WorkerWatch
@@ -123,6 +128,7 @@ class LoaderSource(torch.utils.data.Dataset):
         self.fetch_ahead = int(fetch_ahead)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_pid = -1
+        self._keys = DatasetKeys(source, counters, on_error)  # keys that are not indices; __getitems__
         # One flag byte per item, shared by all workers: a bad file is logged once, not once per
         # worker or epoch (non-persistent workers are new processes every epoch).
         self._skip_log = Segment.create("skiplog", len(source)) if on_error == "skip" else None
@@ -132,29 +138,39 @@ class LoaderSource(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: Any) -> Any:
+        if not is_index(index):  # batch_size=None and a sampler of lists, slices, names...: torch's dataset[key]
+            return self._keys.get(index)
         out = self._get_many([index], stack=False)
         if not out:
             # Only reachable without batching, which the loader refuses with on_error="skip".
             raise CorruptItemError(f"{describe_item(self.source, index)} was skipped", index=index)
         return out[0]
 
-    def __getitems__(self, indices: Sequence[int]) -> Any:
+    def __getitems__(self, indices: Sequence[Any]) -> Any:
+        if not all(is_index(i) for i in indices):
+            return self._keys.get_many(indices)
         return self._get_many(indices, stack=True)
 
     def _get_many(self, indices: Sequence[int], stack: bool) -> Any:
         """The batch's samples (skipped ones left out), or, with the batch ring, the stacked batch."""
         worker = torch.utils.data.get_worker_info()
         worker_id = worker.id if worker is not None and self.watch is not None else None
-        stacker = self.ring.stacker(len(indices)) if stack and self.ring is not None else None
         # Indices may carry the seed of their prep's random draws (coordl.resume.SeededIndex).
         self._item_seeds = {int(i): i.seed for i in indices if getattr(i, "seed", None) is not None}
-        if self.sample_cache_tier is None:
+        batched = self._load_batched(indices, worker_id) if self._keys.batched is not None and stack else None
+        if batched is not None and type(batched) is not list:  # the dataset's own batch: collate gets it as is
+            self.counters.add("items_loaded", len(indices))
+            return batched
+        stacker = self.ring.stacker(len(indices)) if stack and self.ring is not None else None
+        if self.sample_cache_tier is None and batched is None:
             self._ask_batched([int(i) for i in indices])
         kept: list[Any] = []
         n_kept = n_skipped = 0
         try:
-            if self.sample_cache_tier is not None:
+            if batched is not None:
+                samples: Any = iter(batched)
+            elif self.sample_cache_tier is not None:
                 samples = self._load_split(indices, worker_id)
             elif self.fetch_ahead > 0 and worker is not None and len(indices) > 1:
                 samples = self._load_ahead([int(i) for i in indices], worker_id)
@@ -183,6 +199,22 @@ class LoaderSource(torch.utils.data.Dataset):
                 self.watch.idle(worker_id)
         self.counters.add_many({"items_loaded": n_kept, "skipped_items": n_skipped})
         return stacker.finish() if stacker is not None else kept
+
+    def _load_batched(self, indices: Sequence[int], worker_id: int | None) -> Any:
+        """The dataset's ``__getitems__`` for the whole batch (its random draws follow the first item's
+        seed), or None: with ``on_error="skip"`` a batch whose call raised CorruptItemError is loaded item
+        by item, so that only the bad items are dropped."""
+        keys = [int(i) for i in indices]
+        if keys:
+            self._seed(keys[0])
+            if worker_id is not None:
+                self.watch.on_item(worker_id, keys[0])
+        try:
+            return self._keys.batched(keys)
+        except CorruptItemError:
+            if self.on_error != "skip":
+                raise
+            return None
 
     # -- fetch -------------------------------------------------------------------------------------
 

@@ -17,9 +17,11 @@ Rules that keep it safe:
 * the worker's own heap: a batch keeps its samples alive until they are stacked, and glibc then
   returns that freed memory to the OS, so each batch's samples would fault in fresh pages again.
   A worker with a ring keeps freed memory for the next batch (``mallopt``, glibc only);
-* the main process unlinks the segment's name as soon as it has mapped it, so nothing stays in
-  ``/dev/shm`` if a worker is killed later; the worker unlinks it at exit if the main process never
-  mapped it, and :func:`shmem.segment.reclaim_stale` removes it after a ``kill -9`` of both.
+* the main process maps a segment when it unpickles the first descriptor naming it (torch's result
+  queue is FIFO per worker, so that is before torch can tell the worker to exit), then unlinks its
+  name, so nothing stays in ``/dev/shm`` if a worker is killed later; the worker unlinks it at exit
+  if the main process never mapped it, and :func:`shmem.segment.reclaim_stale` removes it after a
+  ``kill -9`` of both.
 
 This module is the main process's side: it maps each worker's segment, rebuilds batches as views of
 their slot and gives slots back. The worker's side (collating into a slot, the descriptor, the
@@ -28,8 +30,10 @@ segment's layout) is :mod:`coordl.ring.writer`.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
+import threading
 import weakref
 from typing import Any
 
@@ -38,7 +42,7 @@ import torch
 from torch.utils.data.dataloader import default_collate
 
 from coordl.ring.layout import build
-from coordl.ring.slots import FREE, HEADER_BYTES, MAPPED_STATES, RingBatch, Stacked
+from coordl.ring.slots import FREE, HEADER_BYTES, MAPPED_STATES, RECEIVERS, RingBatch, Stacked
 from coordl.ring.writer import RingCollate
 from shmem.segment import SEGMENT_NAME_RE, owner_alive, start_ticks
 
@@ -46,6 +50,8 @@ __all__ = ["BatchRing", "RingBatch", "RingCollate", "Stacked", "EXTRA_SLOTS"]
 
 # Slots beyond prefetch_factor: the batch the user holds, the one being unpacked, reordering slack.
 EXTRA_SLOTS = 3
+
+_RING_KEYS = itertools.count(1)
 
 
 def _give_back(states: np.ndarray, slot: int, held: set[int]) -> None:
@@ -93,9 +99,12 @@ class BatchRing:
     """
 
     def __init__(self, prefetch_factor: int | None, batch_size: int | None, *, copy: bool = False) -> None:
-        self.collate = RingCollate((prefetch_factor or 2) + EXTRA_SLOTS, batch_size)
+        key = next(_RING_KEYS)
+        self.collate = RingCollate((prefetch_factor or 2) + EXTRA_SLOTS, batch_size, receiver=key)
+        RECEIVERS[key] = self
         self.copy = copy
         self._maps: dict[str, _Mapping] = {}
+        self._maps_lock = threading.Lock()  # torch's pin-memory thread receives batches too
         self._iter_ref: Any = None
         self._slots_seen: set[tuple[str, int]] = set()
         self.counts = {
@@ -116,7 +125,8 @@ class BatchRing:
         self._offered = {}
         if previous is not None:
             return
-        spare = [m for m in self._maps.values() if m.writer_gone()]
+        with self._maps_lock:
+            spare = [m for m in self._maps.values() if m.writer_gone()]
         for worker_id, mapping in zip(range(num_workers), spare, strict=False):
             for slot in range(self.collate.num_slots):
                 if slot not in mapping.held:
@@ -134,7 +144,8 @@ class BatchRing:
         # Keep what the new workers took over, and segments still written for another live iterator;
         # forget the rest (batches the user holds keep their own mapping alive).
         offered = {m.path: m for m in self._offered.values()}
-        self._maps = {p: m for p, m in self._maps.items() if p in offered or not m.writer_gone()}
+        with self._maps_lock:
+            self._maps = {p: m for p, m in self._maps.items() if p in offered or not m.writer_gone()}
         workers = getattr(torch_iter, "_workers", [])
         for worker_id, mapping in self._offered.items():
             pid = workers[worker_id].pid if worker_id < len(workers) else None
@@ -146,6 +157,15 @@ class BatchRing:
         except TypeError:
             self._iter_ref = None
 
+    def receive(self, batch: RingBatch) -> None:
+        """A descriptor was just unpickled in this process: map its segment now, while its writer lives.
+
+        Called from :meth:`RingBatch.__setstate__`, in whichever thread reads torch's result queue.
+        """
+        with self._maps_lock:
+            if batch.path not in self._maps:
+                self._maps[batch.path] = _Mapping(batch.path)
+
     def unwrap(self, batch: Any) -> Any:
         """The user's batch for what torch yielded: a descriptor is rebuilt, anything else passes."""
         if type(batch) is not RingBatch:
@@ -153,7 +173,13 @@ class BatchRing:
             return batch
         mapping = self._maps.get(batch.path)
         if mapping is None:
-            mapping = self._maps[batch.path] = _Mapping(batch.path)
+            if batch.lost is not None:
+                raise RuntimeError(
+                    f"DataLoader: the shared-memory segment {batch.path} of a batch could not be mapped "
+                    f"when the batch arrived ({batch.lost}); is /dev/shm full or cleaned by another process?"
+                )
+            self.receive(batch)  # a descriptor unpickled before this ring existed (not made by coordl)
+            mapping = self._maps[batch.path]
         key = (batch.path, batch.slot)
         if key not in self._slots_seen:
             self._slots_seen.add(key)
@@ -183,6 +209,7 @@ class BatchRing:
         return dict(self.counts)
 
     def close(self) -> None:
+        RECEIVERS.pop(self.collate.receiver, None)
         self._maps.clear()
         self._offered = {}
         self.collate.adopt = {}

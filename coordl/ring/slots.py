@@ -21,7 +21,7 @@ import torch
 from coordl.ring.layout import ALIGN, align, gather, leaf_layout
 from shmem.segment import Segment, free_bytes
 
-__all__ = ["FREE", "HEADER_BYTES", "LENT", "MAPPED_STATES", "PAGE_BYTES", "RingBatch", "Stacked", "WorkerRing"]
+__all__ = ["FREE", "HEADER_BYTES", "LENT", "MAPPED_STATES", "PAGE_BYTES", "RECEIVERS", "RingBatch", "Stacked", "WorkerRing"]
 
 PAGE_BYTES = 4096
 HEADER_BYTES = PAGE_BYTES  # one int32 state per slot; slots start on a page boundary
@@ -32,18 +32,35 @@ FREE, LENT = 0, 1
 
 
 class RingBatch:
-    """What crosses torch's result queue instead of a batch: where it lies and how to rebuild it."""
+    """What crosses torch's result queue instead of a batch: where it lies and how to rebuild it.
+
+    The receiving process maps the segment the moment it unpickles the descriptor (see
+    :data:`RECEIVERS`), not when torch hands the batch out: torch keeps batches that arrive out of
+    order, and tells an iterable dataset's worker that has run out to exit, before it yields them, and
+    a worker that exits unlinks a segment nobody mapped. torch's own shared-memory batches are safe for
+    the same reason: their file descriptors are taken over at unpickling.
+    """
 
     def __init__(
-        self, path: str, slot: int, offset: int, nbytes: int, leaves: list, scalars: list, spec: tuple
+        self,
+        path: str,
+        slot: int,
+        offset: int,
+        nbytes: int,
+        leaves: list,
+        scalars: list,
+        spec: tuple,
+        ring: int = 0,
     ) -> None:
         self.path, self.slot, self.offset, self.nbytes = path, slot, offset, nbytes
         self.leaves = leaves  # per ring leaf: (byte offset in slot, torch dtype, batch shape)
         self.scalars = scalars  # per scalar leaf: the raw values, collated by the main process
         self.spec = spec
+        self.ring = ring  # the receiving BatchRing's key in RECEIVERS
         self.pin = False
         self.stacked = False  # stacked sample by sample as they were made (Stacker), not at collate
         self.in_place = 0  # of its samples, those a transform wrote straight into the slot
+        self.lost: str | None = None  # why the receiver could not map the segment, if it could not
         self._held = False  # True in the receiving process until the batch is built
 
     def pin_memory(self, device: Any = None) -> RingBatch:
@@ -59,6 +76,12 @@ class RingBatch:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._held = True
+        receiver = RECEIVERS.get(self.ring)
+        if receiver is not None:
+            try:
+                receiver.receive(self)
+            except Exception as e:  # noqa: BLE001 - never fail inside torch's unpickling; unwrap says why
+                self.lost = f"{type(e).__name__}: {e}"
 
     def __del__(self) -> None:
         # Dropped unbuilt (early break, persistent workers resuming, worker error): give the slot back.
@@ -71,6 +94,9 @@ class RingBatch:
 
 
 # Header views of the segments this process has mapped, so a dropped descriptor can free its slot.
+# The main process's batch rings by key (``RingCollate.ring``): a descriptor unpickled here is handed to
+# its ring's ``receive`` at once (:class:`coordl.ring.reader.BatchRing`).
+RECEIVERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 MAPPED_STATES: weakref.WeakValueDictionary[str, np.ndarray] = weakref.WeakValueDictionary()
 
 
@@ -96,9 +122,16 @@ class WorkerRing:
     """One worker's segment: ``num_slots`` slots of ``slot_bytes``, reserved as first needed."""
 
     def __init__(
-        self, spec: tuple, slot_bytes: int, num_slots: int, directory: str, segment: Segment | None = None
+        self,
+        spec: tuple,
+        slot_bytes: int,
+        num_slots: int,
+        directory: str,
+        segment: Segment | None = None,
+        receiver: int = 0,
     ) -> None:
         self.spec, self.slot_bytes, self.num_slots = spec, slot_bytes, num_slots
+        self.receiver = receiver  # the main process's BatchRing, as a key of RECEIVERS
         self.adopted = segment is not None
         if segment is None:
             segment = Segment.create("ring", HEADER_BYTES + num_slots * slot_bytes, directory)
@@ -167,7 +200,7 @@ class WorkerRing:
             self.states[slot] = FREE
             return None
         leaves = [(off, dtype, (n, *shape)) for off, dtype, shape, _ in layouts]
-        return RingBatch(self.segment.path, slot, base, self.slot_bytes, leaves, scalars, self.spec)
+        return RingBatch(self.segment.path, slot, base, self.slot_bytes, leaves, scalars, self.spec, self.receiver)
 
     def _stack(self, values: list, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple) -> None:
         out = self.rows(offset, nbytes, dtype, shape, values[0])

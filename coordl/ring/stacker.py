@@ -143,6 +143,7 @@ class Stacker:
             leaves,
             self._scalars,
             self.ring.spec,
+            self.ring.receiver,
         )
         batch.stacked = True
         batch.in_place = self.in_place

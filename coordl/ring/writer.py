@@ -38,8 +38,11 @@ class RingCollate:
         directory: where segments live (``/dev/shm``).
     """
 
-    def __init__(self, num_slots: int, batch_size: int | None, directory: str = DEFAULT_DIR) -> None:
+    def __init__(
+        self, num_slots: int, batch_size: int | None, directory: str = DEFAULT_DIR, receiver: int = 0
+    ) -> None:
         self.num_slots, self.batch_size, self.directory = int(num_slots), batch_size, directory
+        self.receiver = receiver  # the main process's BatchRing (its key in coordl.ring.slots.RECEIVERS)
         # Set by the main process just before it forks an epoch's workers: worker id -> a segment of
         # the previous epoch's workers (path, fd, mapping) to stack into instead of a new one.
         self.adopt: dict[int, tuple[str, int, mmap.mmap]] = {}
@@ -48,7 +51,10 @@ class RingCollate:
         self._pid = -1
 
     def __getstate__(self) -> dict:
-        return {"num_slots": self.num_slots, "batch_size": self.batch_size, "directory": self.directory}
+        return {
+            "num_slots": self.num_slots, "batch_size": self.batch_size, "directory": self.directory,
+            "receiver": self.receiver,
+        }  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
@@ -56,8 +62,8 @@ class RingCollate:
     def __call__(self, batch: list) -> Any:
         if type(batch) is Stacked:
             return batch.batch
-        if not batch or torch.utils.data.get_worker_info() is None:
-            return default_collate(batch)
+        if type(batch) is not list or not batch or torch.utils.data.get_worker_info() is None:
+            return default_collate(batch)  # e.g. a dataset's __getitems__ that returns its own batch
         if self._pid != os.getpid():  # a new worker process: its own ring, made at its first batch
             self._ring, self._disabled, self._pid = None, False, os.getpid()
         if self._ring is None and not self._disabled:
@@ -108,7 +114,9 @@ class RingCollate:
             slot_bytes = align(slot_bytes + capacity * layout[2], ALIGN)
         slot_bytes = align(max(slot_bytes, 1), PAGE_BYTES)
         try:
-            ring = WorkerRing(spec, slot_bytes, self.num_slots, self.directory, self._adoptable(slot_bytes))
+            ring = WorkerRing(
+                spec, slot_bytes, self.num_slots, self.directory, self._adoptable(slot_bytes), self.receiver
+            )
         except OSError:
             return None
         if ring.capped:  # not even the header fits: no ring in this worker
