@@ -18,12 +18,10 @@ See docs/gpu.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -37,10 +35,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(1, str(ROOT))
 
 from gpu import SECTIONS  # noqa: E402
+from gpu.common import kill_tree  # noqa: E402
 
 SITE = Path("/tmp/coordl-gpu-site")  # where carried wheels are installed
 NEEDED = ("simplejpeg", "redis", "hiredis", "lmdb")  # coordl's imports that the accelerator image lacks
-EXIT_NO_CUDA, EXIT_SKIPPED = 2, 3
+EXIT_NO_CUDA, EXIT_SKIPPED, EXIT_TIMEOUT = 2, 3, 4
 _BULK = (".jpg", ".jpeg", ".pt", ".whl", ".npy")  # datasets and tensors: not sent back with the logs
 
 
@@ -98,9 +97,9 @@ def run_section(args: argparse.Namespace) -> int:
     """In the section's own process: run it, record skip or error in its JSON, exit 0/1/3."""
     import importlib
 
-    from gpu.common import Context, SectionError, Skip
+    from gpu.common import Context, SectionError, SectionTimeout, Skip
 
-    ctx = Context(args.section, args.device, args.dry_run, Path(args.work), Path(args.result))
+    ctx = Context(args.section, args.device, args.dry_run, Path(args.work), Path(args.result), args.seconds)
     module = importlib.import_module(f"gpu.{SECTIONS[args.section]}")
     try:
         module.run(ctx)
@@ -108,6 +107,10 @@ def run_section(args: argparse.Namespace) -> int:
         ctx.data["skip"] = str(e)
         ctx.save()
         return EXIT_SKIPPED
+    except SectionTimeout as e:
+        ctx.data["timeout"] = str(e)
+        ctx.save()
+        return EXIT_TIMEOUT
     except SectionError as e:
         ctx.data["error"] = str(e)
         ctx.save()
@@ -128,11 +131,11 @@ def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> d
 
     module = importlib.import_module(f"gpu.{SECTIONS[name]}")
     result = work / f"{name}.json"
-    base = {"name": name, "title": module.TITLE, "budget": module.BUDGET_S, "seconds": 0.0}
+    base = {"name": name, "title": module.TITLE, "budget": max(timeout, 0), "seconds": 0.0}
     if timeout < 10:
         return {**base, "status": "not run", "reason": f"out of time: {timeout:.0f} s left of --budget {args.budget:g}"}
     cmd = [sys.executable, __file__, "--section", name, "--result", str(result), "--work", str(work / name),
-           "--device", args.device] + (["--dry-run"] if args.dry_run else [])  # fmt: skip
+           "--device", args.device, "--seconds", f"{timeout:.0f}"] + (["--dry-run"] if args.dry_run else [])  # fmt: skip
     print(f"gpu-check: {name}: {module.TITLE} (up to {timeout:.0f} s)", flush=True)
     t0 = time.monotonic()
     with open(work / f"{name}.log", "w") as log:
@@ -141,13 +144,14 @@ def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> d
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
-            _kill_tree(proc)
+            kill_tree(proc)
     out = {**base, "seconds": time.monotonic() - t0}
     data = json.loads(result.read_text()) if result.exists() else {}
     out.update({k: data.get(k, []) for k in ("tables", "notes", "commands")})
-    if rc is None:
+    if rc is None or rc == EXIT_TIMEOUT:
         running = f"; it was running: {out['commands'][-1]}" if out.get("commands") else ""
-        out["status"], out["reason"] = "TIMEOUT", f"stopped after {timeout:.0f} s (its tables are what it finished){running}"
+        out["status"] = "TIMEOUT"
+        out["reason"] = data.get("timeout") or f"stopped after {timeout:.0f} s (its tables are what it finished){running}"
     elif rc == 0:
         out["status"] = "ok"
     elif rc == EXIT_SKIPPED:
@@ -157,34 +161,6 @@ def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> d
         out["status"], out["reason"] = "FAILED", data.get("error") or "\n".join(tail)
     print(f"gpu-check: {name}: {out['status']} in {out['seconds']:.0f} s", flush=True)
     return out
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """Stop a section that overran: it and every program it started, also those in sessions of their own.
-
-    Programs the section started may have their own process group (``dsanalyzer profile`` puts each run
-    of the job in a new session), so the group alone is not enough: the descendants are listed first,
-    by id, while their parent links still hold. SIGINT first (Python programs clean up after
-    KeyboardInterrupt: the profiler then stops its job), then SIGTERM, then SIGKILL to what is left.
-    """
-    import psutil
-
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for sig, grace in ((signal.SIGINT, 5), (signal.SIGTERM, 3), (signal.SIGKILL, 3)):
-        alive = [p for p in tree if p.is_running()]
-        if not alive:
-            break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        for p in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.send_signal(sig)
-        psutil.wait_procs(alive, timeout=grace)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=1)
 
 
 def _selected(args: argparse.Namespace) -> list[str]:
@@ -222,17 +198,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="run every section on the CPU with tiny sizes (CI)")
     p.add_argument("--only", default="", help=f"comma-separated sections of: {','.join(SECTIONS)}")
     p.add_argument("--skip", default="", help="comma-separated sections not to run")
-    p.add_argument("--budget", type=float, default=540, help="seconds for all sections together (default 540)")
+    p.add_argument("--budget", type=float, help="seconds for all sections together (default 540; dry run: 1080)")
     p.add_argument("--report", type=Path, help="report path (default reports/gpu/<date>-<gpu>.md; dry run: reports/runs/)")
     p.add_argument("--wheels", type=Path, default=ROOT / ".whl", help="carried wheels (default .whl/)")
     p.add_argument("--work", type=Path, help="scratch folder (default /tmp/coordl-gpu-check-<time>)")
     p.add_argument("--section", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, default=600, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.section:
         return run_section(args)
     t_start = time.monotonic()
+    # the dry run's sizes are tiny but a small shared CI machine is slow: its sections get twice the time
+    scale = 2.0 if args.dry_run else 1.0
+    args.budget = args.budget if args.budget is not None else 540 * scale
     if args.dry_run:
         args.device = "cpu"
     else:
@@ -253,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     t_sections = time.monotonic()  # --budget is the sections' time, not the set-up's
     for name in names:
         left = args.budget - (time.monotonic() - t_sections)
-        results.append(_spawn(name, args, work, min(_budget(name), left - 5)))
+        results.append(_spawn(name, args, work, min(_budget(name) * scale, left - 5)))
     gpu = machine["GPU"].split(",")[0]
     default_dir = ROOT / "reports" / ("runs" if args.dry_run else "gpu")
     path = args.report or report_path(default_dir, "cpu-dry-run" if args.dry_run else gpu, now)

@@ -7,10 +7,12 @@ every table, note and command (a few KB; atomically, so the parent never reads h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Context", "Skip", "SectionError", "cli_argv", "fmt", "median", "ratio"]
+__all__ = ["Context", "Skip", "SectionError", "SectionTimeout", "cli_argv", "fmt", "kill_tree", "median", "ratio"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _CLI = re.compile(r"import sys; sys\.argv\[0\] = '([\w-]+)'; ")
@@ -30,6 +32,10 @@ class Skip(Exception):
 
 class SectionError(RuntimeError):
     """A program the section ran failed; the message names it and ends with its last output lines."""
+
+
+class SectionTimeout(SectionError):
+    """A program the section ran overran its share of the section's time (and was stopped)."""
 
 
 def fmt(x: float | None, digits: int = 1) -> str:
@@ -66,8 +72,10 @@ def cli_argv(name: str) -> list[str]:
 class Context:
     """What a section records (tables, notes, the commands it ran) and its scratch folder."""
 
-    def __init__(self, name: str, device: str, dry: bool, work: Path, result_path: Path) -> None:
+    def __init__(self, name: str, device: str, dry: bool, work: Path, result_path: Path, seconds: float = 600) -> None:
         self.name, self.device, self.dry = name, device, dry
+        self.seconds = seconds  # the section's time limit (the parent stops it then)
+        self.deadline = time.monotonic() + seconds
         self.work = work
         self.work.mkdir(parents=True, exist_ok=True)
         self.result_path = result_path
@@ -76,6 +84,14 @@ class Context:
         self._logs = 0
         self.last_output = ""  # stdout and stderr of the last program run
         self.save()
+
+    def share(self, fraction: float) -> float:
+        """That fraction of the section's time limit: a time limit for one of several programs it runs."""
+        return fraction * self.seconds
+
+    def remaining(self) -> float:
+        """Seconds left before the parent stops this section."""
+        return self.deadline - time.monotonic()
 
     @property
     def env(self) -> dict[str, str]:
@@ -111,24 +127,58 @@ class Context:
         """
         self.command(argv)
         self._logs += 1
-        log = self.work / f"{self._logs:02d}-{Path(str(argv[min(len(argv) - 1, 2)])).name[:40]}.log"
+        words = [Path(w).name for w in self.data["commands"][-1].split()[:3] if not w.startswith("-")]
+        log = self.work / (f"{self._logs:02d}-" + re.sub(r"[^\w.-]+", "-", "-".join(words))[:60] + ".log")
+        timeout = max(1.0, min(timeout, self.remaining() - 2))
         cores = set(range(min(cpus, os.cpu_count() or 1))) if cpus else None
         t0 = time.monotonic()
-        try:
-            res = subprocess.run(
-                [str(a) for a in argv], env=self.env, cwd=ROOT, capture_output=True, text=True,
-                timeout=timeout, check=False, preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired as e:
-            raise SectionError(f"{argv[0]} ... timed out after {timeout:.0f} s") from e
-        log.write_text(f"$ {argv}\n# rc {res.returncode}, {time.monotonic() - t0:.1f} s\n{res.stdout}\n{res.stderr}")
-        self.last_output = res.stdout + res.stderr
-        if check and res.returncode:
-            tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
-            raise SectionError(f"exit code {res.returncode} from {self.data['commands'][-1]}:\n{tail}")
-        return res.stdout
+        with subprocess.Popen(
+            [str(a) for a in argv], env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+        ) as proc:  # fmt: skip
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc)  # the program and what it started (dsanalyzer's job has a session of its own)
+                stdout, stderr = proc.communicate()
+                log.write_text(f"$ {argv}\n# timed out after {timeout:.0f} s\n{stdout}\n{stderr}")
+                raise SectionTimeout(f"stopped after {timeout:.0f} s: {self.data['commands'][-1]}") from None
+        log.write_text(f"$ {argv}\n# rc {proc.returncode}, {time.monotonic() - t0:.1f} s\n{stdout}\n{stderr}")
+        self.last_output = stdout + stderr
+        if check and proc.returncode:
+            tail = "\n".join((stdout + stderr).strip().splitlines()[-15:])
+            raise SectionError(f"exit code {proc.returncode} from {self.data['commands'][-1]}:\n{tail}")
+        return stdout
 
     def save(self) -> None:
         tmp = self.result_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=1))
         os.replace(tmp, self.result_path)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Stop a program that overran: it and every program it started, also those in sessions of their own.
+
+    Programs the section started may have their own process group (``dsanalyzer profile`` puts each run
+    of the job in a new session), so the group alone is not enough: the descendants are listed first,
+    by id, while their parent links still hold. SIGINT first (Python programs clean up after
+    KeyboardInterrupt: the profiler then stops its job), then SIGTERM, then SIGKILL to what is left.
+    """
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for sig, grace in ((signal.SIGINT, 5), (signal.SIGTERM, 3), (signal.SIGKILL, 3)):
+        alive = [p for p in tree if p.is_running()]
+        if not alive:
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        psutil.wait_procs(alive, timeout=grace)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)

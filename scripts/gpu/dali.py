@@ -79,7 +79,7 @@ def run(ctx: Context) -> None:
         raise Skip(f"NVIDIA DALI is not importable ({e}): {WHEEL_NOTE}") from None
     n, runs = (60, 1) if ctx.dry else (1000, 3)
     size = ["--n", str(n), "--classes", "4", "--epochs", "2" if ctx.dry else "3", "--batch-size", "16" if ctx.dry else "64"]
-    prep = _bench(ctx, size + ["--runs", str(runs), "--skip-fetch-bound"], "prep", BUDGET_S * 0.5)
+    prep = _bench(ctx, size + ["--runs", str(runs), "--skip-fetch-bound"], "prep", ctx.share(0.5))
     _prep_table(ctx, prep["prep"], runs)
     missing = slowstore_missing()
     if ctx.dry:
@@ -89,5 +89,5 @@ def run(ctx: Context) -> None:
     else:
         mb_s = 32.0
         fetch = _bench(ctx, ["--n", "600", "--runs", "1", "--batch-size", "64", "--skip-prep-bound", "--read-mb-s", f"{mb_s:g}"],
-                       "fetch", BUDGET_S * 0.4)  # fmt: skip
+                       "fetch", ctx.share(0.45))  # fmt: skip
         _fetch_table(ctx, fetch["fetch"], mb_s)

@@ -54,7 +54,7 @@ def run(ctx: Context) -> None:
         size = ["--items", "160", "--iters", "8", "--verify-runs", "1", "--min-seconds", "0", "--storage-mbps", "3"]
     else:
         size = ["--items", "800", "--iters", "40", "--verify-runs", "3", "--min-seconds", "5", "--storage-mbps", "3"]
-    ctx.run([*cli_argv("dsanalyzer"), "demo", "--out", str(out), "--quiet", *size], timeout=BUDGET_S - 10, cpus=CPUS)
+    ctx.run([*cli_argv("dsanalyzer"), "demo", "--out", str(out), "--quiet", *size], timeout=ctx.remaining(), cpus=CPUS)
     path = out / "report.json"
     if not path.exists():
         raise SectionError(f"dsanalyzer demo wrote no {path}")

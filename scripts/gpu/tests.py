@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from gpu.common import Context, SectionError
 
 TITLE = "gpu-marked tests (pytest -m gpu)"
-BUDGET_S = 150
+BUDGET_S = 120
 _MARK = re.compile(r"pytest\.mark\.gpu\b")
 
 
@@ -49,7 +49,7 @@ def run(ctx: Context) -> None:
     argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA",
             f"--junitxml={xml}", "-o", "junit_family=xunit1", *files]  # fmt: skip
     try:
-        ctx.run(argv, timeout=BUDGET_S - 10, check=False)
+        ctx.run(argv, timeout=ctx.remaining(), check=False)
     finally:
         rows = _outcomes(xml) if xml.exists() else []
         if rows:

@@ -1,11 +1,10 @@
-"""A plain GPU training script with a heavy and a light CNN, for the what-if's GPU axis.
+"""A plain GPU training script whose CNN's width is an argument, for the what-if's GPU axis.
 
-    python scripts/gpu/train_job.py --data DIR --model heavy --device cuda
+    python scripts/gpu/train_job.py --data DIR --width 384 --device cuda
 
 What a user's ``train.py`` looks like: ``coordl.DataLoader`` over an ImageFolder, the model's
-forward/backward on the device, synchronised at the end of each step. ``--model light`` is the same
-network narrower and shallower: the "faster GPU" of ``dsanalyzer whatif --gpu-speedup``. ``--dry``
-makes both tiny for the CPU.
+forward/backward on the device, synchronised at the end of each step. A narrower network is the same
+job with a shorter step: the "faster GPU" of ``dsanalyzer whatif --gpu-speedup``.
 """
 
 from __future__ import annotations
@@ -13,16 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-# (width, conv blocks) of each model; the dry sizes keep the CPU run to seconds
-MODELS = {"heavy": (256, 8), "light": (64, 2)}
-DRY_MODELS = {"heavy": (16, 3), "light": (4, 1)}
 
-
-def build_model(name: str, classes: int, dry: bool = False):
+def build_model(width: int, blocks: int, classes: int):
     """A plain CNN: a stride-2 stem, ``blocks`` 3x3 conv-BN-ReLU layers at ``width``, pool, linear."""
     from torch import nn
 
-    width, blocks = (DRY_MODELS if dry else MODELS)[name]
     layers = [nn.Conv2d(3, width, 5, stride=2, padding=2), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
     for _ in range(blocks):
         layers += [nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
@@ -53,13 +47,13 @@ def make_step(model, device: str, lr: float = 0.05):
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="train_job.py")
     p.add_argument("--data", required=True)
-    p.add_argument("--model", choices=sorted(MODELS), default="heavy")
+    p.add_argument("--width", type=int, default=384, help="channels of every conv layer")
+    p.add_argument("--blocks", type=int, default=8, help="3x3 conv layers after the stem")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     p.add_argument("--size", type=int, default=96, help="crop size")
     p.add_argument("-b", "--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--epochs", type=int, default=100)
-    p.add_argument("--dry", action="store_true", help="tiny models (the CPU dry run)")
     args = p.parse_args(argv)
 
     import torch
@@ -70,7 +64,7 @@ def main(argv: list[str]) -> int:
     data = coordl.ImageFolder(args.data, transform=coordl.transforms.train_transform(args.size, resize=args.size + 16))
     loader = coordl.DataLoader(data, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                                drop_last=True, pin_memory=args.device == "cuda")  # fmt: skip
-    model = build_model(args.model, len(data.classes), args.dry).to(args.device)
+    model = build_model(args.width, args.blocks, len(data.classes)).to(args.device)
     step = make_step(model, args.device)
     for epoch in range(args.epochs):
         for images, labels in loader:
