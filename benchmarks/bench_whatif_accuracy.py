@@ -1,6 +1,8 @@
 """What-if accuracy: predict from one profile, then really run 3 cache sizes x 2 worker counts.
 
     .venv/bin/python benchmarks/bench_whatif_accuracy.py            # about 3 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_whatif_accuracy.py --family plain --rounds 1   # plain torch jobs,
+                                                            # the cores axis: profile on 1 CPU, run on 2
 
 The workload has known costs: items of ``--item-kb`` KB fetched from an emulated storage device
 of ``--storage-mbps`` MB/s (one FIFO server shared by every worker process, like a disk or a throttled
@@ -230,7 +232,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of (profile, then every real run)")
     ap.add_argument("--repeats", type=int, default=1, help="timed epochs per profile measurement")
     ap.add_argument("--skip", type=int, default=3, help="batches dropped at the start of a timed epoch")
+    ap.add_argument("--family", choices=["synthetic", "plain"], default="synthetic",
+                    help="synthetic: coordl.DataLoader with known costs (below); plain: plain torch DataLoader "
+                    "jobs profiled on 1 CPU and run on 2 (benchmarks/whatif_plain_jobs.py)")  # fmt: skip
+    ap.add_argument("--data", default="/tmp/whatif-plain-synth", help="plain: the JPEG folder (made if missing)")
+    ap.add_argument("--work", help="plain: where the scripts and reports go (default: a temp dir)")
+    ap.add_argument("--iters", type=int, default=40, help="plain: measured iterations per profile run")
+    ap.add_argument("--measure", type=int, default=150, help="plain: batches timed in the 2-CPU run")
+    ap.add_argument("--cases", nargs="+", help="plain: case names to run (default: all)")
     args = ap.parse_args(argv)
+    if args.family == "plain":
+        from whatif_plain_jobs import main_plain
+
+        return main_plain(args)
 
     t_start = time.time()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

@@ -21,6 +21,7 @@ import psutil
 
 from dsanalyzer.jobs import dali_iter, prepare
 from dsanalyzer.measure import runs
+from dsanalyzer.measure.cpu import main_process_section
 from dsanalyzer.measure.hookconfig import HookConfig
 from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.measure.membw import measure_memory_bandwidth
@@ -91,35 +92,6 @@ def _dataset(dataset: dict, fetch: dict) -> dict:
     return dataset
 
 
-def _main_process(results: dict[str, dict], warmup: int, workers: int, scaling: dict) -> dict:
-    """The main process's own CPU per batch: receiving (the in-memory run) and the step (the compute run).
-
-    With ``num_workers=0`` the main thread preps inside ``__next__``, so its receive cost is read from
-    the loader-alone run with workers (at the most workers measured) instead.
-    """
-    from dsanalyzer.measure.timeline import summarize_cpu
-
-    def cpu(mode: str) -> dict | None:
-        r = results.get(mode) or {}
-        return summarize_cpu(r.get("wait_cpu_s") or [], r.get("step_cpu_s") or [], warmup)
-
-    compute, prep = cpu("compute"), cpu("prep")
-    out: dict = {
-        "receive_cpu_s_per_batch": None,
-        "step_cpu_s_per_batch": compute["step_s"] if compute else None,
-        "method": "CPU time: the main thread's inside __next__ (the in-memory run), the process's during "
-        "the step (the compute run); waiting for workers and waiting for a core cost none",
-    }
-    if workers > 0 and prep:
-        out["receive_cpu_s_per_batch"] = prep["receive_s"]
-    else:
-        receive = [r for r in scaling.get("receive_cpu_s_per_batch") or [] if r is not None]
-        if receive:
-            out["receive_cpu_s_per_batch"] = receive[-1]
-            out["method"] += "; receive from the loader-alone run with workers (the job loads in its main process)"
-    return out
-
-
 def _runs_section(results: dict[str, dict], summaries: dict) -> dict:
     runs = {}
     for mode, r in results.items():
@@ -133,6 +105,17 @@ def _runs_section(results: dict[str, dict], summaries: dict) -> dict:
             entry.update(samples_per_s=summaries[mode].samples_per_s, summary=summaries[mode].as_dict())
         runs[mode] = entry
     return runs
+
+
+def _machine(dataset: dict, mem_bw: float, storage_note: str | None, compute_note: str | None) -> dict:
+    return {
+        "cpus": available_cpus(),
+        "memory_bytes": int(psutil.virtual_memory().total),
+        "storage_device": _storage_device(dataset.get("path")),
+        "storage_note": storage_note,
+        "compute_note": compute_note,
+        "mem_bandwidth_bytes_per_s": mem_bw,
+    }
 
 
 def assemble_report(
@@ -176,14 +159,7 @@ def assemble_report(
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": [command] if isinstance(command, str) else [str(a) for a in command],
-        "machine": {
-            "cpus": available_cpus(),
-            "memory_bytes": int(psutil.virtual_memory().total),
-            "storage_device": _storage_device(dataset.get("path")),
-            "storage_note": storage_note,
-            "compute_note": compute_note,
-            "mem_bandwidth_bytes_per_s": mem_bw,
-        },
+        "machine": _machine(dataset, mem_bw, storage_note, compute_note),
         "dataset": dataset,
         "batch_size": int(round(batch)),
         "workers": workers,
@@ -197,7 +173,7 @@ def assemble_report(
             "observed": summaries["real"].samples_per_s,
         },
         "prep_scaling": scaling,
-        "main_process": _main_process(results, warmup, workers, scaling),
+        "main_process": main_process_section(results, warmup, workers, scaling),
         "fetch": {k: fetch.get(k) for k in ("bytes_per_s", "items_per_s", "threads", "method", "error")},
         **diff,
         "per_epoch_s": per_epoch(per_iter, int(dataset.get("items") or 0), batch, loader.get("batches_per_epoch")),

@@ -106,6 +106,24 @@ def _comm_factor(report: dict, args: argparse.Namespace) -> float | None:
     return factor
 
 
+def _print_model_notes(model: Model, gpu_speedup: float) -> None:
+    """What the model knows beyond the grid: a free fetch, the main process's own cost, the CPU per sample."""
+    if model.fetch_free:
+        print("the dataset reads no files (in memory or generated): fetch is free, cache and storage do not matter")
+    if model.batch_overhead_s > 0:
+        print(
+            f"main process: {model.batch_overhead_s * 1e3:.2f} ms of its own CPU per batch receiving it "
+            f"(CPU time in the in-memory run), in series with the step, caps the job at "
+            f"{model.compute_rate(gpu_speedup):.1f} samples/s: the 'compute-bound' cells below are at that cap"
+        )
+    if model.prep_cpu_s:
+        print(
+            f"cores: the data path costs {model.prep_cpu_s * 1e3:.2f} ms CPU per sample and the step "
+            f"{(model.step_cpu_s or 0) * 1e3:.2f} ms per batch, on cores of which the job got "
+            f"{model.cpu_share:.0%} while profiled"
+        )
+
+
 def run_whatif(args: argparse.Namespace) -> int:
     """Print the grid tables, the way to compute-bound, and the asked point (last line)."""
     try:
@@ -144,12 +162,7 @@ def run_whatif(args: argparse.Namespace) -> int:
         f"compute {model.compute_per_s * args.gpu_speedup:.1f} samples/s (the step alone); "
         f"storage {format_bytes(storage)}/s"
     )
-    if model.batch_overhead_s > 0:
-        print(
-            f"per-batch overhead: {model.batch_overhead_s * 1e3:.2f} ms in the main process per batch (receiving it "
-            f"from the workers, measured in the in-memory run) caps the job at "
-            f"{model.compute_rate(args.gpu_speedup):.1f} samples/s: the 'compute-bound' cells below are at that cap"
-        )
+    _print_model_notes(model, args.gpu_speedup)
     for pol in POLICIES:
         print(
             f"\nsamples/s with the {pol} cache at {format_bytes(storage)}/s (bound: C compute, P prep, F fetch)"

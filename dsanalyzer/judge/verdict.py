@@ -173,7 +173,7 @@ def verdict(report: dict) -> dict:
     ``bound`` is the bound the verdict states; ``model_bound`` the model's at the measured rates;
     ``measured_bound`` the stalls' (report.json's top-level ``bound``). They differ only with
     ``bound_note`` saying why, with the numbers; the verdict states the measured bound when the
-    model also misses the real run's rate (then the stalls are the better evidence).
+    model also misses the real run's rate and no measured cause explains the miss.
     """
     model = Model.from_report(report)
     pred = model.predict_measured()
@@ -186,7 +186,11 @@ def verdict(report: dict) -> dict:
         allowed = 0.0
     disagrees = abs(gap) > allowed
     measured = report.get("bound")
-    stated = measured if measured in _BOUNDS and measured != pred.bound and disagrees else pred.bound
+    causes = _causes(report, model, pred, spread, gap) if disagrees else []
+    # The stalls are the better evidence when the model misses the real run and no measured cause
+    # (a cold cache, other processes) explains why; otherwise the model's steady state is.
+    follow_stalls = measured in _BOUNDS and measured != pred.bound and disagrees and not causes
+    stated = measured if follow_stalls else pred.bound
     fix = recommend(model)
     out = {
         "bound": stated,
@@ -198,7 +202,7 @@ def verdict(report: dict) -> dict:
         "gap": gap,
         "spread": allowed,
         "disagrees": disagrees,
-        "causes": _causes(report, model, pred, spread, gap) if disagrees else [],
+        "causes": causes,
         "overhead": _overhead(model),
         "more_cores": _more_cores(model, pred),
         "fix": None if fix is None else {**fix, "code": _change_text(fix["change"], report)},

@@ -79,7 +79,8 @@ def _opened_by(dataset: Any, index: int) -> list[str]:
 def trace_item_files(dataset: Any, samples: int = _SAMPLE_ITEMS, seed: int = 0) -> dict:
     """Load up to ``samples`` random items; the files they opened and their mean bytes per item.
 
-    Returns ``{}`` when the dataset has no length, fails to load, or opens no data files; else
+    Returns ``{}`` when the dataset has no length, fails to load, or its items open only empty
+files; ``{"opened_no_files": True, "method"}`` when every item loaded without opening a file; else
     ``files`` (the dataset's files when their directory holds about one per item, else the opened
     ones), ``avg_item_bytes``, ``path`` (their common directory) and ``method``.
     """
@@ -99,7 +100,9 @@ def trace_item_files(dataset: Any, samples: int = _SAMPLE_ITEMS, seed: int = 0) 
             per_item.append(sum(os.path.getsize(p) for p in files))
     except Exception:  # a dataset that cannot load an item here is measured another way or not at all
         return {}
-    if not opened or not any(per_item):
+    if not opened:  # every item loaded and none opened a file: the data are in memory (or generated)
+        return {"opened_no_files": True, "method": f"loaded {len(indices)} items: none opened a file"}
+    if not any(per_item):
         return {}
     root = os.path.commonpath(sorted(opened))
     root = root if os.path.isdir(root) else os.path.dirname(root)
@@ -121,6 +124,15 @@ def merge(dataset_info: dict, traced: dict) -> dict:
     """``dataset_info`` with the traced size and path filled in where it had none."""
     if not traced:
         return {**dataset_info, "avg_item_bytes": None, "size_note": MISSING_SIZE_HINT}
+    if traced.get("opened_no_files"):
+        return {
+            **dataset_info,
+            "avg_item_bytes": 0.0,
+            "bytes": 0,
+            "reads_no_files": True,
+            "size_method": f"{traced['method']} (tensors in memory, generated samples): the what-if "
+            "models fetch as free; a dataset that reads over a network should be given --data",
+        }
     items = int(dataset_info.get("items") or 0)
     avg = float(traced["avg_item_bytes"])
     return {

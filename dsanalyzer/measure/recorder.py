@@ -108,7 +108,7 @@ class RunRecorder:
             "wait_cpu_s": tl.wait_cpu_s,
             "step_cpu_s": tl.step_cpu_s,
             "starts_s": tl.starts,
-            "t0_unix_s": time.time() - (time.perf_counter() - tl.t0),
+            "t0_unix_s": None if tl.t0 is None else time.time() - (time.perf_counter() - tl.t0),
             "rank": int(os.environ.get("RANK", "0") or 0),
             "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
             **info,

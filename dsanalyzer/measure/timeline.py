@@ -48,7 +48,7 @@ class Timeline:
         self.batch_items: list[int] = []
         self.wait_cpu_s: list[float] = []  # the calling (main) thread's CPU inside __next__
         self.step_cpu_s: list[float] = []  # the process's CPU (all threads) during the step
-        self.t0 = time.perf_counter()  # the timeline's origin (trace timestamps count from it)
+        self.t0: float | None = None  # the first __next__: the origin of ``starts`` (the trace's clock)
         self.starts: list[float] = []  # when each __next__ began, seconds since t0
         self._last_end: float | None = None
         self._start: float | None = None
@@ -61,6 +61,8 @@ class Timeline:
             self.sync()
         now = time.perf_counter()
         proc = time.process_time()
+        if self.t0 is None:
+            self.t0 = now
         if self._last_end is not None:
             self.step_s.append(now - self._last_end)
             if self._step_cpu_start is not None:

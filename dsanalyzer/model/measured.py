@@ -109,12 +109,16 @@ def model_fields(report: dict) -> dict:
     """Keyword arguments of :class:`~dsanalyzer.model.whatif.Model`, from a report.json's measured fields."""
     cpus = int(field(report, "machine", "cpus"))
     items = int(field(report, "dataset", "items"))
-    avg = _item_bytes(report, items)
     ks, rates = _prep_points(report)
-    storage_bw = positive(field(report, "fetch", "bytes_per_s"), "fetch.bytes_per_s")
-    items_per_s = field(report, "fetch", "items_per_s", required=False)
-    # per-item cost beyond bandwidth (open, request latency): what items/s shows that bytes/s does not
-    overhead = 0.0 if not items_per_s else max(0.0, 1.0 / float(items_per_s) - avg / storage_bw)
+    if field(report, "dataset", "reads_no_files", required=False):
+        # nothing to read (tensors in memory, generated samples): fetch is free, prep and step are left
+        avg, storage_bw, overhead = 0.0, math.inf, 0.0
+    else:
+        avg = _item_bytes(report, items)
+        storage_bw = positive(field(report, "fetch", "bytes_per_s"), "fetch.bytes_per_s")
+        items_per_s = field(report, "fetch", "items_per_s", required=False)
+        # per-item cost beyond bandwidth (open, request latency): what items/s shows that bytes/s does not
+        overhead = 0.0 if not items_per_s else max(0.0, 1.0 / float(items_per_s) - avg / storage_bw)
     membw = field(report, "machine", "mem_bandwidth_bytes_per_s", required=False)
     policy = field(report, "cache_policy", required=False, default="pagecache")
     if policy not in POLICIES:

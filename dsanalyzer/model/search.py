@@ -50,7 +50,7 @@ def grid(
                         {
                             "cache_bytes": cache,
                             "cpus": c,
-                            "storage_bytes_per_s": bw,
+                            "storage_bytes_per_s": bw if math.isfinite(bw) else None,
                             "policy": policy,
                             "gpu_speedup": gpu_speedup,
                             "hit_ratio": p.hit_ratio,

@@ -54,6 +54,11 @@ class Model:
         return cls(**model_fields(report))
 
     @property
+    def fetch_free(self) -> bool:
+        """True for a dataset that reads no files: nothing to fetch, no cache or storage axis."""
+        return self.avg_item_bytes == 0 and not math.isfinite(self.storage_bytes_per_s)
+
+    @property
     def dataset_bytes(self) -> float:
         return self.dataset_items * self.avg_item_bytes
 
@@ -67,7 +72,8 @@ class Model:
             "batch_size": self.batch_size,
             "compute_samples_per_s": self.compute_per_s,
             "prep_scaling": self.prep.params(),
-            "storage_bytes_per_s": self.storage_bytes_per_s,
+            "storage_bytes_per_s": _finite(self.storage_bytes_per_s),  # None: the dataset reads no files
+            "fetch_free": self.fetch_free,
             "storage_overhead_s": self.storage_overhead_s,
             "batch_overhead_s": self.batch_overhead_s,
             "step_cpu_s": self.step_cpu_s,
@@ -123,7 +129,7 @@ class Model:
         """
         if cpus < 1:
             raise ValueError(f"cpus must be >= 1, got {cpus}")
-        if storage_bytes_per_s <= 0 or gpu_speedup <= 0:
+        if not storage_bytes_per_s or storage_bytes_per_s <= 0 or gpu_speedup <= 0:
             raise ValueError("storage_bytes_per_s and gpu_speedup must be positive")
         w = int(cpus) if workers is None else int(workers)
         if w < 0:
@@ -139,7 +145,7 @@ class Model:
             compute_per_s=self.compute_rate(gpu_speedup),
             prep_per_s=self.prep.rate(min(max(w, 1), cpus)),
             costs=costs,
-            h=hit_ratio(policy, cache_bytes / s, self.dataset_items),
+            h=hit_ratio(policy, cache_bytes / s, self.dataset_items) if s > 0 else 1.0,  # s = 0: nothing read
             workers=w,
             batch_size=self.batch_size,
             dataset_items=self.dataset_items,
@@ -155,6 +161,10 @@ class Model:
             policy=self.cache_policy,
             workers=self.workers,
         )
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def format_bytes(n: float | None) -> str:

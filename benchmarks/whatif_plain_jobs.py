@@ -1,0 +1,226 @@
+"""The plain-torch family of ``bench_whatif_accuracy.py --family plain``: the cores axis on real jobs.
+
+Each case is an unmodified training script over a plain ``torch.utils.data.DataLoader`` (the
+README's example over ``coordl.ImageFolder``; a torch ``Dataset`` decoding JPEGs with Pillow), at a
+worker count and batch size. For each case:
+
+1. ``dsanalyzer profile`` runs the script restricted to one CPU (``taskset -c 0``);
+2. the what-if predicts the job on two CPUs (``Model.predict(cpus=2, workers=w)``, what
+   ``dsanalyzer whatif --cpus 2`` computes for the job's worker count);
+3. the same script runs on two CPUs (``taskset -c 0,1``) in its measuring mode: samples/s from
+   batch ``--skip`` on over ``--measure`` batches (epochs restart; the files are in the page cache, as
+   the what-if's steady state has them), and the share of the two cores the job's processes got.
+
+The machine's other load moves every wall-clock number here: each row also gives the job's CPU
+share in the profile and in the measured run (``a``), and the prediction recomputed with the measured
+run's share (``pred@a``), which separates the model's error from the machine's drift.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+BIN = Path(PY).parent  # the virtualenv's scripts: dsanalyzer, coordl
+
+# One script for every case: the dataset kind, workers and batch size come from the command line.
+SCRIPT = r'''
+import json, os, resource, sys, time
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+kind, root, workers, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+measure = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+skip = 10
+
+
+class PillowFolder(Dataset):
+    """A torch Dataset as users write it: list the JPEGs, decode with Pillow, resize, to a tensor."""
+
+    def __init__(self, root):
+        self.classes = sorted(os.listdir(root))
+        self.files = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
+                      for f in sorted(os.listdir(os.path.join(root, c)))]
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        path, label = self.files[i]
+        with Image.open(path) as im:
+            im = im.convert("RGB").resize((64, 64), Image.BILINEAR)
+        x = torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1).float().div_(255)
+        return x, label
+
+
+def job_cpu():
+    import psutil
+    total = time.process_time()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+if kind == "readme":
+    import coordl
+    data = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(64))
+else:
+    data = PillowFolder(root)
+loader = DataLoader(data, batch_size=batch, shuffle=True, num_workers=workers)
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                            torch.nn.Flatten(), torch.nn.Linear(16, len(data.classes)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+n, t0, samples = 0, None, 0
+for epoch in range(1000 if measure else 3):
+    for images, labels in loader:
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        opt.zero_grad(); loss.backward(); opt.step()
+        n += 1
+        if n == skip:
+            t0, cpu0, samples = time.perf_counter(), job_cpu(), 0
+        elif n > skip:
+            samples += len(labels)
+        if measure and n >= skip + measure:
+            break
+    if measure and n >= skip + measure:
+        break
+if measure:
+    wall = time.perf_counter() - t0
+    used, cores = job_cpu() - cpu0, len(os.sched_getaffinity(0))
+    print(json.dumps({"samples_per_s": samples / wall, "wall_s": wall, "job_cpu_s": used, "cores": cores,
+                      "cpu_share": used / (wall * cores), "load1": os.getloadavg()[0]}))
+'''
+
+CASES = (  # (name, dataset kind, workers, batch)
+    ("readme w2 b32", "readme", 2, 32),
+    ("readme w1 b32", "readme", 1, 32),
+    ("pillow w2 b16", "pillow", 2, 16),
+    ("pillow w1 b64", "pillow", 1, 64),
+)
+
+
+def _cpus_arg(cpus: str) -> list[str]:
+    return ["taskset", "-c", cpus]
+
+
+def profile(script: Path, root: str, case: tuple, out: Path, iters: int) -> dict:
+    """``dsanalyzer profile`` of the case on CPU 0 alone; the report."""
+    _, kind, workers, batch = case
+    cmd = _cpus_arg("0") + [
+        str(BIN / "dsanalyzer"), "profile", "--quiet", "--iters", str(iters), "--out", str(out), "--",
+        PY, str(script), kind, root, str(workers), str(batch),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"profile of {case[0]} failed: {proc.stderr[-2000:]}")
+    return json.loads((out / "report.json").read_text())
+
+
+def measure(script: Path, root: str, case: tuple, batches: int, cpus: str = "0,1") -> dict:
+    """The case run for real on ``cpus``: steady samples/s, and the machine's load while it ran."""
+    import psutil
+
+    _, kind, workers, batch = case
+    psutil.cpu_percent(interval=None)
+    busy0 = psutil.cpu_times()
+    cmd = _cpus_arg(cpus) + [PY, str(script), kind, root, str(workers), str(batch), str(batches)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run of {case[0]} failed: {proc.stderr[-2000:]}")
+    busy1 = psutil.cpu_times()
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    idle = (busy1.idle - busy0.idle) + (getattr(busy1, "iowait", 0) - getattr(busy0, "iowait", 0))
+    total = sum(busy1) - sum(busy0)
+    got["machine_busy_fraction"] = 1 - idle / total if total > 0 else None
+    return got
+
+
+def predict(report: dict, workers: int, cpus: int = 2) -> dict:
+    """The what-if at ``cpus`` cores with the case's worker count, and the bound it names."""
+    from dsanalyzer.model.whatif import Model
+
+    model = Model.from_report(report)
+    p = model.predict(model.cache_bytes, cpus, model.storage_bytes_per_s, policy=model.cache_policy, workers=workers)
+    return {"samples_per_s": p.samples_per_s, "bound": p.bound, "cpu_share": model.cpu_share}
+
+
+def run_family(args, work: Path) -> list[dict]:
+    """Every case: profile on 1 CPU, predict 2, measure on 2 (``args.rounds`` times); the rows."""
+    script = work / "plain_job.py"
+    script.write_text(SCRIPT)
+    root = args.data
+    cases = [c for c in CASES if not args.cases or c[0] in args.cases]
+    rows = []
+    for case in cases:
+        preds, meas, bounds, verdicts, shares, preds_at = [], [], [], [], [], []
+        for rnd in range(args.rounds):
+            report = profile(script, root, case, work / f"{case[0].replace(' ', '_')}-{rnd}", args.iters)
+            pred = predict(report, case[2])
+            got = measure(script, root, case, args.measure)
+            preds.append(pred["samples_per_s"])
+            meas.append(got["samples_per_s"])
+            at_share = pred["samples_per_s"] * got["cpu_share"] / pred["cpu_share"]
+            preds_at.append(at_share)
+            bounds.append(report["bound"])
+            verdicts.append((report.get("verdict") or {}).get("bound"))
+            shares.append((pred["cpu_share"], got["cpu_share"]))
+            print(
+                f"{case[0]} round {rnd + 1}: 1-CPU observed {report['rates_per_s']['observed']:.0f}/s, "
+                f"bound {report['bound']}, verdict {verdicts[-1]}, profile share {pred['cpu_share']:.2f}; "
+                f"predicted 2 CPUs {pred['samples_per_s']:.0f}/s; measured {got['samples_per_s']:.0f}/s "
+                f"(job share {got['cpu_share']:.2f}: pred@a {at_share:.0f}/s; machine busy "
+                f"{got['machine_busy_fraction']:.0%}, load1 {got['load1']:.1f})",
+                flush=True,
+            )
+        m, p, pa = statistics.median(meas), statistics.median(preds), statistics.median(preds_at)
+        rows.append({"case": case[0], "measured": m, "predicted": p, "error": (p - m) / m,
+                     "predicted_at_share": pa, "error_at_share": (pa - m) / m,
+                     "bounds": bounds, "verdicts": verdicts, "shares": shares,
+                     "measured_all": meas, "predicted_all": preds})  # fmt: skip
+    return rows
+
+
+def print_table(rows: list[dict]) -> bool:
+    """The family's table; True when every case is within 10% and the median within 5%."""
+    head = (f"{'case':<16} | {'measured 2 CPUs':>15} | {'what-if 2 CPUs':>14} | {'error':>7} | "
+            f"{'pred@a':>7} | {'error':>7} | {'a profile/run':>13} | bound (measured / verdict)")
+    print("\nplain torch DataLoader jobs: profiled on 1 CPU (taskset -c 0), run on 2 (taskset -c 0,1)")
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        print(
+            f"{r['case']:<16} | {r['measured']:>15.0f} | {r['predicted']:>14.0f} | {r['error']:>+7.1%} | "
+            f"{r['predicted_at_share']:>7.0f} | {r['error_at_share']:>+7.1%} | "
+            f"{statistics.median(a for a, _ in r['shares']):>6.2f}/{statistics.median(b for _, b in r['shares']):<6.2f} | "
+            f"{'/'.join(sorted(set(r['bounds'])))} / {'/'.join(sorted(set(map(str, r['verdicts']))))}"
+        )
+    errs = [abs(r["error"]) for r in rows]
+    at = [abs(r["error_at_share"]) for r in rows]
+    ok = bool(errs) and max(errs) <= 0.10 and statistics.median(errs) <= 0.05
+    print(f"what-if: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}: "
+          f"target (median <= 5%, max <= 10%) {'met' if ok else 'NOT met'}")
+    print(f"at the measured run's CPU share (pred@a): median |error| {statistics.median(at):.1%}, max {max(at):.1%}")
+    return ok
+
+
+def main_plain(args) -> int:
+    import tempfile
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="whatif-plain-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if not os.path.isdir(args.data):
+        subprocess.run([str(BIN / "coordl"), "synth", args.data, "--n", "2000", "--classes", "10"], check=True)
+    rows = run_family(args, work)
+    (work / "rows.json").write_text(json.dumps(rows, indent=1))
+    return 0 if print_table(rows) else 1
