@@ -90,10 +90,11 @@ def _run_profile(args: argparse.Namespace) -> int:
         show_progress=not args.quiet,
         page_cache_bytes=None if args.page_cache_gb is None else int(args.page_cache_gb * 1e9),
         min_seconds=args.min_seconds,
+        trace=args.trace,
     )
     out = report.pop("_out_dir")
     print(summary_text(report))
-    print(f"report: {out}/report.json  {out}/report.html")
+    print(f"report: {out}/report.json  {out}/report.html" + (f"  {out}/trace.json" if args.trace else ""))
     return 0
 
 
@@ -204,6 +205,11 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         help="page cache the job may use, in GB (a shared server's share; default: the memory available now)",
     )
     _add_min_seconds(p)
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="also write trace.json: the real run's timeline for Perfetto / chrome://tracing",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_profile, command=[])
 

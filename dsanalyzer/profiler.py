@@ -31,6 +31,7 @@ from dsanalyzer.measure.sysmon import SysMonitor, concat_series
 from dsanalyzer.measure.timeline import Timeline, cuda_sync_or_none, summarize
 from dsanalyzer.model.comm import comm_section
 from dsanalyzer.report.schema import SCHEMA_VERSION, attach_model, write_report
+from dsanalyzer.report.trace import write_trace
 
 __all__ = ["ProfileError", "profile", "profile_command", "assemble_report", "default_out_dir", "run_child"]
 
@@ -209,6 +210,7 @@ def profile_command(
     storage_note: str | None = None,
     min_seconds: float = 0.0,
     compute_note: str | None = None,
+    trace: bool = False,
 ) -> dict:
     """Profile an unmodified training command; writes report.json/html into ``out_dir``; returns the report.
 
@@ -216,7 +218,8 @@ def profile_command(
     available now); ``storage_note``, ``compute_note``: labels for the storage and the training
     step, shown in the report; ``min_seconds``:
     each run measures for at least this long, past ``iters`` if need be (a fast run of 60 iterations
-    lasts 2 s, short enough for a noisy machine to move it by 20%).
+    lasts 2 s, short enough for a noisy machine to move it by 20%); ``trace``: also write
+    ``trace.json``, the real run's timeline (:mod:`dsanalyzer.report.trace`).
     """
     if not command:
         raise ProfileError(
@@ -259,6 +262,8 @@ def profile_command(
         compute_note=compute_note,
     )
     write_report(report, out)
+    if trace:  # the real run's per-iteration timeline, one track per rank and per loader worker
+        write_trace(results, report, out)
     report["_out_dir"] = str(out)
     return report
 

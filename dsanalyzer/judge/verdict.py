@@ -148,8 +148,9 @@ def is_dali(report: dict) -> bool:
 
 
 def workers_noun(report: dict) -> str:
-    """What the job's prep parallelism is called: loader workers, or DALI's CPU threads."""
-    return "DALI CPU threads" if is_dali(report) else "loader workers"
+    """What the job's prep parallelism is called, with the argument that sets it: ``num_workers`` of a
+    DataLoader, ``num_threads`` of a DALI pipeline."""
+    return "DALI CPU threads (num_threads)" if is_dali(report) else "loader workers (num_workers)"
 
 
 def _change_text(change: dict, report: dict) -> str:

@@ -135,7 +135,7 @@ def _whatif_cores(model: Model, noun: str):
         ax.plot(measured[:, 0], measured[:, 1], "ko", label="prep measured")
     _compute_lines(ax, model)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel(f"CPU cores ({noun}, one per core)")
+    ax.set_xlabel(f"CPU cores (one of the {noun} per core)")
     ax.set_ylabel("samples/s")
     ax.set_title("What if: cores")
     ax.legend(fontsize=8)

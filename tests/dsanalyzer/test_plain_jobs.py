@@ -4,7 +4,7 @@
 * A job built to be prep-bound (each item burns CPU in ``__getitem__``, the step is a tiny linear
   layer), restricted to 1 and to 2 CPUs with ``taskset``: the stalls and the verdict must both name
   prep, and the what-if must say more cores help. Its dataset is generated in memory, so the report
-  must also carry a what-if with fetch modelled as free.
+  must also carry a what-if with fetch modelled as free; ``--trace`` writes its timeline.
 * A Lightning job, one process and ``strategy="ddp"`` with two: a dataset of tensors in memory gets
   a what-if, and the per-epoch figures count each rank's own batches (64 of 128).
 """
@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.dsanalyzer.report.test_trace import check_trace_format
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -51,10 +53,12 @@ for epoch in range(5):
 """
 
 
-def _profile(tmp_path: Path, script: Path, args: list[str], cpus: str | None = None, iters: int = 10) -> dict:
+def _profile(
+    tmp_path: Path, script: Path, args: list[str], cpus: str | None = None, iters: int = 10, trace: bool = False
+) -> dict:
     out = tmp_path / f"out-{script.stem}-{cpus or 'all'}"
     cmd = [str(BIN / "dsanalyzer"), "profile", "--quiet", "--iters", str(iters), "--warmup", "2",
-           "--out", str(out), "--", sys.executable, str(script), *args]  # fmt: skip
+           *(["--trace"] if trace else []), "--out", str(out), "--", sys.executable, str(script), *args]  # fmt: skip
     if cpus is not None:
         cmd = [shutil.which("taskset") or "taskset", "-c", cpus, *cmd]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -101,8 +105,13 @@ def test_readme_profiling_example_gets_a_report_with_one_bound(tmp_path):
 def test_job_built_prep_bound_is_named_prep_on_1_and_2_cpus(tmp_path, cpus):
     script = tmp_path / "burn.py"
     script.write_text(PREP_BOUND)
-    report = _profile(tmp_path, script, ["1"], cpus=cpus)
+    report = _profile(tmp_path, script, ["1"], cpus=cpus, trace=True)
     assert report["machine"]["cpus"] == len(cpus.split(","))
+    trace = json.loads((tmp_path / f"out-burn-{cpus}" / "trace.json").read_text())
+    check_trace_format(trace)
+    loop = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["name"] == "wait for data"]
+    assert len(loop) == len(report["runs"]["real"]["wait_s"])
+    assert {e["tid"] for e in trace["traceEvents"] if e["ph"] == "i"} == {10}  # its one loader worker
     assert report["bound"] == "prep", report["advice"]
     assert report["verdict"]["bound"] == "prep" and report["verdict"]["model_bound"] == "prep", report["advice"]
     _one_bound(report)
