@@ -65,7 +65,7 @@ def _compressor_row(comp, g, device, reps: int) -> list[str]:
 def compressor_table(ctx: Context, device, dry: bool) -> None:
     import torch
 
-    from gradcomp.methods import get_compressor
+    from gradcomp import get_compressor
 
     n, reps = (50_000, 2) if dry else (25_000_000, 5)
     g = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(device)

@@ -98,12 +98,12 @@ def _row(ctx: Context, role: str, width: int, t: dict, rep: dict, heavy: tuple[i
 
 
 def run(ctx: Context) -> None:
-    from coordl.data.synth import make_dataset
+    import coordl
 
     dry = ctx.dry
     n, batch, size, workers = (96, 8, 32, 2) if dry else (1200, 64, 96, CPUS)
     widths, blocks = (DRY_WIDTHS, DRY_BLOCKS) if dry else (WIDTHS, BLOCKS)
-    data = make_dataset(ctx.work / "data", n, 10, width=320, height=240)
+    data = coordl.synth.make_dataset(ctx.work / "data", n, 10, width=320, height=240)
     job = ["--data", str(data), "--device", ctx.device, "--size", str(size), "-b", str(batch), "--workers", str(workers)]
     iters = ["--iters", "4", "--warmup", "1"] if dry else ["--iters", "30", "--warmup", "3", "--min-seconds", "3"]
     ctx.command(f"scripts/gpu/whatif.py step_seconds(width, {blocks}, {ctx.device}, batch={batch}, size={size})")
