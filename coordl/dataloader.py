@@ -12,10 +12,16 @@ timeouts and persistent workers behave exactly as in torch. It adds:
   (:mod:`coordl.ring.reader`);
 * a worker that dies raises :class:`~coordl.errors.WorkerDiedError` naming the item it was on;
 * ``stats()`` / ``epoch_stats()``: hits, misses and bytes read from storage, summed over all workers.
+
+Why this module is long: the one class users import carries torch's whole DataLoader surface (17
+arguments, settings kept in step with the inner loader) and coordl's additions, resume and stats; the
+work itself lives in coordl.fetch, coordl.ring, coordl.workers, coordl.resume and coordl.sharding.
 """
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -33,8 +39,9 @@ from coordl.fetch.sample_cache import SampleCacheTier
 from coordl.fetch.view import DatasetView, unwrap_view
 from coordl.options import check_dataset_options, validate_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
-from coordl.resume import Resume, group_state, load_group_state
+from coordl.resume import Resume, group_state, load_group_state, torch_iterator
 from coordl.ring.reader import BatchRing
+from coordl.sharding import unsharded_warning
 from coordl.workers.start import forks_workers, start_workers
 from coordl.workers.watch import WorkerWatch, translate_torch_error
 from shmem.counters import SharedCounters
@@ -105,7 +112,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
     ) -> None:
         """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 8;
         the body composes the parts in order, one statement per part, each complete when built."""
-        dataset = unwrap_view(dataset)  # a framework rebuilding this loader from its attributes
+        given = dataset
+        dataset, options = unwrap_view(dataset, {  # a framework rebuilding a loader from its attributes
+            "cache_bytes": cache_bytes, "cache_dir": cache_dir, "on_error": on_error, "sample_cache": sample_cache,
+            "partitioned": partitioned, "coordinate": coordinate, "batch_ring": batch_ring, "fetch_ahead": fetch_ahead,
+        })  # fmt: skip
+        cache_bytes, cache_dir, on_error = options["cache_bytes"], options["cache_dir"], options["on_error"]
+        sample_cache, partitioned, coordinate = options["sample_cache"], options["partitioned"], options["coordinate"]
+        batch_ring, fetch_ahead = options["batch_ring"], options["fetch_ahead"]
         self._closed = False
         self._final_stats: dict[str, Any] | None = None
         validate_options(cache_bytes, on_error, batch_size, batch_sampler, timeout, batch_ring, fetch_ahead)
@@ -119,32 +133,31 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         self.batch_ring = batch_ring
         self.fetch_ahead = fetch_ahead
         self._iterable = isinstance(dataset, torch.utils.data.IterableDataset)
-        self.source = None if self._iterable else _adapt(dataset)
-        check_dataset_options(dataset, self.source, cache_bytes=cache_bytes, sample_cache=sample_cache, on_error=on_error)
-        self._counters = SharedCounters(
-            list(BASE_COUNTERS) + (list(SAMPLE_CACHE_COUNTERS) if sample_cache is not None else [])
-        )
         self._epoch_stats = EpochStats(BASE_COUNTERS)
-        self._chain = None if self._iterable else FetchChain(
-            self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=cache_dir,
-            partitioned=partitioned, name=type(dataset).__name__,
-        )  # fmt: skip
-        self._sample_cache_tier = (
-            SampleCacheTier(sample_cache, self.source, self._counters) if sample_cache is not None else None
-        )
+        # A framework rebuilding a loader hands the old one's view, as dataset or in the sampler it made on it.
+        old = [v for v in (given, getattr(sampler, "dataset", None)) if isinstance(v, DatasetView)]
+        old = [v for v in old if v.dataset is dataset and v.reusable(options)]
+        if old:
+            self._take_over(old[0])
+        else:
+            self._build_fetch_side(dataset, options)
         self._watch = WorkerWatch(num_workers) if num_workers > 0 and not self._iterable else None
         reads = {"on_error": on_error, "sample_cache_tier": self._sample_cache_tier, "fetch_ahead": self._fetch_ahead(fetch_ahead)}
-        self._view = None if self._iterable else DatasetView(
-            dataset, self.source, self._chain.tiers, self._counters, **reads
-        )  # fmt: skip
         self._ring = self._inner = self._member = self._resume = self._torch = None
+        self._unsharded: dict[str, Any] | None = {  # checked at the first epoch (coordl.sharding)
+            "user_sampler": sampler, "user_batch_sampler": batch_sampler, "partitioned": partitioned,
+            "iterable": self._iterable or coordinate is not None,
+        }  # fmt: skip
         try:
             # The public face is torch's own: its checks and errors, its attributes for the user's arguments
             # (``dataset`` seen through coordl's tiers, see coordl.fetch.view), the frameworks read them.
+            # By keyword: a framework that recorded this call (not coordl's) replaces arguments, never repeats one.
             super().__init__(
-                dataset if self._view is None else self._view, batch_size, shuffle, sampler, batch_sampler,
-                num_workers, collate_fn, pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context,
-                generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                dataset=dataset if self._view is None else self._view, batch_size=batch_size, shuffle=shuffle,
+                sampler=sampler, batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
+                pin_memory=pin_memory, drop_last=drop_last, timeout=timeout, worker_init_fn=worker_init_fn,
+                multiprocessing_context=multiprocessing_context, generator=generator,
+                prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                 pin_memory_device=pin_memory_device, in_order=in_order,
             )  # fmt: skip
             default = collate_fn is None or collate_fn is default_collate
@@ -169,12 +182,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             order = self._partitioned_sampler(sampler, batch_sampler, shuffle)
             if order is None and batch_sampler is None:
                 order = self.sampler
-            self._resume = None if self._iterable or self._member is not None else Resume(
-                inner, sampler=order, batch_sampler=batch_sampler, shuffle=shuffle, batch_size=batch_size,
-                generator=generator,
+            self._resume = None if self._member is not None else Resume(
+                inner, user_dataset=dataset, sampler=order, batch_sampler=batch_sampler, shuffle=shuffle,
+                batch_size=batch_size, generator=generator, iterable=self._iterable,
             )  # fmt: skip
             if self._resume is not None:  # torch's own order, wrapped so that an epoch can resume
                 sampler, batch_sampler, shuffle = self._resume.torch_arguments()
+                inner, collate_fn = self._resume.for_torch(inner, collate_fn)  # workers report their state
             self._torch = torch.utils.data.DataLoader(
                 inner, batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
                 num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
@@ -187,6 +201,35 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             raise
 
     # -- construction steps ------------------------------------------------------------------------
+
+    def _build_fetch_side(self, dataset: Any, options: dict[str, Any]) -> None:
+        """Source, counters, fetch chain, sample cache tier and the public view of ``dataset``."""
+        sample_cache, on_error = options["sample_cache"], options["on_error"]
+        self.source = None if self._iterable else _adapt(dataset)
+        check_dataset_options(dataset, self.source, cache_bytes=self.cache_bytes, sample_cache=sample_cache, on_error=on_error)
+        self._counters = SharedCounters(
+            list(BASE_COUNTERS) + (list(SAMPLE_CACHE_COUNTERS) if sample_cache is not None else [])
+        )
+        self._chain = self._sample_cache_tier = self._view = None
+        if self._iterable:
+            return
+        self._chain = FetchChain(
+            self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=options["cache_dir"],
+            partitioned=options["partitioned"], name=type(dataset).__name__,
+        )  # fmt: skip
+        if sample_cache is not None:
+            self._sample_cache_tier = SampleCacheTier(sample_cache, self.source, self._counters)
+        self._view = DatasetView(
+            dataset, self.source, self._chain.tiers, self._counters, on_error=on_error,
+            sample_cache_tier=self._sample_cache_tier, fetch_ahead=self._fetch_ahead(options["fetch_ahead"]),
+        )  # fmt: skip
+        self._view.loader_options, self._view.chain, self._view.owner = options, self._chain, weakref.ref(self)
+
+    def _take_over(self, view: DatasetView) -> None:
+        """Read through ``view``'s fetch side (a framework rebuilt the loader it belongs to) and close it at the end."""
+        self.source, self._counters, self._chain, self._view = view.source, view.counters, view.chain, view
+        self._sample_cache_tier = view.sample_cache_tier
+        view.owner = weakref.ref(self)
 
     def _partitioned_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> Any:
         """The user's sampler, or with ``partitioned=True`` and none given, this rank's shard sampler."""
@@ -206,27 +249,41 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
     def __iter__(self) -> Iterator[Any]:
         if self._closed:
             raise RuntimeError("this coordl.DataLoader was closed")
+        if self._unsharded is not None:
+            message, self._unsharded = unsharded_warning(**self._unsharded), None
+            if message is not None:
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
         self._epoch_stats.end(self._counters.snapshot(), complete=False)
         self._epoch_stats.begin(self._counters.snapshot())
-        if self._resume is not None:
-            self._resume.begin_epoch()
+        self._pass_batches, self._pass_length = 0, _sized_len(self)
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
             it: Any = Sized(self._member.epoch(), len(self._member))
         else:
             self._follow_settings()
             if self._ring is not None and forks_workers(self._torch):
                 self._ring.offer_segments(self._torch.num_workers)
-            it = start_workers(self._torch)
+            it = start_workers(self._torch) if self._resume is None else self._resume.start(
+                self._torch, start_workers, release=self._ring.unwrap if self._ring is not None else None
+            )  # fmt: skip
             if self._ring is not None:
-                self._ring.start_epoch(it)
+                self._ring.start_epoch(torch_iterator(it))
+            if self._resume is not None:  # a resumed pass hands out the batches that were left
+                self._pass_batches = int(getattr(self._resume, "pass_offset", 0))
         return EpochIterator(
             it,
             translate=self._translate,
             unwrap=self._ring.unwrap if self._ring is not None else (lambda batch: batch),
             on_end=self._end_epoch,
-            on_batch=self._resume.returned if self._resume is not None else (lambda: None),
+            on_batch=self._returned,  # the resumable state sees each batch itself (coordl.resume.PassTracker)
             on_error=self._abandon_epoch,
         )
+
+    def _returned(self) -> None:
+        """One more batch handed out. The epoch's last closes its statistics: Lightning and Accelerate stop
+        after ``len(loader)`` batches and never ask for the StopIteration that would close them."""
+        self._pass_batches += 1
+        if self._pass_batches == self._pass_length:
+            self._epoch_stats.end(self._counters.snapshot(), complete=True)
 
     # Settings torch reads when an epoch starts, which users (and Lightning) may set on the loader.
     _FOLLOWED = ("timeout", "worker_init_fn", "pin_memory", "pin_memory_device", "in_order", "multiprocessing_context")
@@ -243,17 +300,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
 
     def _end_epoch(self) -> None:
         self._epoch_stats.end(self._counters.snapshot(), complete=True)
-        if self._resume is not None:
-            self._resume.finished()
 
     # -- resumable state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: a small JSON-serialisable dict for :meth:`load_state_dict`.
+        """Where this loader is: a dict of plain data for :meth:`load_state_dict` (torchdata's
+        ``StatefulDataLoader`` meaning; JSON-serialisable when the dataset's and sampler's own states are).
 
-        Taken at any point (between epochs or inside one), it holds the epoch, the batches already
-        returned in it and the shuffling generator's state when the epoch began; no data. See
-        :mod:`coordl.resume` for what is restored exactly and the limits.
+        Taken at any point (before ``iter``, inside an epoch, between epochs), it holds the epoch, the
+        batches already handed out in it, the shuffling generators' states when it began, and the
+        ``state_dict()`` of a sampler, dataset or stream iterator that has one, per worker where they
+        live; no data, O(workers). See :mod:`coordl.resume` and docs/dataloader.md.
         """
         if self._member is not None:
             return group_state(self._member, self._shape())
@@ -262,8 +319,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict` of a loader built with the same arguments).
 
-        Call it on a fresh loader before iterating it: the next ``iter`` yields exactly the batches
-        that had not been returned, in the same order; later epochs follow as in an uninterrupted run.
+        The next ``iter`` yields exactly the batches that had not been handed out, in the same order;
+        later epochs follow as in an uninterrupted run. Called while an epoch runs, that epoch is
+        dropped (persistent workers are restarted). A state of another shape (``num_workers``, the
+        dataset's length, ...) is refused naming both values.
         """
         if self._member is not None:
             load_group_state(self._member, state, self._shape())
@@ -271,22 +330,25 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         self._resumable().load_state_dict(state, self._shape())
 
     def _resumable(self) -> Resume:
-        if self._resume is None:
-            raise NotImplementedError("state_dict: resuming an IterableDataset mid-epoch is not supported")
+        assert self._resume is not None  # only a coordinated loader has none, and it has a member
         return self._resume
 
     def _shape(self) -> dict[str, Any]:
         """What a saved state must agree on with this loader."""
-        return {
-            "num_items": len(self.source),
+        shape = {
+            "iterable": self._iterable,
+            "num_items": _length(self.dataset if self._iterable else self.source),
             "batch_size": self._torch.batch_size,
             "drop_last": bool(self._torch.drop_last),
-            "batches_per_epoch": len(self),
+            "num_workers": self._torch.num_workers,
         }
+        if not self._iterable:
+            shape["batches_per_epoch"] = len(self)
+        return shape
 
     def _translate(self, error: RuntimeError, torch_iter: Any) -> BaseException | None:
         """A coordl error for torch's worker-death and timeout RuntimeErrors, else None."""
-        return translate_torch_error(error, torch_iter, self._watch, self.source)
+        return translate_torch_error(error, torch_iterator(torch_iter), self._watch, self.source)
 
     def _abandon_epoch(self, torch_iter: Any) -> None:
         """An error ended the epoch: stop its workers now and make the next epoch start fresh ones.
@@ -294,6 +356,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         Left alone, they would idle for as long as anything holds the traceback (a dead worker's
         siblings included), then stall whichever later allocation makes the collector shut them down.
         """
+        torch_iter = torch_iterator(torch_iter)
         if hasattr(torch_iter, "_shutdown_workers"):
             torch_iter._shutdown_workers()
         if getattr(self._torch, "_iterator", None) is torch_iter:
@@ -376,9 +439,20 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             iterator._shutdown_workers()
         if self._torch is not None:
             self._torch._iterator = None
-        for obj in (self._member, self._chain, self._counters, self._watch, self._inner, self._view, self._ring):
+        owner = self._view is None or self._view.owner() is self  # else a loader took over the fetch side
+        shared = (self._chain, self._counters, self._view) if owner else ()
+        for obj in (self._member, *shared, self._watch, self._inner, self._ring):
             if obj is not None:
                 obj.close()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # coordl's own state (private names) skips torch's guard of its public attributes, and so any
+        # record a framework keeps of what was set after __init__: Lightning replays that record on the
+        # loader it rebuilds, which must keep its own parts, not this loader's.
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def __enter__(self) -> DataLoader:
         return self
@@ -388,7 +462,22 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
 
     def __repr__(self) -> str:
         cache = f", cache={self._chain.minio!r}" if self._chain is not None and self._chain.minio else ""
-        return f"coordl.DataLoader({type(unwrap_view(self.dataset)).__name__}, batch_size={self.batch_size}{cache})"
+        return f"coordl.DataLoader({type(unwrap_view(self.dataset)[0]).__name__}, batch_size={self.batch_size}{cache})"
+
+
+def _length(dataset: Any) -> int | None:
+    """``len(dataset)``, or None for a stream without one."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _sized_len(obj: Any) -> int | None:
+    try:
+        return len(obj)
+    except TypeError:  # an IterableDataset without __len__
+        return None
 
 
 def _adapt(dataset: Any) -> Any:

@@ -1,0 +1,358 @@
+"""A loader's resumable state: what a pass has handed out, and everything needed to hand out the rest.
+
+:class:`Resume` keeps, per pass: the epoch, the batches handed out (including those dropped because
+every item was skipped), the state of each generator that orders the pass when it began, the state
+of a Stateful sampler after the last batch handed out, each worker's dataset state after the last
+batch it gave (or the main process's, without workers), and for a stream the worker that gave the last
+batch. :class:`~coordl.resume.tracker.PassTracker` wraps torch's iterator to see each batch as it is
+handed out. All of it
+is O(workers): nothing grows with the dataset.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils.data
+from torch.utils.data.dataloader import default_collate, default_convert
+
+from coordl.resume.order import ResumableSampler
+from coordl.resume.state import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    check_state,
+    decode_generator_state,
+    encode_generator_state,
+    encode_rng_state,
+    is_stateful,
+    torch_generator,
+)
+from coordl.resume.tracker import PassTracker
+from coordl.resume.workers import DatasetState, ResumableStream, Tagged, TaggingCollate, WorkerRestore
+
+__all__ = ["Resume"]
+
+log = logging.getLogger("coordl")
+
+
+def _private_generator() -> torch.Generator:
+    """The generator of a shuffle without ``generator=``: seeded once from torch's global RNG, the
+    draw torch's ``RandomSampler`` (and torchdata's) makes, so the loader's passes follow from it and
+    its state can be saved."""
+    seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    return torch.Generator().manual_seed(seed)
+
+
+class Resume:
+    """The order and progress of a loader's passes, kept resumable (see the module docstring).
+
+    Args:
+        dataset: the dataset torch iterates (for the default samplers).
+        user_dataset: the user's dataset (its ``state_dict``/``load_state_dict`` are used when it has them).
+        sampler, batch_sampler, shuffle, batch_size, generator: the loader's arguments (``sampler``
+            already replaced by the partitioned sampler where that applies).
+        iterable: ``user_dataset`` is an ``IterableDataset``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        user_dataset: Any = None,
+        sampler: Any,
+        batch_sampler: Any,
+        shuffle: bool | None,
+        batch_size: int | None,
+        generator: torch.Generator | None,
+        iterable: bool = False,
+    ) -> None:
+        self.generator = generator
+        self.user_dataset = dataset if user_dataset is None else user_dataset
+        self.iterable = iterable
+        self._args = (None, None, shuffle) if iterable else (sampler, batch_sampler, shuffle)
+        self._auto_collation = batch_size is not None or batch_sampler is not None
+        self.shuffle_generator: torch.Generator | None = None
+        self.order: ResumableSampler | None = None
+        self.stream = ResumableStream(self.user_dataset, batch_size or 1) if iterable else None
+        if iterable:
+            pass
+        elif batch_sampler is not None:
+            self.order = ResumableSampler(batch_sampler, batched=True)
+        else:
+            if sampler is None:  # what torch would make, so the order is torch's for the same generator
+                sampler = (
+                    torch.utils.data.RandomSampler(dataset, generator=generator)
+                    if shuffle
+                    else torch.utils.data.SequentialSampler(dataset)
+                )
+            if shuffle and generator is None and _unseeded_shuffle(sampler):
+                self.shuffle_generator = _private_generator()
+            self.order = ResumableSampler(sampler, unit=batch_size or 1, shuffle_generator=self.shuffle_generator)
+        self.epoch = 0  # the epoch running, or the next one between epochs
+        self.in_epoch = False
+        self.batches_done = 0  # of the pass running, including those resumed past
+        self.pass_id = 0
+        self.pass_workers = 0
+        self.pass_offset = 0  # batches resumed past at the start of the pass running
+        self.persistent = False
+        self.in_order = True
+        self.generator_state: str | None = None
+        self.shuffle_state: str | None = None
+        self.workers_rng: str | None = None  # torch's RNG when the running workers were made
+        self.sampler_start: dict[str, Any] | None = None
+        self.sampler_state: dict[str, Any] | None = None
+        self.worker_states: dict[int, Any] = {}
+        self.last_worker: int | None = None
+        self.plan: dict[str, Any] | None = None  # a loaded state, applied when the next pass starts
+        self._restart = False  # the next pass needs new workers (a load, or a rotated resume)
+        self._warned = False
+
+    # -- what torch is built with ----------------------------------------------------------------------
+
+    def torch_arguments(self) -> tuple[Any, Any, bool | None]:
+        """``(sampler, batch_sampler, shuffle)`` to build torch's loader with."""
+        sampler, batch_sampler, shuffle = self._args
+        if self.order is None:
+            return sampler, batch_sampler, shuffle
+        if self.order.batched:
+            return (sampler if batch_sampler is not None else None), self.order, shuffle
+        return self.order, None, None
+
+    def for_torch(self, dataset: Any, collate_fn: Callable | None) -> tuple[Any, Callable | None]:
+        """``(dataset, collate_fn)`` to build torch's loader with: the stream wrapper for an
+        ``IterableDataset``; a collate that reports each worker's state when there is one to report."""
+        if self.stream is None and not is_stateful(self.user_dataset):
+            return dataset, collate_fn
+        collate_fn = collate_fn or (default_collate if self._auto_collation else default_convert)
+        holder = self.stream if self.stream is not None else DatasetState(self.user_dataset)
+        return (self.stream if self.stream is not None else dataset), TaggingCollate(collate_fn, holder)
+
+    # -- a pass -----------------------------------------------------------------------------------------
+
+    def start(self, torch_loader: Any, start_workers: Callable[[Any], Any], release: Callable | None = None) -> PassTracker:
+        """Start a pass of ``torch_loader`` (``start_workers(torch_loader)`` makes its iterator), with a
+        loaded state applied: the main process's parts now, the workers' in the new workers."""
+        workers = torch_loader.num_workers
+        plan, self.plan = self.plan, None
+        discard = self._begin_pass(workers, plan)
+        self.persistent = bool(torch_loader.persistent_workers) and workers > 0
+        self.in_order = bool(getattr(torch_loader, "in_order", True))
+        placed = self._worker_plan(plan, workers)
+        live = getattr(torch_loader, "_iterator", None)
+        if live is not None and (self._restart or placed):
+            if hasattr(live, "_shutdown_workers"):
+                live._shutdown_workers()  # persistent workers hold other states: start new ones
+            torch_loader._iterator = live = None
+        self._restart = False
+        saved = (torch_loader.worker_init_fn, torch_loader.generator)
+        rng = None
+        if workers > 0 and torch_loader.generator is None:
+            rng = (plan or {}).get("rng_state") or encode_rng_state(torch.get_rng_state())
+            if (plan or {}).get("rng_state"):  # the saved pass's worker seeds (torch draws them from it)
+                torch_loader.generator = torch_generator(rng)
+        if placed and self.stream is not None:
+            self.stream.pending.update(placed)
+        elif placed:
+            torch_loader.worker_init_fn = WorkerRestore(saved[0], self.user_dataset, placed)
+        try:
+            it = start_workers(torch_loader)
+        finally:
+            torch_loader.worker_init_fn, torch_loader.generator = saved
+            if self.stream is not None:
+                self.stream.pending.clear()
+        if workers > 0 and it is not live:
+            self.workers_rng = rng
+        return PassTracker(it, self, self.pass_id, discard=discard, release=release)
+
+    def _begin_pass(self, workers: int, plan: dict[str, Any] | None) -> int:
+        """Bookkeeping of a new pass (and the main-process parts of ``plan``); the batches to drop."""
+        if self.in_epoch:  # the previous pass was left early: this is the next epoch
+            self.epoch += 1
+        self.pass_id += 1
+        self.in_epoch = True
+        self.pass_workers = workers
+        skip = 0
+        if plan is not None:
+            self.epoch, skip = int(plan["epoch"]), int(plan["batches_done"])
+            self.worker_states = dict(enumerate(plan.get("workers") or []))
+            self.worker_states = {k: v for k, v in self.worker_states.items() if v is not None}
+            self.last_worker = plan.get("last_worker")
+        elif not self.persistent:
+            self.worker_states, self.last_worker = {}, None  # new workers start from the main copy
+        self.batches_done = self.pass_offset = skip
+        self.generator_state = encode_generator_state(self.generator) if self.generator is not None else None
+        self.shuffle_state = (
+            encode_generator_state(self.shuffle_generator) if self.shuffle_generator is not None else None
+        )
+        self.sampler_state = None
+        discard = 0
+        if self.order is not None:
+            discard = self._begin_order(plan, skip)
+        elif plan is not None:
+            discard = self._begin_stream(plan, skip, workers)
+        return discard
+
+    def _begin_order(self, plan: dict[str, Any] | None, skip: int) -> int:
+        order = self.order
+        saved = plan.get("sampler") if plan is not None else None
+        if saved is not None:
+            order.restore = saved  # the sampler positions itself
+            self.sampler_start = saved
+        else:
+            order.skip = skip * order.unit
+            at_rest = order.tracks(order.current)
+            self.sampler_start = {**order.snapshot(), "drain": order.passes > 0} if at_rest else None
+        order.epoch_seed = None
+        if self.generator_state is not None:
+            digest = hashlib.blake2b(self.generator_state.encode(), digest_size=8).digest()
+            order.epoch_seed = int.from_bytes(digest, "little")
+        if plan is not None and plan.get("dataset") is not None and is_stateful(self.user_dataset):
+            self.user_dataset.load_state_dict(plan["dataset"])  # the main process's dataset
+        return 0
+
+    def _begin_stream(self, plan: dict[str, Any], skip: int, workers: int) -> int:
+        """A stream resumes from its states; without any (nothing Stateful), by replaying ``skip``
+        batches from the start (torchdata's fast-forward)."""
+        if workers == 0 and plan.get("dataset") is not None:
+            self.stream.pending[None] = plan["dataset"]
+            return 0
+        if workers > 0 and self.worker_states:
+            return 0
+        if skip:
+            log.warning(
+                "coordl: %s defines no state_dict/load_state_dict (nor does its iterator): resuming "
+                "replays the first %d batches of the epoch and drops them",
+                type(self.user_dataset).__name__, skip,
+            )  # fmt: skip
+        return skip
+
+    def _worker_plan(self, plan: dict[str, Any] | None, workers: int) -> dict[int, Any]:
+        """Worker id -> what that new worker restores; empty when the workers start as constructed."""
+        if workers == 0 or (plan is None and not self._restart) or not self.worker_states:
+            return {}
+        states = self.worker_states
+        if self.stream is not None:
+            last = self.last_worker if plan is not None and self.batches_done else None
+            pads = set(range(last + 1)) if last is not None and last < workers - 1 else set()
+            return {i: {**(states.get(i) or {}), "pads": int(i in pads)} for i in range(workers)}
+        # torch gives this pass's batch i to worker i % workers; it was batch pass_offset + i, made
+        # by worker (pass_offset + i) % workers in the uninterrupted run: that worker's state goes there.
+        shift = self.pass_offset if plan is not None else 0
+        placed = {i: states.get((shift + i) % workers) for i in range(workers)}
+        return {i: s for i, s in placed.items() if s is not None}
+
+    def batch_done(self, pass_id: int, tag: Tagged | None) -> None:
+        """A batch of pass ``pass_id`` was handed out (or dropped: every item skipped, or its error raised)."""
+        if pass_id != self.pass_id:
+            return  # an iterator of an earlier pass, or of one a load replaced
+        index = self.batches_done
+        self.batches_done += 1
+        if self.order is not None and self.order.snapshots:
+            self.sampler_state = self.order.snapshots.popleft()
+        if tag is None:
+            return
+        worker = tag.worker if self.stream is not None else index % max(1, self.pass_workers)
+        self.worker_states[worker] = tag.state
+        self.last_worker = worker
+
+    def pass_ended(self, pass_id: int) -> None:
+        if pass_id != self.pass_id or not self.in_epoch:
+            return
+        self.in_epoch = False
+        self.epoch += 1
+        self.batches_done = 0
+        if self.order is not None:
+            self.order.snapshots.clear()
+        if not self.persistent:
+            self.worker_states, self.last_worker = {}, None
+            return
+        if self.stream is not None:  # the next pass makes new iterators; the datasets live on
+            kept = {w: {**s, "iter": None} for w, s in self.worker_states.items() if s.get("dataset") is not None}
+            self.worker_states = kept
+        elif self.pass_offset % max(1, self.pass_workers):
+            self._restart = True  # the resumed pass's workers hold rotated states: back to their own
+
+    # -- state ------------------------------------------------------------------------------------------
+
+    def state_dict(self, shape: dict[str, Any]) -> dict[str, Any]:
+        """The plain-data state; ``shape`` is what a loader resuming it must agree on."""
+        if self.plan is not None:  # loaded, not applied yet: it still says where this loader is
+            return copy.deepcopy({**self.plan, **shape})
+        if self.pass_workers and not self.in_order and not self._warned:
+            self._warned = True
+            log.warning("coordl: in_order=False: the state may not name the batches handed out exactly")
+        between = not self.in_epoch
+        workers = int(shape.get("num_workers", self.pass_workers))
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            **shape,
+            "epoch": self.epoch,
+            "batches_done": 0 if between else self.batches_done,
+            "generator_state": self._generator_state(self.generator, self.generator_state, between),
+            "shuffle_state": self._generator_state(self.shuffle_generator, self.shuffle_state, between),
+            "rng_state": None if between or workers == 0 or self.generator is not None else self.workers_rng,
+            "sampler_epoch": None if between or self.order is None else self.order.inner_epoch,
+            "sampler": self._sampler_part(between),
+            "dataset": copy.deepcopy(self._main_dataset_state(between)) if workers == 0 else None,
+            "workers": [copy.deepcopy(self.worker_states.get(i)) for i in range(workers)] if workers else None,
+            "last_worker": None if between else self.last_worker,
+        }
+
+    @staticmethod
+    def _generator_state(generator: torch.Generator | None, at_start: str | None, between: bool) -> str | None:
+        if generator is None:
+            return None
+        return encode_generator_state(generator) if between else at_start
+
+    def _sampler_part(self, between: bool) -> dict[str, Any] | None:
+        order = self.order
+        if order is None or not order.tracks(order.current):
+            return None
+        if between:
+            return {**order.snapshot(), "drain": order.passes > 0}
+        return self.sampler_state if self.sampler_state is not None else self.sampler_start
+
+    def _main_dataset_state(self, between: bool) -> Any:
+        if self.stream is not None:
+            return self.stream.worker_state(with_iter=not between)
+        return self.user_dataset.state_dict() if is_stateful(self.user_dataset) else None
+
+    def load_state_dict(self, state: Any, shape: dict[str, Any]) -> None:
+        """Check ``state`` against this loader now; the next pass resumes from it."""
+        check_state(state, shape)
+        for key, generator, how in (
+            ("generator_state", self.generator, "with generator="),
+            ("shuffle_state", self.shuffle_generator, "with shuffle=True and no generator="),
+        ):
+            saved = state.get(key)
+            if (saved is None) != (generator is None):
+                raise ValueError(
+                    f"load_state_dict: the state was saved by a loader {'not ' if saved is None else ''}built "
+                    f"{how}; build this one the same way as the one that saved it"
+                )
+            if generator is not None:
+                generator.set_state(decode_generator_state(saved))
+        if state.get("sampler_epoch") is not None and self.order is not None:
+            self.order.set_epoch(int(state["sampler_epoch"]))
+        if self.in_epoch:  # a pass is running: its iterator no longer moves this state
+            self.pass_id += 1
+            self.in_epoch = False
+        self.epoch = int(state["epoch"])
+        self._restart = True
+        self.plan = copy.deepcopy(state)
+
+
+def _unseeded_shuffle(sampler: Any) -> bool:
+    """torch's default shuffle sampler, drawing a fresh seed from the global RNG every pass."""
+    return (
+        type(sampler) is torch.utils.data.RandomSampler
+        and sampler.generator is None
+        and not sampler.replacement
+        and sampler._num_samples is None
+    )

@@ -1,0 +1,147 @@
+"""The order of a map-style epoch, kept resumable: the sampler torch is handed, in the main process.
+
+:class:`ResumableSampler` wraps the sampler (or batch sampler) torch would have used. torch draws
+indices ahead of the batches the user gets (``prefetch_factor * num_workers`` batches with workers),
+so the wrapper notes a Stateful sampler's state after each batch it hands out and the loader keeps
+the one of the last batch the user got (torchdata takes its main-process snapshots the same way). On
+resume it either restores that state (a Stateful sampler or sampler iterator positions itself) or skips
+the batches already returned (any other sampler: they are never fetched or prepped again).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from coordl.resume.state import is_stateful
+
+__all__ = ["ResumableSampler", "SeededIndex", "item_seed"]
+
+
+class SeededIndex(int):
+    """An item index that carries the seed its prep's random draws start from (pickles as an int does)."""
+
+    seed: int
+
+    def __new__(cls, index: int, seed: int) -> SeededIndex:
+        obj = super().__new__(cls, index)
+        obj.seed = seed
+        return obj
+
+    def __reduce__(self) -> tuple:
+        return (SeededIndex, (int(self), self.seed))
+
+
+def item_seed(epoch_seed: int, index: int) -> int:
+    """A 63-bit seed for item ``index`` in the epoch whose seed is ``epoch_seed``."""
+    digest = hashlib.blake2b(f"{epoch_seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class ResumableSampler:
+    """Wraps a sampler (or a batch sampler): skips or restores the start of its next pass, notes a
+    Stateful sampler's state per batch handed out, and tags each index with its prep seed when an
+    epoch seed is set.
+
+    Args:
+        inner: the sampler torch would have used (``RandomSampler``, ``SequentialSampler``, the user's,
+            or :class:`coordl.partitioned.ownership.PartitionedSampler`), or a batch sampler.
+        batched: ``inner`` yields lists of indices (a batch sampler).
+        unit: items per batch when not ``batched`` (the loader's ``batch_size``).
+        shuffle_generator: draw each pass as one ``randperm`` of ``len(inner)`` from this generator
+            instead of iterating ``inner`` (coordl's shuffle without ``generator=``: the same draws as
+            torchdata's ``StatefulDataLoader``).
+    """
+
+    def __init__(
+        self, inner: Any, *, batched: bool = False, unit: int = 1, shuffle_generator: torch.Generator | None = None
+    ) -> None:
+        self.inner = inner
+        self.batched = batched
+        self.unit = 1 if batched else max(1, unit)
+        self.shuffle_generator = shuffle_generator
+        self.skip = 0  # items (batches when batched) of the next pass not to yield
+        self.epoch_seed: int | None = None
+        self.inner_epoch: int | None = None  # the inner sampler's epoch in the pass now running
+        self.restore: dict[str, Any] | None = None  # a Stateful sampler's saved state, for the next pass
+        self.snapshots: collections.deque = collections.deque()  # states after batches handed out
+        self.passes = 0  # passes started (a state taken at rest after one finishes the pass on load)
+        self.current: Any = None  # the inner iterator of the pass running
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self.skip = self.skip, 0
+        self.snapshots.clear()
+        it = self._start()
+        self.current = it
+        self.inner_epoch = getattr(self.inner, "epoch", None)
+        track = self.tracks(it)
+        seed = self.epoch_seed
+        count = 0
+        for n, item in enumerate(it):
+            if n < skip:
+                continue
+            count += 1
+            if track and count % self.unit == 0:
+                self.snapshots.append(self.snapshot(it))
+            if seed is None:
+                yield item
+            elif self.batched:
+                yield [SeededIndex(int(i), item_seed(seed, int(i))) for i in item]
+            else:
+                yield SeededIndex(int(item), item_seed(seed, int(item)))
+        if track and count % self.unit:
+            self.snapshots.append(self.snapshot(it))  # the last, partial batch
+
+    def _start(self) -> Iterator[Any]:
+        """The inner iterator of a new pass, with a saved Stateful state restored first (torchdata's
+        order: the sampler's state, then a new iterator, then the iterator's state)."""
+        restore, self.restore = self.restore, None
+        self.passes += 1
+        if restore is not None and restore.get("state") is not None:
+            self.inner.load_state_dict(restore["state"])
+        it = self._inner_iter()
+        if restore is not None and restore.get("iter") is not None and is_stateful(it):
+            it.load_state_dict(restore["iter"])
+        if restore is not None and restore.get("drain"):
+            # The state was taken at rest after a pass: finish that pass, then start the next one.
+            for _ in it:
+                pass
+            it = self._inner_iter()
+        return it
+
+    def _inner_iter(self) -> Iterator[Any]:
+        if self.shuffle_generator is not None:
+            return iter(torch.randperm(len(self.inner), generator=self.shuffle_generator).tolist())
+        return iter(self.inner)
+
+    def tracks(self, it: Any = None) -> bool:
+        """Whether the sampler (or its iterator) saves its own state (the Stateful protocol)."""
+        return is_stateful(self.inner) or (it is not None and is_stateful(it))
+
+    def snapshot(self, it: Any = None) -> dict[str, Any]:
+        """The sampler's state and its iterator's, now (copies: the sampler goes on changing)."""
+        it = self.current if it is None else it
+        return {
+            "state": copy.deepcopy(self.inner.state_dict()) if is_stateful(self.inner) else None,
+            "iter": copy.deepcopy(it.state_dict()) if it is not None and is_stateful(it) else None,
+            "drain": False,
+        }
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed on to the inner sampler (``DistributedSampler``-style samplers need it each epoch)."""
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
