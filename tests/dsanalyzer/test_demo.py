@@ -11,7 +11,7 @@ import torch
 from dsanalyzer import demo
 from dsanalyzer.cli import main as cli_main
 from dsanalyzer.model.whatif import Model
-from tests.dsanalyzer.test_html import CHROMIUM, _chromium
+from tests.dsanalyzer.report.test_html import CHROMIUM, _chromium
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from dsanalyzer.model.whatif import Model
 from dsanalyzer.report.html_tables import verify_block
 from dsanalyzer.report.schema import load_report, write_report
 from dsanalyzer.report.text import verify_text
-from tests.dsanalyzer.test_verdict import base, with_real_run
+from tests.dsanalyzer.judge.test_verdict import base, with_real_run
 from tests.dsanalyzer.workloads import write_files, write_script
 
 

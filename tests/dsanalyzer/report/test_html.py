@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dsanalyzer.report.html import render_html, write_html
-from tests.dsanalyzer.test_whatif import synthetic_report
+from tests.dsanalyzer.model.test_whatif import synthetic_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 _FLAGS = [

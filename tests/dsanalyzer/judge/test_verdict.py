@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsanalyzer.judge.verdict import rate_spread, recommend, verdict
+from dsanalyzer.judge.verdict import rate_spread, recommend, verdict, workers_noun
 from dsanalyzer.model.whatif import Model
-from tests.dsanalyzer.test_whatif import synthetic_report
+from tests.dsanalyzer.model.test_whatif import synthetic_report
 
 FAST_STORAGE = {"bytes_per_s": 1e12, "items_per_s": None}
 
@@ -159,9 +159,37 @@ def test_per_batch_overhead_is_named_when_it_caps_the_job():
         fetch=FAST_STORAGE,
         cache_bytes=1e9,
     )
-    rep["runs"]["prep"]["samples_per_s"] = 400.0  # the in-memory run: half the step-alone rate of 800
+    # the main thread's own CPU per batch receiving it: 40 ms, as long as the step itself
+    rep["main_process"] = {"receive_cpu_s_per_batch": 32 / 400 - 32 / 800, "step_cpu_s_per_batch": 0.001}
     rep = at_model_rate(rep)
     v = verdict(rep)
     assert v["overhead"]["batch_overhead_s"] == pytest.approx(32 / 400 - 32 / 800)
     assert "tops out at 400 samples/s" in v["sentence"] and "800 samples/s" in v["sentence"]
     assert recommend(Model.from_report(rep)) is None
+    assert not v["more_cores"]["rises"] and "will not help" in v["sentence"]
+
+
+def test_bounds_that_differ_are_explained_with_numbers_and_the_stalls_win_an_unexplained_miss():
+    rep = base(
+        prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, fetch=FAST_STORAGE, cache_bytes=1e9
+    )
+    rep["bound"] = "prep"  # the stalls as measured: prep stall 44 ms of an 86 ms iteration
+    v = verdict(at_model_rate(rep))  # the model (compute) matches the real run: its bound stands
+    assert v["bound"] == v["model_bound"] == "compute" and v["measured_bound"] == "prep"
+    assert "the stalls as measured name prep (prep stall 44.0 ms, fetch stall 2.0 ms of a 86.0 ms" in v["sentence"]
+    miss = verdict(with_real_run(rep, 300.0, iters=400))  # a miss by far that nothing measured explains
+    assert miss["disagrees"] and not miss["causes"]
+    assert miss["bound"] == "prep" and miss["model_bound"] == "compute"
+    assert miss["sentence"].startswith("prep-bound") and "will not help" not in miss["sentence"]
+    assert "so the verdict follows the stalls" in miss["sentence"]
+
+
+def test_a_dali_job_reads_num_threads_in_the_verdict_and_on_the_html_cores_axis():
+    from dsanalyzer.report import html
+
+    rep = base(prep_scaling={"workers": [1, 2], "samples_per_s": [150.0, 160.0]}, loader=_DALI_ITER)
+    noun = workers_noun(rep)
+    assert "num_threads" in noun and "num_workers" not in noun
+    fig = html._whatif_cores(Model.from_report(rep), noun)
+    assert "num_threads" in fig.axes[0].get_xlabel()
+    assert "num_workers" not in verdict(at_model_rate(rep))["sentence"]
