@@ -118,10 +118,21 @@ class Step:
         torch.cuda.synchronize()  # the iteration boundary: the step's work is done
 
 
-def _steady_rate(loader: DataLoader, step: Step | None, skip_batches: int) -> float:
-    """Samples/s over one epoch, from the arrival of batch ``skip_batches`` to the last one."""
+def _steady_rate(loader: DataLoader, step: Step | None, skip_batches: int, receive_cpu: list | None = None) -> float:
+    """Samples/s over one epoch, from the arrival of batch ``skip_batches`` to the last one.
+
+    ``receive_cpu`` gets the main thread's CPU seconds inside each ``__next__`` (what dsanalyzer's
+    Timeline reads as the main process's own receive cost).
+    """
     marks: list[tuple[float, int]] = []
-    for batch in loader:
+    it = iter(loader)
+    while True:
+        cpu0 = time.thread_time()
+        batch = next(it, None)
+        if batch is None:
+            break
+        if receive_cpu is not None:
+            receive_cpu.append(time.thread_time() - cpu0)
         marks.append((time.perf_counter(), len(batch)))
         if step is not None:
             step(batch)
@@ -167,7 +178,8 @@ def profile(args, step: Step) -> dict:
     src = SyntheticSource(args.items, item_bytes, args.prep_ms / 1e3, EmulatedStorage(0))
     with _loader(src, args, ks[-1], 0) as loader:
         _steady_rate(loader, step, args.skip)
-        run2 = statistics.median(_steady_rate(loader, step, args.skip) for _ in range(args.repeats))
+        receive: list[float] = []
+        run2 = statistics.median(_steady_rate(loader, step, args.skip, receive) for _ in range(args.repeats))
     store = EmulatedStorage(args.storage_mbps * 1e6)
     n_reads = 60
     fetch_s = statistics.median(
@@ -185,6 +197,8 @@ def profile(args, step: Step) -> dict:
         "prep_scaling": {"workers": ks, "samples_per_s": prep_rates},
         "fetch": {"bytes_per_s": n_reads * item_bytes / fetch_s, "items_per_s": n_reads / fetch_s},
         "runs": {"prep": {"samples_per_s": run2}},
+        # the main thread's own CPU per batch receiving it (the step is a sleep or a GPU: no host CPU)
+        "main_process": {"receive_cpu_s_per_batch": statistics.median(receive), "step_cpu_s_per_batch": 0.0},
     }
 
 

@@ -164,7 +164,7 @@ def run_family(args, work: Path) -> list[dict]:
     cases = [c for c in CASES if not args.cases or c[0] in args.cases]
     rows = []
     for case in cases:
-        preds, meas, bounds, verdicts, shares, preds_at = [], [], [], [], [], []
+        preds, meas, bounds, verdicts, shares, preds_at, stated = [], [], [], [], [], [], []
         for rnd in range(args.rounds):
             report = profile(script, root, case, work / f"{case[0].replace(' ', '_')}-{rnd}", args.iters)
             pred = predict(report, case[2])
@@ -175,6 +175,7 @@ def run_family(args, work: Path) -> list[dict]:
             preds_at.append(at_share)
             bounds.append(report["bound"])
             verdicts.append((report.get("verdict") or {}).get("bound"))
+            stated.append((report.get("verdict") or {}).get("spread"))
             shares.append((pred["cpu_share"], got["cpu_share"]))
             print(
                 f"{case[0]} round {rnd + 1}: 1-CPU observed {report['rates_per_s']['observed']:.0f}/s, "
@@ -188,7 +189,7 @@ def run_family(args, work: Path) -> list[dict]:
         rows.append({"case": case[0], "measured": m, "predicted": p, "error": (p - m) / m,
                      "predicted_at_share": pa, "error_at_share": (pa - m) / m,
                      "bounds": bounds, "verdicts": verdicts, "shares": shares,
-                     "measured_all": meas, "predicted_all": preds})  # fmt: skip
+                     "measured_all": meas, "predicted_all": preds, "stated_spread": stated})  # fmt: skip
     return rows
 
 
@@ -205,6 +206,13 @@ def print_table(rows: list[dict]) -> bool:
             f"{statistics.median(a for a, _ in r['shares']):>6.2f}/{statistics.median(b for _, b in r['shares']):<6.2f} | "
             f"{'/'.join(sorted(set(r['bounds'])))} / {'/'.join(sorted(set(map(str, r['verdicts']))))}"
         )
+    for r in rows:
+        if len(r["predicted_all"]) > 1:
+            p = r["predicted_all"]
+            half = (max(p) - min(p)) / 2 / statistics.median(p)
+            print(f"{r['case']}: {len(p)} profiles name {sorted(set(r['bounds']))} (verdict {sorted(set(map(str, r['verdicts'])))}); "
+                  f"2-CPU predictions {min(p):.0f}-{max(p):.0f}/s (±{half:.1%}); the reports state ±"
+                  f"{statistics.median(x for x in r['stated_spread'] if x is not None):.1%} (median)")
     errs = [abs(r["error"]) for r in rows]
     at = [abs(r["error_at_share"]) for r in rows]
     ok = bool(errs) and max(errs) <= 0.10 and statistics.median(errs) <= 0.05

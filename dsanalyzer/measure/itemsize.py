@@ -131,7 +131,7 @@ def merge(dataset_info: dict, traced: dict) -> dict:
             "bytes": 0,
             "reads_no_files": True,
             "size_method": f"{traced['method']} (tensors in memory, generated samples): the what-if "
-            "models fetch as free; a dataset that reads over a network should be given --data",
+            "models fetch as free (a dataset that reads over a network: its cost is not in the what-if)",
         }
     items = int(dataset_info.get("items") or 0)
     avg = float(traced["avg_item_bytes"])
