@@ -29,13 +29,17 @@ def _outcomes(xml_path) -> list[tuple[str, str, str]]:
     """(test id, outcome, detail) for each test case of a JUnit XML file."""
     rows = []
     for case in ET.parse(xml_path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        cls, test = case.get("classname", ""), case.get("name", "")
+        name = f"{cls}::{test}" if cls else f"{test} (the whole file)"
         outcome, detail = "passed", ""
         for tag in ("failure", "error", "skipped"):
             el = case.find(tag)
             if el is not None:
                 outcome = {"failure": "FAILED", "error": "ERROR", "skipped": "skipped"}[tag]
-                detail = (el.get("message") or "").splitlines()[0][:120] if el.get("message") else ""
+                detail = el.get("message") or ""
+                if detail.startswith("collection") and el.text:  # the reason is in the text: (file, line, reason)
+                    detail = el.text.strip().rsplit(", ", 1)[-1].strip("')\"")
+                detail = detail.splitlines()[0][:160] if detail else ""
                 break
         rows.append((name, outcome, f"{float(case.get('time', 0)):.2f}", detail))
     return rows
@@ -46,7 +50,8 @@ def run(ctx: Context) -> None:
     if not files:
         raise SectionError("no test file under tests/ uses the gpu marker")
     xml = ctx.work / "junit.xml"
-    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA",
+    # a file that fails to import is one ERROR row; the other files still run
+    argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA", "--continue-on-collection-errors",
             f"--junitxml={xml}", "-o", "junit_family=xunit1", *files]  # fmt: skip
     try:
         ctx.run(argv, timeout=ctx.remaining(), check=False)
@@ -55,7 +60,7 @@ def run(ctx: Context) -> None:
         if rows:
             counts = {k: sum(r[1] == k for r in rows) for k in ("passed", "FAILED", "ERROR", "skipped")}
             summary = ", ".join(f"{v} {k.lower()}" for k, v in counts.items() if v)
-            ctx.table(f"{len(rows)} gpu-marked tests from {len(files)} files: {summary}",
+            ctx.table(f"{len(rows)} results of the gpu-marked tests in {len(files)} files: {summary}",
                       ["test", "outcome", "s", "detail"], [list(r) for r in rows])  # fmt: skip
     if not rows:
         raise SectionError("pytest wrote no results:\n" + "\n".join(ctx.last_output.strip().splitlines()[-15:]))
