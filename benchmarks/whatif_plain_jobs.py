@@ -46,7 +46,7 @@ class PillowFolder(Dataset):
     """A torch Dataset as users write it: list the JPEGs, decode with Pillow, resize, to a tensor."""
 
     def __init__(self, root):
-        self.classes = sorted(os.listdir(root))
+        self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
         self.files = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
                       for f in sorted(os.listdir(os.path.join(root, c)))]
 
@@ -100,6 +100,7 @@ if measure:
     wall = time.perf_counter() - t0
     used, cores = job_cpu() - cpu0, len(os.sched_getaffinity(0))
     print(json.dumps({"samples_per_s": samples / wall, "wall_s": wall, "job_cpu_s": used, "cores": cores,
+                      "cpu_s_per_sample": used / max(1, samples),
                       "cpu_share": used / (wall * cores), "load1": os.getloadavg()[0]}))
 '''
 
@@ -153,7 +154,8 @@ def predict(report: dict, workers: int, cpus: int = 2) -> dict:
 
     model = Model.from_report(report)
     p = model.predict(model.cache_bytes, cpus, model.storage_bytes_per_s, policy=model.cache_policy, workers=workers)
-    return {"samples_per_s": p.samples_per_s, "bound": p.bound, "cpu_share": model.cpu_share}
+    return {"samples_per_s": p.samples_per_s, "bound": p.bound, "cpu_share": model.cpu_share,
+            "cpu_s_per_sample": (model.prep_cpu_s or 0) + (model.step_cpu_s or 0) / model.batch_size}
 
 
 def run_family(args, work: Path) -> list[dict]:
@@ -181,7 +183,8 @@ def run_family(args, work: Path) -> list[dict]:
                 f"{case[0]} round {rnd + 1}: 1-CPU observed {report['rates_per_s']['observed']:.0f}/s, "
                 f"bound {report['bound']}, verdict {verdicts[-1]}, profile share {pred['cpu_share']:.2f}; "
                 f"predicted 2 CPUs {pred['samples_per_s']:.0f}/s; measured {got['samples_per_s']:.0f}/s "
-                f"(job share {got['cpu_share']:.2f}: pred@a {at_share:.0f}/s; machine busy "
+                f"(job share {got['cpu_share']:.2f}: pred@a {at_share:.0f}/s; CPU per sample "
+                f"{pred['cpu_s_per_sample'] * 1e3:.2f} ms profiled, {got['cpu_s_per_sample'] * 1e3:.2f} ms run; machine busy "
                 f"{got['machine_busy_fraction']:.0%}, load1 {got['load1']:.1f})",
                 flush=True,
             )

@@ -105,6 +105,15 @@ def _prep_points(report: dict) -> tuple[list, list]:
     return list(ks), list(rates)
 
 
+def _epoch_items(report: dict, items: int, batch: int) -> int | None:
+    """Samples this process reads per epoch: ``len(loader)`` batches (under a DistributedSampler each
+    rank's share) when the loader knew it, at most the dataset; None: the whole dataset."""
+    batches = field(report, "loader", "batches_per_epoch", required=False)
+    if not isinstance(batches, int) or batches <= 0:
+        return None
+    return min(items, batches * batch) if items else batches * batch
+
+
 def model_fields(report: dict) -> dict:
     """Keyword arguments of :class:`~dsanalyzer.model.whatif.Model`, from a report.json's measured fields."""
     cpus = int(field(report, "machine", "cpus"))
@@ -129,6 +138,7 @@ def model_fields(report: dict) -> dict:
     prep = PrepScaling.fit(ks, rates, physical_cores=cpus)
     return {
         "dataset_items": items,
+        "epoch_items": _epoch_items(report, items, batch),
         "avg_item_bytes": avg,
         "batch_size": batch,
         "compute_per_s": compute,

@@ -81,7 +81,7 @@ def compose(
     h: float,
     workers: int,
     batch_size: int,
-    dataset_items: int,
+    dataset_items: int,  # samples per epoch (of this process): for epoch_s
     cpu_per_s: float = math.inf,
 ) -> Prediction:
     """The predicted rate of ``workers`` loader workers at hit ratio ``h`` (0 workers: all in the main process).

@@ -47,6 +47,7 @@ class Model:
     step_cpu_s: float | None = None  # the main process's CPU per step (None: not measured)
     prep_cpu_s: float | None = None  # CPU per sample of the data path, all processes (None: not measured)
     cpu_share: float = 1.0  # the share of its cores the job got while profiled
+    epoch_items: int | None = None  # samples one process reads per epoch (a DistributedSampler's share)
 
     @classmethod
     def from_report(cls, report: dict) -> Model:
@@ -68,6 +69,7 @@ class Model:
             "formula": "min(1/(1/(G*gpu_speedup) + batch_overhead_s/(a*B)), 1/(h*s/membw + (1-h)*s/storage_bw), "
             "w/(t_fetch + w/P(min(w,c))), a*c/(prep_cpu_s + step_cpu_s/B))",
             "dataset_items": self.dataset_items,
+            "epoch_items": self.epoch_items,
             "avg_item_bytes": self.avg_item_bytes,
             "batch_size": self.batch_size,
             "compute_samples_per_s": self.compute_per_s,
@@ -148,7 +150,7 @@ class Model:
             h=hit_ratio(policy, cache_bytes / s, self.dataset_items) if s > 0 else 1.0,  # s = 0: nothing read
             workers=w,
             batch_size=self.batch_size,
-            dataset_items=self.dataset_items,
+            dataset_items=self.epoch_items or self.dataset_items,
             cpu_per_s=self.cpu_rate(cpus),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsanalyzer.judge.verdict import rate_spread, recommend, verdict, workers_noun
+from dsanalyzer.judge.verdict import PARTIAL_MINIO_NOTE, rate_spread, recommend, verdict, workers_noun
 from dsanalyzer.model.whatif import Model
 from tests.dsanalyzer.model.test_whatif import synthetic_report
 
@@ -73,6 +73,9 @@ def test_fetch_bound_names_a_cache_and_its_predicted_rate():
     assert model.predict(cache, 2, 50e6, policy="minio", workers=2).bound == "compute"
     assert v["fix"]["predicted_samples_per_s"] == pytest.approx(model.compute_rate())
     assert f"coordl.DataLoader(..., cache_bytes={cache})" in v["sentence"]
+    # a partial MinIO cache: the benchmark's measured bias is stated with the fix
+    assert cache < model.dataset_bytes and v["fix"]["note"] == PARTIAL_MINIO_NOTE
+    assert "0.5-8.3% below the what-if" in v["sentence"]
 
 
 _DALI_ITER = {"class": "nvidia.dali.plugin.pytorch.DALIGenericIterator", "pipelines": 1}

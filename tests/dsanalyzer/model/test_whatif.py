@@ -292,3 +292,26 @@ def test_cli_rejects_an_old_report(tmp_path, capsys):
     assert whatif_main([str(path)]) != 0
     err = capsys.readouterr().err
     assert "old.json" in err and "schema_version" in err
+
+
+def test_epoch_counts_this_ranks_share_under_a_distributed_sampler():
+    rep = synthetic_report(prep_scaling={"workers": [1], "samples_per_s": [5000.0]}, runs={})
+    whole = Model.from_report(rep).predict(1e9, 2, 1e9, policy="minio")
+    rep["loader"] = {"batches_per_epoch": 157}  # ceil(10,000 / 2 ranks / 32)
+    half = Model.from_report(rep).predict(1e9, 2, 1e9, policy="minio")
+    assert half.samples_per_s == whole.samples_per_s
+    assert half.epoch_s == pytest.approx(157 * 32 / whole.samples_per_s)
+
+
+def test_a_dataset_that_reads_no_files_gets_a_whatif_with_fetch_free():
+    rep = synthetic_report(prep_scaling={"workers": [1, 2], "samples_per_s": [300.0, 580.0]}, runs={})
+    rep["dataset"] = {"items": 10_000, "bytes": 0, "avg_item_bytes": 0.0, "reads_no_files": True}
+    rep["fetch"] = {"error": "measure_fetch_rate needs dataset files or an item source with fetch()"}
+    m = Model.from_report(rep)
+    assert m.fetch_free and m.params()["storage_bytes_per_s"] is None
+    p = m.predict(0, 2, m.storage_bytes_per_s, policy="pagecache")
+    assert p.bound == "prep" and p.samples_per_s == pytest.approx(580.0) and p.hit_ratio == 1.0
+    rows = search.grid(m)
+    assert rows and all(r["storage_bytes_per_s"] is None for r in rows)
+    json.dumps(rows, allow_nan=False)  # strict JSON
+    assert search.to_compute_bound(m)["cpus_needed"] == 3
