@@ -172,6 +172,14 @@ class EpochIterator:
     def __len__(self) -> int:
         return len(self._it)
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this class lacks: torch's iterator's own (``_workers``,
+        # ``_num_yielded``...), which tools and tests written for torch's iterator look at.
+        it = self.__dict__.get("_it")
+        if it is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(it, name)
+
 
 class Sized:
     """An iterator with a length (the group's epoch generator, for ``len(iter(loader))``)."""

@@ -102,10 +102,12 @@ def worker_died_error(
         index = watch.item_of(pid) if watch is not None else None
         what = describe_item(source, index) if index is not None else "no item (between items)"
         parts.append(f"worker pid {pid} {how} while preparing {what}")
-    detail = "; ".join(parts) or str(error)
+    detail = "; ".join(parts) or "no worker named"
+    # torch's own words first: code that matches torch's message ("DataLoader worker (pid 123) is killed
+    # by signal: ...", "... exited unexpectedly") still matches.
     return WorkerDiedError(
-        f"DataLoader {detail}. Common causes: out of memory (check dmesg for the OOM killer, lower "
-        f"num_workers or batch_size), a crash in a native decoder on this item, or a full /dev/shm "
+        f"{str(error).rstrip('. ')}: {detail}. Common causes: out of memory (check dmesg for the OOM killer, "
+        f"lower num_workers or batch_size), a crash in a native decoder on this item, or a full /dev/shm "
         f"(use cache_dir= or docker run --shm-size=...)."
     )
 

@@ -213,3 +213,16 @@ def both(make: Callable[[], Any], **kwargs: Any) -> tuple[Any, Any]:
             warnings.simplefilter("ignore", UserWarning)  # coordl's "runs as one opaque stage", torch's worker count
             built.append(cls(dataset, **args))
     return built[0], built[1]
+
+
+class Killer(Items):
+    """Item ``kill`` kills the worker that prepares it (SIGKILL: no Python cleanup, like the OOM killer)."""
+
+    def __init__(self, n: int = 20, kill: int = 5) -> None:
+        super().__init__(n)
+        self.kill = kill
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.kill and tud.get_worker_info() is not None:
+            os.kill(os.getpid(), 9)
+        return super().__getitem__(index)

@@ -13,9 +13,10 @@ import time
 import pytest
 
 import coordl
-from coordl.errors import CoordlTimeoutError
+from coordl.errors import CoordlTimeoutError, WorkerDiedError
 from tests.coordl.parity_cases import (
     Items,
+    Killer,
     Shards,
     Stuck,
     assert_same_outcomes,
@@ -92,6 +93,20 @@ def test_iterable_dataset_that_raises(num_workers: int) -> None:
 
 def test_main_process_error_for_batch_size_none() -> None:
     compare(lambda: Items(6, bad=frozenset({2})), batch_size=None, num_workers=2)
+
+
+# torch reports a dead worker from its SIGCHLD handler or from its queue's timeout, in one of two forms.
+TORCH_DEATH = r"DataLoader worker \(pids?\(?s?\)? [\d, ]+\)( is killed by signal: | exited unexpectedly)"
+
+
+def test_a_worker_that_dies_ends_the_epoch_in_torchs_words() -> None:
+    ours, theirs = both(Killer, batch_size=2, num_workers=2)
+    with ours:
+        with pytest.raises(RuntimeError, match=TORCH_DEATH):
+            list(theirs)
+        with pytest.raises(WorkerDiedError, match=TORCH_DEATH) as info:
+            list(ours)
+    assert "while preparing Killer[5]" in str(info.value)  # and coordl's detail: the item it was on
 
 
 # -- timeout -----------------------------------------------------------------------------------------
