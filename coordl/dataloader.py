@@ -79,6 +79,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             :data:`DEFAULT_FETCH_AHEAD` for sources that declare ``thread_safe_fetch = True``
             (``coordl.ImageFolder``, ``FileListDataset``), else 0 (fetch and prep in turn). Set it
             only for a source whose ``fetch`` may run in several threads at once.
+        snapshot_every_n_steps: accepted as torchdata's ``StatefulDataLoader`` takes it; coordl keeps
+            the state of every batch handed out at no cost, so a state never needs replaying and any
+            value behaves as 1 (``state_dict()`` is exact at every step).
     """
 
     def __init__(
@@ -109,10 +112,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         coordinate: Any = None,
         batch_ring: bool | str = True,
         fetch_ahead: int | None = None,
+        snapshot_every_n_steps: int | None = 1,
     ) -> None:
         """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 8;
         the body composes the parts in order, one statement per part, each complete when built."""
         given = dataset
+        self.snapshot_every_n_steps = snapshot_every_n_steps  # torchdata's argument (see Args)
         dataset, options = unwrap_view(dataset, {  # a framework rebuilding a loader from its attributes
             "cache_bytes": cache_bytes, "cache_dir": cache_dir, "on_error": on_error, "sample_cache": sample_cache,
             "partitioned": partitioned, "coordinate": coordinate, "batch_ring": batch_ring, "fetch_ahead": fetch_ahead,

@@ -33,6 +33,7 @@ from coordl.resume.order import ResumableSampler, SeededIndex, item_seed
 from coordl.resume.state import (
     STATE_FORMAT,
     STATE_VERSION,
+    StateMismatchError,
     check_state,
     decode_generator_state,
     encode_generator_state,
@@ -46,6 +47,7 @@ __all__ = [
     "STATE_FORMAT",
     "STATE_VERSION",
     "PassTracker",
+    "StateMismatchError",
     "Resume",
     "ResumableSampler",
     "SeededIndex",

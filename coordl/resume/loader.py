@@ -25,6 +25,7 @@ from coordl.resume.order import ResumableSampler
 from coordl.resume.state import (
     STATE_FORMAT,
     STATE_VERSION,
+    StateMismatchError,
     check_state,
     decode_generator_state,
     encode_generator_state,
@@ -332,7 +333,7 @@ class Resume:
         ):
             saved = state.get(key)
             if (saved is None) != (generator is None):
-                raise ValueError(
+                raise StateMismatchError(
                     f"load_state_dict: the state was saved by a loader {'not ' if saved is None else ''}built "
                     f"{how}; build this one the same way as the one that saved it"
                 )

@@ -14,6 +14,7 @@ import torch
 __all__ = [
     "STATE_FORMAT",
     "STATE_VERSION",
+    "StateMismatchError",
     "check_state",
     "decode_generator_state",
     "encode_generator_state",
@@ -28,6 +29,14 @@ STATE_FORMAT = "coordl.DataLoader.state"
 # 2: the Stateful protocol (sampler, dataset and per-worker states), shuffling without generator=,
 # IterableDatasets; a version-1 state is refused with a clear error.
 STATE_VERSION = 2
+
+
+class StateMismatchError(ValueError, AssertionError):
+    """A state that does not fit the loader loading it (another shape, format or version).
+
+    A ValueError, and an AssertionError too: torchdata's ``StatefulDataLoader`` refuses another
+    ``num_workers`` with an ``assert``, so code written for it catches that.
+    """
 
 
 def is_stateful(obj: Any) -> bool:
@@ -57,20 +66,20 @@ def torch_generator(text: str) -> torch.Generator:
 def check_state(state: Any, expected: dict[str, Any]) -> None:
     """Refuse a state of another format, version or loader shape, naming the key and both values."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise ValueError(
+        raise StateMismatchError(
             f"load_state_dict: not a coordl.DataLoader state (expected format {STATE_FORMAT!r}, got "
             f"{state.get('format') if isinstance(state, dict) else type(state).__name__!r})"
         )
     version = state.get("version")
     if version != STATE_VERSION:
-        raise ValueError(
+        raise StateMismatchError(
             f"load_state_dict: state version {version!r} is not this coordl's ({STATE_VERSION}); it was "
             f"saved by {'a newer' if isinstance(version, int) and version > STATE_VERSION else 'another'} "
             "version of coordl: resume with that version, or start the epoch afresh"
         )
     for key, value in expected.items():
         if state.get(key) != value:
-            raise ValueError(
+            raise StateMismatchError(
                 f"load_state_dict: the state has {key}={state.get(key)!r} but this loader has {key}={value!r}: "
                 "build the loader with the same arguments as the one that saved it"
             )
