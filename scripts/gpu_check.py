@@ -95,12 +95,10 @@ def _env() -> dict[str, str]:
 
 def run_section(args: argparse.Namespace) -> int:
     """In the section's own process: run it, record skip or error in its JSON, exit 0/1/3."""
-    import importlib
-
     from gpu.common import Context, SectionError, SectionTimeout, Skip
 
     ctx = Context(args.section, args.device, args.dry_run, Path(args.work), Path(args.result), args.seconds)
-    module = importlib.import_module(f"gpu.{SECTIONS[args.section]}")
+    module = _module(args.section)
     try:
         module.run(ctx)
     except Skip as e:
@@ -127,9 +125,7 @@ def run_section(args: argparse.Namespace) -> int:
 
 def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> dict:
     """Run one section in its own process group; its result dict with status and seconds."""
-    import importlib
-
-    module = importlib.import_module(f"gpu.{SECTIONS[name]}")
+    module = _module(name)
     result = work / f"{name}.json"
     base = {"name": name, "title": module.TITLE, "budget": max(timeout, 0), "seconds": 0.0}
     if timeout < 10:
@@ -229,20 +225,26 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(f"/tmp/coordl-gpu-check-{now:%Y%m%d-%H%M%S}")
     work.mkdir(parents=True, exist_ok=True)
     machine = {**machine_info(ROOT), "carried wheels": wheels_line, "budget": f"{args.budget:g} s for the sections"}
-    results = []
-    t_sections = time.monotonic()  # --budget is the sections' time, not the set-up's
-    for name in names:
-        left = args.budget - (time.monotonic() - t_sections)
-        results.append(_spawn(name, args, work, min(_budget(name) * scale, left - 5)))
     gpu = machine["GPU"].split(",")[0]
     default_dir = ROOT / "reports" / ("runs" if args.dry_run else "gpu")
     path = args.report or report_path(default_dir, "cpu-dry-run" if args.dry_run else gpu, now)
     path.parent.mkdir(parents=True, exist_ok=True)
     command = "python3 scripts/gpu_check.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     title = f"GPU check: {gpu}, {now:%Y-%m-%d}" + (" (dry run on the CPU: wiring only, not numbers)" if args.dry_run else "")
-    path.write_text(markdown(title, command.strip(), machine, results))
+    results: list[dict] = []
+    delivered: list[str] = []
+    t_sections = time.monotonic()  # --budget is the sections' time, not the set-up's
+    for i, name in enumerate(names):
+        left = args.budget - (time.monotonic() - t_sections)
+        results.append(_spawn(name, args, work, min(_module(name).BUDGET_S * scale, left - 5)))
+        # after every section, so that a run stopped from outside (the device call's limit) still brings back
+        # what it measured; the sections still to come are listed as such
+        pending = [{"name": n, "title": _module(n).TITLE, "status": "not run yet", "seconds": 0.0, "budget": 0.0}
+                   for n in names[i + 1 :]]  # fmt: skip
+        path.write_text(markdown(title, command.strip(), machine, results + pending))
+        delivered = _deliver(path, work, results)
     print(f"gpu-check: report {path} ({time.monotonic() - t_start:.0f} s)")
-    for f in _deliver(path, work, results):
+    for f in delivered:
         print(f"gpu-check: copied to {f}")
     bad = [r["name"] for r in results if r["status"] not in ("ok", "skipped")]
     if bad:
@@ -250,10 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-def _budget(name: str) -> float:
+def _module(name: str):
+    """The section's module under scripts/gpu/ (imported by name: the sections are a table, SECTIONS)."""
     import importlib
 
-    return float(importlib.import_module(f"gpu.{SECTIONS[name]}").BUDGET_S)
+    return importlib.import_module(f"gpu.{SECTIONS[name]}")
 
 
 if __name__ == "__main__":

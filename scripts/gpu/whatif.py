@@ -77,14 +77,21 @@ def _predict(ctx: Context, width: int, speedup: float) -> float:
     return float(last.split("=", 1)[1])
 
 
+def _error(measured: float | None, predicted: float | None) -> str:
+    """Measured vs predicted, flagged past the 10% target."""
+    if not measured or not predicted:
+        return "-"
+    err = (measured - predicted) / predicted
+    return f"{err:+.1%}" + ("" if abs(err) <= 0.10 else " (over 10%)")
+
+
 def _row(ctx: Context, role: str, width: int, t: dict, rep: dict, heavy: tuple[int, dict]) -> list[str]:
     rates = rep.get("rates_per_s") or {}
     row = [role, width, fmt(1e3 * t[width], 2), rep.get("bound", "-")]
     row += [fmt(rates.get(k), 0) for k in ("compute", "prep", "observed")]
     if width == heavy[0]:  # the model's own error at the measured point, for scale
         pred = _predict(ctx, width, 1.0)
-        err = (rates["observed"] - pred) / pred if rates.get("observed") and pred else None
-        return row + ["1", "1", fmt(pred), f"{err:+.1%}" if err is not None else "-", "-", "-"]
+        return row + ["1", "1", fmt(pred), _error(rates.get("observed"), pred), "-", "-"]
     s_micro = t[heavy[0]] / t[width]
     heavy_compute = (heavy[1].get("rates_per_s") or {}).get("compute")
     s_prof = rates["compute"] / heavy_compute if rates.get("compute") and heavy_compute else None
@@ -92,8 +99,7 @@ def _row(ctx: Context, role: str, width: int, t: dict, rep: dict, heavy: tuple[i
     cells = [fmt(s_micro, 2)]
     for s in (s_micro, s_prof):
         pred = _predict(ctx, heavy[0], s) if s else None
-        err = (measured - pred) / pred if measured and pred else None
-        cells += [fmt(pred), f"{err:+.1%}" + ("" if abs(err) <= 0.10 else " (over 10%)") if err is not None else "-"]
+        cells += [fmt(pred), _error(measured, pred)]
     return row + cells[:1] + [fmt(s_prof, 2)] + cells[1:]
 
 
