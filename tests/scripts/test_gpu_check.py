@@ -135,3 +135,17 @@ def test_the_dry_run_drives_every_section_end_to_end(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted([report.name, "gpu-check-results.json",
                                                             "gpu-check-logs.tar.gz"])  # fmt: skip
     assert [r["name"] for r in json.loads((out / "gpu-check-results.json").read_text())] == list(SECTIONS)
+
+
+def test_the_whatif_section_picks_a_compute_bound_and_a_prep_bound_lighter_job():
+    from gpu.whatif import choose
+
+    # step seconds by width for batch 64; the heavy job (512) preps 2,600 samples/s
+    times = {512: 0.100, 384: 0.056, 256: 0.025, 192: 0.014, 128: 0.006, 64: 0.002}
+    # medium: compute under 0.8x prep, nearest 0.6x (384: 1,143/s; 256's 2,560/s is too close to prep);
+    # light: the widest whose compute is at least 2x prep (192: 4,571/s is not; 128: 10,667/s is)
+    assert choose(times, 512, 64, 2600.0) == {"medium": 384, "light": 128}
+    # no width is 2x prep: the narrowest one that is not the medium job
+    assert choose({512: 0.1, 384: 0.056, 256: 0.03}, 512, 64, 2600.0) == {"medium": 384, "light": 256}
+    # nothing narrower is enough faster: no lighter job to compare
+    assert choose({512: 0.1, 384: 0.09}, 512, 64, 2600.0) == {}
