@@ -210,7 +210,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
     def _build_fetch_side(self, dataset: Any, options: dict[str, Any]) -> None:
         """Source, counters, fetch chain, sample cache tier and the public view of ``dataset``."""
         sample_cache, on_error = options["sample_cache"], options["on_error"]
-        self.source = None if self._iterable else _adapt(dataset)
+        self._source = None if self._iterable else _adapt(dataset)
         check_dataset_options(dataset, self.source, cache_bytes=self.cache_bytes, sample_cache=sample_cache, on_error=on_error)
         self._counters = SharedCounters(
             list(BASE_COUNTERS) + (list(SAMPLE_CACHE_COUNTERS) if sample_cache is not None else [])
@@ -230,9 +230,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         )  # fmt: skip
         self._view.loader_options, self._view.chain, self._view.owner = options, self._chain, weakref.ref(self)
 
+    @property
+    def source(self) -> Any:
+        """The item source coordl reads (the dataset, or its adapter). A property, not an instance
+        attribute: Lightning and Ignite rebuild a loader from its instance attributes."""
+        return self._source
+
     def _take_over(self, view: DatasetView) -> None:
         """Read through ``view``'s fetch side (a framework rebuilt the loader it belongs to) and close it at the end."""
-        self.source, self._counters, self._chain, self._view = view.source, view.counters, view.chain, view
+        self._source, self._counters, self._chain, self._view = view.source, view.counters, view.chain, view
         self._sample_cache_tier = view.sample_cache_tier
         view.owner = weakref.ref(self)
 
@@ -433,7 +439,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         """Stop persistent workers and free the shared memory now (also done at interpreter exit)."""
         if self._closed:
             return
-        self._final_stats = self.stats()
+        # (after a loader that took over this one's fetch side closed it, there is nothing left to count)
+        self._final_stats = {} if self._view is not None and self._view.closed else self.stats()
         self._closed = True
         self._free()
 

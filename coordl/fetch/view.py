@@ -11,7 +11,13 @@ any attribute of the user's dataset) is the user's dataset's; the dataset itself
 A view has no batch ring (the collate function that reads it is the user's, not coordl's ring
 collate) and no worker table (worker deaths are reported by torch there). A ``coordl.DataLoader``
 built on a view (Lightning re-instantiating one from its attributes) unwraps it: the new loader reads
-the user's dataset through tiers of its own.
+the user's dataset with the coordl options of the loader the view came from unless it was given its
+own, and, when those options are the same, it takes over the view's fetch side (source, counters, cache,
+the view itself) instead of building a second one: Lightning's ``DistributedSampler`` keeps the old view
+alive for as long as training runs, so a second set would stay allocated beside it. The loader that
+holds a view last (its ``owner``) closes it. That matters when Lightning's patching only saw torch's ``__init__`` (the
+``coordl.DataLoader`` class was first imported inside a ``*_dataloader`` hook, after Lightning wrapped
+the ``__init__`` of the subclasses that existed): it then rebuilds the loader from torch's arguments.
 """
 
 from __future__ import annotations
@@ -20,7 +26,13 @@ from typing import Any
 
 from coordl.fetch.pipeline import LoaderSource
 
-__all__ = ["DatasetView", "unwrap_view"]
+__all__ = ["COORDL_OPTIONS", "DatasetView", "unwrap_view"]
+
+# coordl.DataLoader's own arguments and their defaults.
+COORDL_OPTIONS: dict[str, Any] = {
+    "cache_bytes": 0, "cache_dir": None, "on_error": "raise", "sample_cache": None, "partitioned": False,
+    "coordinate": None, "batch_ring": True, "fetch_ahead": None,
+}  # fmt: skip
 
 
 class DatasetView(LoaderSource):
@@ -34,6 +46,18 @@ class DatasetView(LoaderSource):
     def __init__(self, dataset: Any, source: Any, tiers: Any, counters: Any, **options: Any) -> None:
         super().__init__(source, tiers, counters, **options)
         self.dataset = dataset
+        self.loader_options: dict[str, Any] = dict(COORDL_OPTIONS)  # the loader's, set by the loader
+        self.chain: Any = None  # the loader's coordl.fetch.chain.FetchChain, which these tiers come from
+        self.owner: Any = None  # a weak reference to the loader that closes this view and its chain
+        self.closed = False
+
+    def reusable(self, options: dict[str, Any]) -> bool:
+        """Whether a loader built with ``options`` can take over this view's fetch side."""
+        return not self.closed and self.chain is not None and self.loader_options == options
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the view lacks: the user's dataset's attributes (classes, samples...).
@@ -53,6 +77,14 @@ class DatasetView(LoaderSource):
         return f"coordl view of {self.dataset!r} (tiers {[t.name for t in self.tiers]})"
 
 
-def unwrap_view(dataset: Any) -> Any:
-    """The user's dataset behind ``dataset`` when it is a :class:`DatasetView`, else ``dataset``."""
-    return dataset.dataset if isinstance(dataset, DatasetView) else dataset
+def unwrap_view(dataset: Any, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """``(the user's dataset, the coordl options to use)`` for a loader built on ``dataset`` with ``options``.
+
+    For a :class:`DatasetView`: the dataset behind it and, when ``options`` are all defaults, the
+    options of the loader the view came from. Otherwise ``dataset`` and ``options`` as given.
+    """
+    options = dict(COORDL_OPTIONS if options is None else options)
+    if not isinstance(dataset, DatasetView):
+        return dataset, options
+    defaults = all(options[k] is v or options[k] == v for k, v in COORDL_OPTIONS.items())
+    return dataset.dataset, dict(dataset.loader_options) if defaults else options
