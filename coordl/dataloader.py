@@ -335,6 +335,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         dropped (persistent workers are restarted). A state of another shape (``num_workers``, the
         dataset's length, ...) is refused naming both values.
         """
+        if isinstance(state, dict) and not state:
+            return  # no state saved (torchdata's meaning of {}): the loader goes on as it is
         if self._member is not None:
             load_group_state(self._member, state, self._shape())
             return

@@ -18,9 +18,15 @@ from typing import Any
 
 import torch
 
+from coordl.fetch.keys import is_index
 from coordl.resume.state import is_stateful
 
 __all__ = ["ResumableSampler", "SeededIndex", "item_seed"]
+
+
+def _seeded(key: Any, seed: int) -> Any:
+    """An item index tagged with its prep seed; any other key (a list, a slice, a name) as it is."""
+    return SeededIndex(int(key), item_seed(seed, int(key))) if is_index(key) else key
 
 
 class SeededIndex(int):
@@ -91,9 +97,9 @@ class ResumableSampler:
             if seed is None:
                 yield item
             elif self.batched:
-                yield [SeededIndex(int(i), item_seed(seed, int(i))) for i in item]
+                yield [_seeded(i, seed) for i in item]
             else:
-                yield SeededIndex(int(item), item_seed(seed, int(item)))
+                yield _seeded(item, seed)
         if track and count % self.unit:
             self.snapshots.append(self.snapshot(it))  # the last, partial batch
 

@@ -152,13 +152,19 @@ class ResumableStream(torch.utils.data.IterableDataset):
         if plan.get("iter") is not None and is_stateful(it):
             it.load_state_dict(plan["iter"])
         object.__setattr__(self, "current", it)
-        return self._stream(it, int(plan.get("pads", 0)) * self.pad_items)
+        pads = int(plan.get("pads", 0)) * self.pad_items
+        return self._padded(it, pads) if pads else it
 
     @staticmethod
-    def _stream(it: Iterator[Any], pads: int) -> Iterator[Any]:
+    def _padded(it: Iterator[Any], pads: int) -> Iterator[Any]:
         for _ in range(pads):
             yield PAD
-        yield from it
+        while True:  # not ``yield from it``: that calls iter(it), and a dataset that is its own iterator restarts
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            yield item
 
     def worker_state(self, *, with_iter: bool = True) -> dict[str, Any] | None:
         """``{"dataset": ..., "iter": ...}`` of this process now, or None when neither is Stateful."""

@@ -89,6 +89,30 @@ class Stream(torch.utils.data.IterableDataset):
         return Cursor(items) if self.stateful else iter(items)
 
 
+class OwnIterator(torch.utils.data.IterableDataset):
+    """A Stateful dataset that is its own iterator (``__iter__`` rewinds and returns self)."""
+
+    def __init__(self, n: int = 11) -> None:
+        self.n, self.pos, self.step = n, 0, 1
+
+    def __iter__(self) -> OwnIterator:
+        info = torch.utils.data.get_worker_info()
+        self.pos, self.step = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self
+
+    def __next__(self) -> int:
+        if self.pos >= self.n:
+            raise StopIteration
+        self.pos += self.step
+        return self.pos - self.step
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
 class SeededStream(Stream):
     """A stream shuffled by each worker's own seed (``get_worker_info().seed``), without any state:
     only the same worker seeds make a replayed epoch the same (torchdata's fast-forward)."""

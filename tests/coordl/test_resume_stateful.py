@@ -16,7 +16,15 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 import coordl
-from tests.coordl.resume_cases import Items, RandomItems, SeededStream, Stream, interrupted, stream
+from tests.coordl.resume_cases import (
+    Items,
+    OwnIterator,
+    RandomItems,
+    SeededStream,
+    Stream,
+    interrupted,
+    stream,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torchdata's set_vital, coordl's opaque-stage note
 
@@ -116,6 +124,12 @@ def test_torchdatas_snapshot_argument_is_accepted() -> None:
     _check(lambda L: L(Stream(13), batch_size=2, num_workers=2, snapshot_every_n_steps=3), ks=[0, 1, 2, 4, 5])
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataset_that_is_its_own_iterator(workers: int) -> None:
+    """Regression: the stream must not call iter() on the restored iterator again (it would rewind)."""
+    _check(lambda L: L(OwnIterator(11), batch_size=2, num_workers=workers), ks=[0, 1, 2, 3, 5, 7])
+
+
 def test_iterable_without_batching() -> None:
     _check(lambda L: L(Stream(9), batch_size=None, num_workers=2), ks=[0, 1, 4, 9])
 
@@ -143,6 +157,13 @@ def test_load_after_iter_replaces_the_running_epoch() -> None:
     full = stream(make(), 2)
     for k in (0, 1, 4):
         assert interrupted(make, k, len(full), load_after_iter=True) == full
+
+
+def test_an_empty_state_changes_nothing() -> None:
+    """load_state_dict({}) is a no-op, as in torchdata (frameworks pass {} for "no state saved")."""
+    with coordl.DataLoader(Items(12), batch_size=4) as dl:
+        dl.load_state_dict({})
+        assert [b.tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
 
 
 def test_state_after_load_is_the_loaded_state() -> None:
