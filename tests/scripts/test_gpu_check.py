@@ -29,9 +29,8 @@ from gpu.tests import gpu_test_files  # noqa: E402
 
 
 def _run(args: list[str], tmp_path: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}
-    full_env.pop("OUT", None)
-    full_env.update({k: v for k, v in env.items()})
+    full_env = {k: v for k, v in os.environ.items() if k != "OUT"}  # $OUT only where a test sets it
+    full_env.update(CUDA_VISIBLE_DEVICES="", **env)  # no GPU, even on a machine with one
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=full_env, capture_output=True,
                           text=True, timeout=timeout, check=False)  # fmt: skip
 
