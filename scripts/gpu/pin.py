@@ -17,7 +17,7 @@ import time
 from gpu.common import Context, fmt
 
 TITLE = "pin_memory and non_blocking copies: coordl.DataLoader vs torch's DataLoader"
-BUDGET_S = 60
+BUDGET_S = 75
 SHAPE = (3, 224, 224)
 # name -> (label, coordl options, pin_memory on a GPU); the last one is what pinning buys: a pageable source
 CONFIGS = {
