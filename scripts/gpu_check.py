@@ -243,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                    for n in names[i + 1 :]]  # fmt: skip
         path.write_text(markdown(title, command.strip(), machine, results + pending))
         delivered = _deliver(path, work, results)
+    # the tables on stdout too (without the commands): the device call's output keeps its last 12,000 characters,
+    # a second way back if the files under $OUT do not come
+    print("\n" + markdown(title, command.strip(), machine, results, commands=False))
     print(f"gpu-check: report {path} ({time.monotonic() - t_start:.0f} s)")
     for f in delivered:
         print(f"gpu-check: copied to {f}")

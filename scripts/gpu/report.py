@@ -103,7 +103,7 @@ def _table(t: dict) -> list[str]:
     return lines + ([""] + [t["note"]] if t.get("note") else []) + [""]
 
 
-def markdown(title: str, command: str, machine: dict[str, str], sections: list[dict]) -> str:
+def markdown(title: str, command: str, machine: dict[str, str], sections: list[dict], commands: bool = True) -> str:
     """The whole report: machine, a summary line per section, then each section's tables and commands."""
     out = [f"# {title}", "", f"Command: `{command}`", "", "| machine | |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in machine.items()]
@@ -116,6 +116,6 @@ def markdown(title: str, command: str, machine: dict[str, str], sections: list[d
         out += [""] + [f"- {n}" for n in s.get("notes", [])] + [""]
         for t in s.get("tables", []):
             out += _table(t)
-        if s.get("commands"):
+        if commands and s.get("commands"):
             out += ["Commands (from the repository root):", "", "```"] + s["commands"] + ["```"]
     return "\n".join(out).rstrip() + "\n"
