@@ -9,7 +9,10 @@ worker count and batch size. For each case:
    ``dsanalyzer whatif --cpus 2`` computes for the job's worker count);
 3. the same script runs on two CPUs (``taskset -c 0,1``) in its measuring mode: samples/s from
    batch ``--skip`` on over ``--measure`` batches (epochs restart; the files are in the page cache, as
-   the what-if's steady state has them), and the share of the two cores the job's processes got.
+   the what-if's steady state has them), and the share of the two cores the job's processes got;
+   then once more with ``torch.set_num_threads(1)`` in the script (the verdict's note: on 2 cores
+   torch's default of 2 intra-op threads in the main process shares the cores with the workers, and
+   on a busy machine the pair spins waiting for each other; the 1-CPU profile ran 1).
 
 The machine's other load moves every wall-clock number here: each row also gives the job's CPU
 share in the profile and in the measured run (``a``), and the prediction recomputed with the measured
@@ -73,6 +76,8 @@ def job_cpu():
     return total
 
 
+if os.environ.get("PLAIN_TORCH_THREADS"):  # the verdict's advice when workers share the cores: one intra-op thread
+    torch.set_num_threads(int(os.environ["PLAIN_TORCH_THREADS"]))
 if kind == "readme":
     import coordl
     data = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(64))
@@ -129,15 +134,19 @@ def profile(script: Path, root: str, case: tuple, out: Path, iters: int) -> dict
     return json.loads((out / "report.json").read_text())
 
 
-def measure(script: Path, root: str, case: tuple, batches: int, cpus: str = "0,1") -> dict:
-    """The case run for real on ``cpus``: steady samples/s, and the machine's load while it ran."""
+def measure(script: Path, root: str, case: tuple, batches: int, cpus: str = "0,1", threads: int | None = None) -> dict:
+    """The case run for real on ``cpus``: steady samples/s, and the machine's load while it ran.
+
+    ``threads``: the script calls ``torch.set_num_threads(threads)`` first (what the verdict advises
+    when the main process's intra-op threads would share the cores with the workers)."""
     import psutil
 
     _, kind, workers, batch = case
     psutil.cpu_percent(interval=None)
     busy0 = psutil.cpu_times()
     cmd = _cpus_arg(cpus) + [PY, str(script), kind, root, str(workers), str(batch), str(batches)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    env = dict(os.environ, **({"PLAIN_TORCH_THREADS": str(threads)} if threads else {}))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"run of {case[0]} failed: {proc.stderr[-2000:]}")
     busy1 = psutil.cpu_times()
@@ -166,13 +175,15 @@ def run_family(args, work: Path) -> list[dict]:
     cases = [c for c in CASES if not args.cases or c[0] in args.cases]
     rows = []
     for case in cases:
-        preds, meas, bounds, verdicts, shares, preds_at, stated = [], [], [], [], [], [], []
+        preds, meas, bounds, verdicts, shares, preds_at, stated, meas1 = [], [], [], [], [], [], [], []
         for rnd in range(args.rounds):
             report = profile(script, root, case, work / f"{case[0].replace(' ', '_')}-{rnd}", args.iters)
             pred = predict(report, case[2])
             got = measure(script, root, case, args.measure)
+            one = measure(script, root, case, args.measure, threads=1)
             preds.append(pred["samples_per_s"])
             meas.append(got["samples_per_s"])
+            meas1.append(one["samples_per_s"])
             at_share = pred["samples_per_s"] * got["cpu_share"] / pred["cpu_share"]
             preds_at.append(at_share)
             bounds.append(report["bound"])
@@ -184,13 +195,15 @@ def run_family(args, work: Path) -> list[dict]:
                 f"bound {report['bound']}, verdict {verdicts[-1]}, profile share {pred['cpu_share']:.2f}; "
                 f"predicted 2 CPUs {pred['samples_per_s']:.0f}/s; measured {got['samples_per_s']:.0f}/s "
                 f"(job share {got['cpu_share']:.2f}: pred@a {at_share:.0f}/s; CPU per sample "
-                f"{pred['cpu_s_per_sample'] * 1e3:.2f} ms profiled, {got['cpu_s_per_sample'] * 1e3:.2f} ms run; machine busy "
+                f"{pred['cpu_s_per_sample'] * 1e3:.2f} ms profiled, {got['cpu_s_per_sample'] * 1e3:.2f} ms run); "
+                f"with torch.set_num_threads(1) {one['samples_per_s']:.0f}/s (share {one['cpu_share']:.2f}; machine busy "
                 f"{got['machine_busy_fraction']:.0%}, load1 {got['load1']:.1f})",
                 flush=True,
             )
-        m, p, pa = statistics.median(meas), statistics.median(preds), statistics.median(preds_at)
+        m, p, pa, m1 = statistics.median(meas), statistics.median(preds), statistics.median(preds_at), statistics.median(meas1)
         rows.append({"case": case[0], "measured": m, "predicted": p, "error": (p - m) / m,
                      "predicted_at_share": pa, "error_at_share": (pa - m) / m,
+                     "measured_1thread": m1, "error_1thread": (p - m1) / m1, "measured_1thread_all": meas1,
                      "bounds": bounds, "verdicts": verdicts, "shares": shares,
                      "measured_all": meas, "predicted_all": preds, "stated_spread": stated})  # fmt: skip
     return rows
@@ -199,7 +212,7 @@ def run_family(args, work: Path) -> list[dict]:
 def print_table(rows: list[dict]) -> bool:
     """The family's table; True when every case is within 10% and the median within 5%."""
     head = (f"{'case':<16} | {'measured 2 CPUs':>15} | {'what-if 2 CPUs':>14} | {'error':>7} | "
-            f"{'pred@a':>7} | {'error':>7} | {'a profile/run':>13} | bound (measured / verdict)")
+            f"{'pred@a':>7} | {'error':>7} | {'a profile/run':>13} | {'1 thread':>8} | {'error':>7} | bound (measured / verdict)")
     print("\nplain torch DataLoader jobs: profiled on 1 CPU (taskset -c 0), run on 2 (taskset -c 0,1)")
     print(head + "\n" + "-" * len(head))
     for r in rows:
@@ -207,6 +220,7 @@ def print_table(rows: list[dict]) -> bool:
             f"{r['case']:<16} | {r['measured']:>15.0f} | {r['predicted']:>14.0f} | {r['error']:>+7.1%} | "
             f"{r['predicted_at_share']:>7.0f} | {r['error_at_share']:>+7.1%} | "
             f"{statistics.median(a for a, _ in r['shares']):>6.2f}/{statistics.median(b for _, b in r['shares']):<6.2f} | "
+            f"{r['measured_1thread']:>8.0f} | {r['error_1thread']:>+7.1%} | "
             f"{'/'.join(sorted(set(r['bounds'])))} / {'/'.join(sorted(set(map(str, r['verdicts']))))}"
         )
     for r in rows:
@@ -222,6 +236,8 @@ def print_table(rows: list[dict]) -> bool:
     print(f"what-if: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}: "
           f"target (median <= 5%, max <= 10%) {'met' if ok else 'NOT met'}")
     print(f"at the measured run's CPU share (pred@a): median |error| {statistics.median(at):.1%}, max {max(at):.1%}")
+    one = [abs(r["error_1thread"]) for r in rows]
+    print(f"against the runs with torch.set_num_threads(1): median |error| {statistics.median(one):.1%}, max {max(one):.1%}")
     return ok
 
 

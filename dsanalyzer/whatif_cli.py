@@ -177,6 +177,12 @@ def run_whatif(args: argparse.Namespace) -> int:
         f"storage {format_bytes(need['storage_bytes_per_s_needed'])}/s"
     )
     print(advice_sentence(report))
+    threads = (report.get("loader") or {}).get("torch_threads")
+    if isinstance(threads, int) and threads == model.cpus and cpus > model.cpus and model.workers > 0:
+        print(
+            f"note: the step's CPU is as measured with torch's {threads} intra-op thread(s); on {cpus} cores torch "
+            f"defaults to {cpus}, beside the loader workers: torch.set_num_threads({threads}) keeps this prediction"
+        )
     point = model.predict(cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers)
     print(
         f"\npoint: cache {format_bytes(cache)} ({policy}, hit ratio {point.hit_ratio:.3f}), {cpus} cpus, "

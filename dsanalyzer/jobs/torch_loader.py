@@ -13,6 +13,7 @@ come from and how they are served from memory: :mod:`dsanalyzer.jobs.item_source
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,7 +35,15 @@ def loader_facts(loader: Any) -> dict:
         "cache_bytes": int(getattr(loader, "cache_bytes", 0) or 0),
         "drop_last": bool(getattr(loader, "drop_last", False)),
         "batches_per_epoch": _batches_per_epoch(loader),
+        "torch_threads": _torch_threads(),
     }
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op threads in this (the main) process: the step's threads beside the workers."""
+    torch = sys.modules.get("torch")
+    get = getattr(torch, "get_num_threads", None)
+    return int(get()) if callable(get) else None
 
 
 def _batches_per_epoch(loader: Any) -> int | None:

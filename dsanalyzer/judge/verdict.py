@@ -216,7 +216,7 @@ def verdict(report: dict) -> dict:
         "disagrees": disagrees,
         "causes": causes,
         "overhead": _overhead(model),
-        "more_cores": _more_cores(model, pred),
+        "more_cores": _more_cores(report, model, pred),
         "fix": None if fix is None else {**fix, "code": _change_text(fix["change"], report)},
     }
     if measured in _BOUNDS and measured != pred.bound:
@@ -228,15 +228,25 @@ def verdict(report: dict) -> dict:
 _BOUNDS = ("compute", "prep", "fetch")
 
 
-def _more_cores(model: Model, pred: Prediction) -> dict:
+def _more_cores(report: dict, model: Model, pred: Prediction) -> dict:
     """The what-if at twice the cores (one worker per core), beside the measured configuration's rate."""
     cpus = 2 * model.cpus
     more = model.predict(model.cache_bytes, cpus, model.storage_bytes_per_s, policy=model.cache_policy)
-    return {
+    out = {
         "cpus": cpus,
         "samples_per_s": more.samples_per_s,
         "rises": more.samples_per_s > pred.samples_per_s * 1.02,
+        "note": None,
     }
+    threads = (report.get("loader") or {}).get("torch_threads")
+    if isinstance(threads, int) and threads == model.cpus and model.workers > 0:  # torch's default: one per core
+        out["note"] = (
+            f"the what-if keeps the step's CPU as measured, with torch's {threads} intra-op thread(s) in the "
+            f"main process; on {cpus} cores torch defaults to {cpus}, which share the cores with the loader "
+            f"workers (and on a busy machine spin while waiting for each other): call "
+            f"torch.set_num_threads({threads}) in the training script for this prediction to hold"
+        )
+    return out
 
 
 def _bound_note(report: dict, model: Model, pred: Prediction, stated: str) -> str:
@@ -320,6 +330,8 @@ def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
         parts.append(f"with {more['cpus']} cores the what-if predicts {more['samples_per_s']:,.0f} samples/s")
     else:
         parts.append(_no_fix_text(model, bound, noun))
+    if more["note"] and more["rises"] and bound != "compute":
+        parts.append(more["note"])
     return "; ".join(parts) + "."
 
 

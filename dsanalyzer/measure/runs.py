@@ -32,7 +32,7 @@ __all__ = [
     "evict_cold",
     "shutdown_iterator",
     "loader_alone_rate",
-    "job_cpu_s",
+    "JobCpu",
     "available_cores",
     "measure_prep_scaling",
 ]
@@ -96,22 +96,44 @@ def evict_cold(files: list[str]) -> dict:
     }
 
 
-def job_cpu_s() -> float:
-    """CPU seconds of this process (every thread) and of its live descendants (loader workers) so far."""
-    import psutil  # lazy: the import hook loads this module into every profiled process
+class JobCpu:
+    """CPU seconds of this process (every thread) and of its descendants (loader workers), over an interval.
 
-    total = time.process_time()
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return total
-    for child in children:
+    Workers come and go (torch starts new ones each epoch unless they persist), and a process that
+    has exited cannot be asked its CPU time: :meth:`sample` remembers each descendant's last reading
+    by pid (call it often: torch shuts an epoch's workers down before it raises StopIteration);
+    :meth:`total` is the sum so far.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, float], float] = {}  # (pid, create time) -> CPU seconds
+        self.sample()
+
+    def sample(self) -> None:
+        self._last = time.perf_counter()
+        import psutil  # lazy: the import hook loads this module into every profiled process
+
         try:
-            t = child.cpu_times()
-        except psutil.Error:  # a worker that exited between the listing and the read
-            continue
-        total += t.user + t.system
-    return total
+            children = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return
+        for child in children:
+            try:
+                with child.oneshot():
+                    t, born = child.cpu_times(), child.create_time()
+            except psutil.Error:  # a worker that exited between the listing and the read
+                continue
+            self._seen[(child.pid, born)] = t.user + t.system
+
+    def sample_every(self, seconds: float) -> None:
+        """:meth:`sample`, at most once per ``seconds`` (a worker's last moments are lost at most)."""
+        now = time.perf_counter()
+        if now - self._last >= seconds:
+            self.sample()
+
+    def total(self) -> float:
+        self.sample()
+        return time.process_time() + sum(self._seen.values())
 
 
 def loader_alone_rate(
@@ -134,13 +156,14 @@ def loader_alone_rate(
     samples = batches = 0
     t0 = time.perf_counter()
     cpu0 = thread0 = 0.0
+    meter = JobCpu() if cpu is not None else None
     try:
         for i in range(warmup + iters):
             if i == warmup:
                 t0 = time.perf_counter()
                 samples = batches = 0
                 if cpu is not None:
-                    cpu0, thread0 = job_cpu_s(), time.thread_time()
+                    cpu0, thread0 = meter.total(), time.thread_time()
             try:
                 batch = next(it)
             except StopIteration:
@@ -151,9 +174,11 @@ def loader_alone_rate(
                     raise RuntimeError(f"the loader ({type(loader).__name__}) yielded no batches") from None
             samples += batch_items(batch, getattr(loader, "batch_size", None) or 1)
             batches += 1
+            if meter is not None:
+                meter.sample_every(0.1)  # torch shuts an epoch's workers down before StopIteration
             tick()
         if cpu is not None and samples > 0:  # read before the workers are shut down
-            elapsed, used = time.perf_counter() - t0, job_cpu_s() - cpu0
+            elapsed, used = time.perf_counter() - t0, meter.total() - cpu0
             cpu["cpu_s_per_sample"] = used / samples
             cpu["receive_cpu_s_per_batch"] = (time.thread_time() - thread0) / max(1, batches)
             cpu["cpu_share"] = used / (elapsed * available_cores()) if elapsed > 0 else None

@@ -95,8 +95,10 @@ def verdict_block(report: dict) -> str:
     if not isinstance(v, dict):
         return ""
     pairs = [
-        ("Bound (the model at the measured rates)", str(v.get("bound"))),
+        ("Bound (the verdict)", str(v.get("bound"))),
+        ("Bound (the model at the measured rates)", str(v.get("model_bound", v.get("bound")))),
         ("Bound (the stalls as measured)", str(v.get("measured_bound"))),
+        *([("Why the bounds differ", str(v["bound_note"]))] if v.get("bound_note") else []),
         ("Model", f"{v['predicted_samples_per_s']:,.1f} samples/s"),
         (
             "Real run",

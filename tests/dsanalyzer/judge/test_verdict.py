@@ -196,3 +196,15 @@ def test_a_dali_job_reads_num_threads_in_the_verdict_and_on_the_html_cores_axis(
     fig = html._whatif_cores(Model.from_report(rep), noun)
     assert "num_threads" in fig.axes[0].get_xlabel()
     assert "num_workers" not in verdict(at_model_rate(rep))["sentence"]
+
+
+def test_more_cores_names_torchs_intra_op_threads_when_they_are_its_default():
+    from tests.dsanalyzer.model.test_whatif import one_cpu_prep_bound_report
+
+    rep = one_cpu_prep_bound_report()
+    rep["loader"] = {"torch_threads": 1}  # torch's default on the 1 CPU it was profiled on
+    v = verdict(at_model_rate(rep))
+    assert v["bound"] == "prep" and v["more_cores"]["rises"]
+    assert "torch.set_num_threads(1)" in v["more_cores"]["note"] and v["more_cores"]["note"] in v["sentence"]
+    rep["loader"] = {"torch_threads": 4}  # set by the script: nothing to say
+    assert verdict(at_model_rate(rep))["more_cores"]["note"] is None
