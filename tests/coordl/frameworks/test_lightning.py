@@ -1,0 +1,41 @@
+"""Lightning DDP (2 CPU ranks, gloo) shards a coordl.DataLoader exactly as torch's, keeps its cache and
+resumes it from a mid-epoch checkpoint. Each case starts the real Trainer (lightning_job.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .jobdata import NUM_ITEMS
+from .runjobs import assert_sharded, items, lightning
+
+pytest.importorskip("lightning")
+pytestmark = pytest.mark.slow  # each Trainer.fit of 2 ranks: 8-15 s here
+
+
+def test_sharded_as_torchs_with_the_cache_shared_by_the_node(tmp_path) -> None:
+    torch_ranks = lightning(tmp_path / "torch", "--loader", "torch")
+    ranks = lightning(tmp_path / "coordl", "--loader", "coordl")
+    assert_sharded(torch_ranks, NUM_ITEMS, epochs=2)
+    assert_sharded(ranks, NUM_ITEMS, epochs=2)
+    for ours, theirs in zip(ranks, torch_ranks, strict=True):
+        assert ours["seen"] == theirs["seen"]  # the same items in the same order, both epochs (set_epoch applied)
+        assert set(items(ours, 0)) != set(items(ours, 1))  # reshuffled across ranks each epoch
+        assert ours["loader_class"] == "coordl.dataloader.DataLoader" and ours["sampler_class"] == "DistributedSampler"
+        first, second = ours["epoch_stats"]
+        assert first["cache_misses"] == NUM_ITEMS // 2 and first["cache_hits"] == 0
+        # Epoch 2 hits every item although each rank now reads items the other one fetched: one cache per node.
+        assert second["hit_ratio"] == 1.0 and second["cache_hits"] == NUM_ITEMS // 2
+        assert not ours["warnings"]
+    assert ranks[0]["minio_paths"] == ranks[1]["minio_paths"] and ranks[0]["capacity_bytes"] == 1 << 20
+
+
+def test_a_mid_epoch_checkpoint_resumes_exactly(tmp_path) -> None:
+    full = lightning(tmp_path / "full", "--loader", "coordl")
+    ckpt = tmp_path / "mid.ckpt"
+    # 8 batches per rank and epoch: global step 11 is batch 3 of epoch 1 (the second epoch).
+    cut = lightning(tmp_path / "cut", "--loader", "coordl", "--save-at", "11", "--ckpt", str(ckpt))
+    resumed = lightning(tmp_path / "resumed", "--loader", "coordl", "--resume", str(ckpt))
+    for whole, before, after in zip(full, cut, resumed, strict=True):
+        assert items(before, 1) == items(whole, 1)[:48]
+        assert list(after["seen"]) == ["1"] and items(after, 1) == items(whole, 1)[48:]  # exactly the rest
+        assert after["steps"]["1"] == [11, 12, 13, 14, 15]
