@@ -128,10 +128,6 @@ def test_batch_size_none_with_a_generator(num_workers: int) -> None:
     compare(Items, batch_size=None, shuffle=True, generator=5, num_workers=num_workers)
 
 
-@pytest.mark.xfail(
-    raises=TypeError, strict=False,
-    reason="coordl.resume's ResumableSampler makes int() of every element when a generator seeds prep (issue 29)",
-)  # fmt: skip
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_batch_size_none_keys_with_a_generator(num_workers: int) -> None:
     compare(Keyed, batch_size=None, sampler=KEYS["lists"], generator=5, num_workers=num_workers)
