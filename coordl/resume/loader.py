@@ -94,6 +94,9 @@ class Resume:
             if shuffle and generator is None and _unseeded_shuffle(sampler):
                 self.shuffle_generator = _private_generator()
             self.order = ResumableSampler(sampler, unit=batch_size or 1, shuffle_generator=self.shuffle_generator)
+        # A generator of the user's sampler (RandomSampler(..., generator=g) given as sampler=): its
+        # state when the pass began orders that pass, like the loader's own.
+        self.sampler_generator = _sampler_generator(self.order, generator) if self.order is not None else None
         self.epoch = 0  # the epoch running, or the next one between epochs
         self.in_epoch = False
         self.batches_done = 0  # of the pass running, including those resumed past
@@ -104,6 +107,7 @@ class Resume:
         self.in_order = True
         self.generator_state: str | None = None
         self.shuffle_state: str | None = None
+        self.sampler_generator_state: str | None = None
         self.workers_rng: str | None = None  # torch's RNG when the running workers were made
         self.sampler_start: dict[str, Any] | None = None
         self.sampler_state: dict[str, Any] | None = None
@@ -189,6 +193,9 @@ class Resume:
         self.generator_state = encode_generator_state(self.generator) if self.generator is not None else None
         self.shuffle_state = (
             encode_generator_state(self.shuffle_generator) if self.shuffle_generator is not None else None
+        )
+        self.sampler_generator_state = (
+            encode_generator_state(self.sampler_generator) if self.sampler_generator is not None else None
         )
         self.sampler_state = None
         discard = 0
@@ -297,6 +304,9 @@ class Resume:
             "batches_done": 0 if between else self.batches_done,
             "generator_state": self._generator_state(self.generator, self.generator_state, between),
             "shuffle_state": self._generator_state(self.shuffle_generator, self.shuffle_state, between),
+            "sampler_generator_state": self._generator_state(
+                self.sampler_generator, self.sampler_generator_state, between
+            ),
             "rng_state": None if between or workers == 0 or self.generator is not None else self.workers_rng,
             "sampler_epoch": None if between or self.order is None else self.order.inner_epoch,
             "sampler": self._sampler_part(between),
@@ -330,6 +340,7 @@ class Resume:
         for key, generator, how in (
             ("generator_state", self.generator, "with generator="),
             ("shuffle_state", self.shuffle_generator, "with shuffle=True and no generator="),
+            ("sampler_generator_state", self.sampler_generator, "with a sampler that has its own generator"),
         ):
             saved = state.get(key)
             if (saved is None) != (generator is None):
@@ -347,6 +358,16 @@ class Resume:
         self.epoch = int(state["epoch"])
         self._restart = True
         self.plan = copy.deepcopy(state)
+
+
+def _sampler_generator(order: ResumableSampler, loader_generator: torch.Generator | None) -> torch.Generator | None:
+    """The generator of the user's sampler (or of the sampler inside their batch sampler), when it has
+    one of its own."""
+    for sampler in (order.inner, getattr(order.inner, "sampler", None)):
+        generator = getattr(sampler, "generator", None)
+        if isinstance(generator, torch.Generator) and generator is not loader_generator:
+            return generator
+    return None
 
 
 def _unseeded_shuffle(sampler: Any) -> bool:

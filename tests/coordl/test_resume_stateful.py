@@ -87,6 +87,20 @@ def test_stateful_sampler_positions_itself() -> None:
     _check(make)
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_samplers_own_generator_is_saved(batched: bool) -> None:
+    """sampler=RandomSampler(..., generator=g) (or inside a batch sampler): g's state when the epoch
+    began is saved, so a resume in a later epoch gets that epoch's order (torchdata would start g over)."""
+
+    def make(L):
+        sampler = torch.utils.data.RandomSampler(range(11), generator=torch.Generator().manual_seed(2))
+        if batched:
+            return L(Items(11), batch_sampler=torch.utils.data.BatchSampler(sampler, 3, False), num_workers=2)
+        return L(Items(11), batch_size=3, sampler=sampler, num_workers=2)
+
+    _check(make, epochs=3, parity=False, ks=[0, 2, 4, 5, 9, 11])
+
+
 def test_generator_given_resumes_exactly_in_torchs_order() -> None:
     """With generator= the order is torch's own DataLoader's for that generator (torchdata draws its
     permutation before the workers' base seed, torch after: their orders differ)."""
