@@ -273,3 +273,31 @@ def test_the_fused_stage_decodes_the_box_get_params_draws(monkeypatch):
     torch.manual_seed(4)
     expect = T.RandomResizedCrop(32).get_params(141, 203)
     assert seen == ([expect] if cropdecode.AVAILABLE else [])
+
+
+# --- through the loaders ------------------------------------------------------------------------------
+
+
+def test_standard_recipe_through_coordl_and_torch_loaders(image_root):
+    ds = coordl.ImageFolder(image_root, transform=T.train_transform(32))
+    torch_batches = list(torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2))
+    with coordl.DataLoader(ds, batch_size=5, num_workers=2, shuffle=True) as loader:
+        labels = sorted(int(y) for _x, ys in loader for y in ys)
+    assert labels == sorted(ds.targets)
+    assert all(x.shape[1:] == (3, 32, 32) and x.dtype == torch.float32 for x, _ in torch_batches)
+
+
+@pytest.mark.parametrize("recipe,side", [("standard", 48), ("resize_first", 37)])
+def test_a_sample_cache_keeps_each_recipes_deterministic_prefix(recipe, side, image_root, tmp_path):
+    from memcache import LocalStore
+
+    store = LocalStore(16 << 20, name=f"crop{recipe}", directory=tmp_path)
+    ds = coordl.ImageFolder(image_root, transform=T.train_transform(32, recipe=recipe))
+    cached = ds.prep_deterministic(ds.fetch(0), 0)
+    assert min(cached.shape[:2]) == side  # the full 64x48 image, or the copy resized to 37
+    with coordl.DataLoader(ds, batch_size=6, num_workers=2, sample_cache=store) as loader:
+        for _ in range(2):
+            assert all(x.shape == (len(ys), 3, 32, 32) for x, ys in loader)
+        st = loader.stats()
+    store.close()
+    assert st["sample_cache_misses"] == len(ds) and st["sample_cache_hits"] == len(ds)
