@@ -38,13 +38,8 @@ __all__ = ["FetchTier", "MinioTier", "LoaderSource", "BASE_COUNTERS"]
 log = logging.getLogger("coordl")
 
 BASE_COUNTERS = (
-    "cache_hits",
-    "cache_misses",
-    "storage_bytes_read",
-    "storage_items_read",
-    "items_loaded",
-    "skipped_items",
-)
+    "cache_hits", "cache_misses", "storage_bytes_read", "storage_items_read", "items_loaded", "skipped_items",
+)  # fmt: skip
 
 
 @runtime_checkable
@@ -137,6 +132,11 @@ class LoaderSource(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.source)
+
+    @property
+    def user_dataset(self) -> Any:
+        """The user's dataset these items are read from (behind coordl's adapters)."""
+        return self._keys.dataset
 
     def __getitem__(self, index: Any) -> Any:
         if not is_index(index):  # batch_size=None and a sampler of lists, slices, names...: torch's dataset[key]

@@ -1,4 +1,5 @@
-"""Starting torch's loader workers: whether they are forked, and forking them with a frozen heap."""
+"""Starting torch's loader workers: whether they are forked, forking them with a frozen heap, and showing
+them the user's dataset as ``get_worker_info().dataset``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 
 import torch.utils.data
 
-__all__ = ["forks_workers", "start_workers"]
+from coordl.fetch.pipeline import LoaderSource
+
+__all__ = ["ShowUserDataset", "forks_workers", "start_workers"]
 
 
 def start_workers(torch_loader: torch.utils.data.DataLoader) -> Any:
@@ -20,13 +23,42 @@ def start_workers(torch_loader: torch.utils.data.DataLoader) -> Any:
     are never collected in the worker; the main process unfreezes them at once (Python's documented
     pre-fork recipe, ``gc.freeze``). Left alone when the program froze objects itself.
     """
-    if torch_loader.num_workers == 0 or not forks_workers(torch_loader) or gc.get_freeze_count():
+    if torch_loader.num_workers == 0:
         return iter(torch_loader)
-    gc.freeze()
+    user_init = torch_loader.worker_init_fn
+    torch_loader.worker_init_fn = ShowUserDataset(user_init)
     try:
-        return iter(torch_loader)
+        if not forks_workers(torch_loader) or gc.get_freeze_count():
+            return iter(torch_loader)
+        gc.freeze()
+        try:
+            return iter(torch_loader)
+        finally:
+            gc.unfreeze()
     finally:
-        gc.unfreeze()
+        torch_loader.worker_init_fn = user_init
+
+
+class ShowUserDataset:
+    """A worker's first step: ``get_worker_info().dataset`` becomes the user's dataset, then the user's
+    ``worker_init_fn`` runs.
+
+    torch sets it to the dataset its loader iterates, which for coordl is the fetch pipeline
+    (:class:`coordl.fetch.pipeline.LoaderSource`). Code written for torch reads and configures the
+    dataset there (``get_worker_info().dataset.open_files()``, ``isinstance`` checks): it gets the
+    worker's copy of the user's dataset, the one its items are read from.
+    """
+
+    def __init__(self, init_fn: Any) -> None:
+        self.init_fn = init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and isinstance(info.dataset, LoaderSource):
+            # WorkerInfo refuses assignment once built; this is the value torch would have given it.
+            object.__setattr__(info, "dataset", info.dataset.user_dataset)
+        if self.init_fn is not None:
+            self.init_fn(worker_id)
 
 
 def forks_workers(torch_loader: torch.utils.data.DataLoader) -> bool:

@@ -226,3 +226,36 @@ class Killer(Items):
         if index == self.kill and tud.get_worker_info() is not None:
             os.kill(os.getpid(), 9)
         return super().__getitem__(index)
+
+
+class Configured(Items):
+    """Items scaled by ``factor``, which each worker sets through ``get_worker_info().dataset``."""
+
+    factor = 1
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return super().__getitem__(index) * self.factor
+
+
+def configure_worker(worker_id: int) -> None:
+    info = tud.get_worker_info()
+    assert isinstance(info.dataset, Configured), type(info.dataset)
+    info.dataset.factor = 10 + worker_id
+
+
+class RangeStream(tud.IterableDataset):
+    """torch's documented sharding: ``worker_init_fn`` narrows each worker's copy to its part."""
+
+    def __init__(self, start: int = 3, end: int = 17) -> None:
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+
+def split_range(worker_id: int) -> None:
+    info = tud.get_worker_info()
+    dataset = info.dataset
+    per = -(-(dataset.end - dataset.start) // info.num_workers)
+    dataset.start = dataset.start + worker_id * per
+    dataset.end = min(dataset.start + per, dataset.end)

@@ -20,15 +20,19 @@ from tests.coordl.parity_cases import (
     TORCH_ATTRIBUTES,
     Batched,
     Columns,
+    Configured,
     Items,
     Keyed,
     Mixed,
+    RangeStream,
     Shards,
     WorkerInfo,
     assert_same_outcomes,
     both,
+    configure_worker,
     outcomes,
     pid_init,
+    split_range,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -174,6 +178,12 @@ def test_iterable_dataset_drop_last() -> None:
 @pytest.mark.parametrize("num_workers", [0, 2, 3])
 def test_worker_info(num_workers: int) -> None:
     compare(WorkerInfo, batch_size=4, num_workers=num_workers, generator=11)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_init_fn_configures_the_users_dataset(persistent: bool) -> None:
+    compare(Configured, batch_size=3, num_workers=2, worker_init_fn=configure_worker, persistent_workers=persistent)
+    compare(RangeStream, batch_size=4, num_workers=2, worker_init_fn=split_range, persistent_workers=persistent)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
