@@ -41,8 +41,9 @@ class PassTracker:
             except StopIteration:
                 self.resume.pass_ended(self.pass_id)
                 raise
-            except Exception:
-                self.resume.batch_done(self.pass_id, None)  # torch goes on with the next batch
+            except Exception as error:
+                if not _timed_out(error):  # the batch's error: torch goes on with the next batch
+                    self.resume.batch_done(self.pass_id, None)
                 raise
             if isinstance(batch, PadBatch):
                 continue
@@ -70,3 +71,8 @@ class PassTracker:
 def torch_iterator(it: Any) -> Any:
     """torch's own iterator behind ``it`` (a :class:`PassTracker`, or already torch's)."""
     return it.torch_iter if isinstance(it, PassTracker) else it
+
+
+def _timed_out(error: Exception) -> bool:
+    """torch's ``timeout=`` expired: the batch is still to come (a later ``next`` may get it)."""
+    return isinstance(error, RuntimeError) and str(error).startswith("DataLoader timed out")
