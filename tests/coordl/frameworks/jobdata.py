@@ -42,6 +42,12 @@ class Items(torch.utils.data.Dataset):
         return f"tests.coordl.frameworks.Items({self.n})"
 
 
+class UnnamedItems(Items):
+    """The same items, with no name for the data: each rank keeps a cache of its own (the baseline)."""
+
+    dataset_identity = None  # type: ignore[assignment]
+
+
 def make_loader(kind: str, **overrides: Any) -> torch.utils.data.DataLoader:
     """The same arguments to torch's loader or coordl's (which adds a cache holding every item)."""
     args: dict[str, Any] = {
@@ -53,7 +59,9 @@ def make_loader(kind: str, **overrides: Any) -> torch.utils.data.DataLoader:
     args.update(overrides)
     if kind == "torch":
         return torch.utils.data.DataLoader(Items(), **args)
-    return coordl.DataLoader(Items(), cache_bytes=1 << 20, **args)
+    # JOBDATA_PER_RANK_CACHE=1: measure what a cache per rank gives (docs/frameworks.md)
+    items = UnnamedItems() if os.environ.get("JOBDATA_PER_RANK_CACHE") == "1" else Items()
+    return coordl.DataLoader(items, cache_bytes=1 << 20, **args)
 
 
 def loader_report(loader: Any) -> dict[str, Any]:

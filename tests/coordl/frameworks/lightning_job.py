@@ -1,6 +1,6 @@
 """A 2-rank Lightning DDP job on CPU (gloo) whose train_dataloader returns torch's or coordl's loader.
 
-    python tests/coordl/frameworks/lightning_job.py --loader coordl --out DIR [--epochs 2]
+    python tests/coordl/frameworks/lightning_job.py --loader coordl --out DIR [--epochs 2] [--strategy ddp_spawn]
         [--save-at STEP --ckpt FILE]   # write a checkpoint after global step STEP and stop there
         [--resume FILE]                # continue from that checkpoint
 
@@ -23,9 +23,10 @@ from jobdata import loader_report, make_loader, write_rank  # noqa: E402
 
 
 class Module(L.LightningModule):
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, out: str) -> None:
         super().__init__()
-        self.kind = kind
+        self.kind, self.out = kind, out
+        self.caught: list[str] = []
         self.layer = torch.nn.Linear(1, 1)
         self.seen: dict[int, list[int]] = {}
         self.steps: dict[int, list[int]] = {}
@@ -41,6 +42,12 @@ class Module(L.LightningModule):
 
     def on_train_epoch_end(self) -> None:
         self.report = loader_report(self.trainer.train_dataloader)
+
+    def on_train_end(self) -> None:
+        # In each rank's process (with ddp_spawn the launching process only holds a copy).
+        record = {"rank": self.global_rank, "world": self.trainer.world_size, "seen": self.seen, "steps": self.steps}
+        record["warnings"] = [w for w in self.caught if "coordl" in w]
+        write_rank(self.out, self.global_rank, {**record, **self.report})
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.0)
@@ -66,27 +73,19 @@ def main() -> None:
     p.add_argument("--save-at", type=int)
     p.add_argument("--ckpt")
     p.add_argument("--resume")
+    p.add_argument("--strategy", default="ddp", choices=("ddp", "ddp_spawn"))
     args = p.parse_args()
     L.seed_everything(0, verbose=False)
-    module = Module(args.loader)
+    module = Module(args.loader, args.out)
     callbacks = [SaveAndStop(args.save_at, args.ckpt)] if args.save_at is not None else []
     trainer = L.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs, logger=False,
+        accelerator="cpu", devices=2, strategy=args.strategy, max_epochs=args.epochs, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=callbacks, num_sanity_val_steps=0,
     )  # fmt: skip
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer.fit(module, ckpt_path=args.resume)
-    record = {
-        "rank": trainer.global_rank,
-        "world": trainer.world_size,
-        "seen": module.seen,
-        "steps": module.steps,
-        "warnings": [str(w.message) for w in caught if "coordl" in str(w.message)],
-        **module.report,
-    }
-    write_rank(args.out, trainer.global_rank, record)
+    warnings.showwarning = lambda message, *rest: module.caught.append(str(message))  # every rank's
+    warnings.simplefilter("always")
+    trainer.fit(module, ckpt_path=args.resume)
 
 
 if __name__ == "__main__":

@@ -39,3 +39,12 @@ def test_a_mid_epoch_checkpoint_resumes_exactly(tmp_path) -> None:
         assert items(before, 1) == items(whole, 1)[:48]
         assert list(after["seen"]) == ["1"] and items(after, 1) == items(whole, 1)[48:]  # exactly the rest
         assert after["steps"]["1"] == [11, 12, 13, 14, 15]
+
+
+def test_ddp_spawn_shards_it_too(tmp_path) -> None:
+    torch_ranks = lightning(tmp_path / "torch", "--loader", "torch", "--strategy", "ddp_spawn")
+    ranks = lightning(tmp_path / "coordl", "--loader", "coordl", "--strategy", "ddp_spawn")
+    assert_sharded(ranks, NUM_ITEMS, epochs=2)
+    for ours, theirs in zip(ranks, torch_ranks, strict=True):
+        assert ours["seen"] == theirs["seen"]
+        assert ours["epoch_stats"][1]["hit_ratio"] == 1.0

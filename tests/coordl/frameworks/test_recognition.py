@@ -59,8 +59,8 @@ def test_lightning_rebuilds_it_as_a_coordl_loader_sharded_like_torchs() -> None:
     pytest.importorskip("lightning")
     per_rank = {}
     for rank in (0, 1):
-        ref = lightning_rebuild(made_in_a_hook("torch"), rank)
-        original = made_in_a_hook("coordl", on_error="skip", fetch_ahead=2, batch_ring="copy")
+        ref = lightning_rebuild(made_in_a_hook("torch", num_workers=0), rank)
+        original = made_in_a_hook("coordl", num_workers=0, on_error="skip", fetch_ahead=2, batch_ring="copy")
         dl = lightning_rebuild(original, rank)
         assert type(dl) is coordl.DataLoader and isinstance(dl.sampler, tud.DistributedSampler)
         assert (dl.cache_bytes, dl.on_error, dl.fetch_ahead, dl.batch_ring) == (1 << 20, "skip", 2, "copy")
@@ -73,7 +73,7 @@ def test_lightning_rebuilds_it_as_a_coordl_loader_sharded_like_torchs() -> None:
         # The rebuilt loader took over the dropped one's fetch side (Lightning's sampler keeps its view
         # alive anyway): one cache, one counter table. What was the dropped loader's alone goes with it.
         assert dl.dataset is original.dataset and dl._chain is original._chain and dl._counters is original._counters
-        own = [original._watch._segment.path]
+        own = [original._inner._skip_log.path]  # on_error="skip": the dropped loader's own skip log
         gone = weakref.ref(original)
         del original
         gc.collect()
@@ -137,7 +137,7 @@ def test_an_unsharded_loader_in_a_process_group_warns_once_naming_the_fix() -> N
     port = 29000 + os.getpid() % 1000
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_unsharded_rank, args=(port, results), nprocs=2, join=True)
+        mp.start_processes(_unsharded_rank, args=(port, results), nprocs=2, join=True, start_method="fork")
         results = dict(results)
     for rank in (0, 1):
         n, warned = results[rank]["default"]
