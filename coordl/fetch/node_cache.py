@@ -22,13 +22,14 @@ holds a path. The rendezvous name is derived from:
 Inside one process, loaders with the same key share one :class:`MinioCache` object, counted: Lightning
 builds a loader, then a replacement from its arguments, and the replacement must reuse the cache, not
 allocate a second one. The cache is closed (and, by its creator, unlinked with its rendezvous) when the
-last loader of the process using it closes. A rank whose rendezvous points at a cache that is gone (its
-creator crashed) replaces it. Races between ranks creating at once end with one winner (``os.link``
+last loader of the process using it closes, or at the creator's exit. A rendezvous that points at a
+cache whose creator is gone (killed) is removed by the next process that opens a node cache. Races between ranks creating at once end with one winner (``os.link``
 refuses an existing name); the loser attaches to the winner's cache.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
@@ -87,6 +88,7 @@ def open_minio(
     if entry is not None:
         entry[1] += 1
         return entry[0]
+    _sweep(directory or DEFAULT_DIR)
     cache, created = _attach_or_create(key, capacity_bytes, num_items, directory, name)
     _OPEN[key] = [cache, 1, created]
     return cache
@@ -122,6 +124,7 @@ def _attach_or_create(
             return found, None
         cache = MinioCache(capacity_bytes, num_items, directory=directory, name=name)
         if _publish(where, cache.paths[0]):
+            atexit.register(_unpublish, where, cache.paths[0], os.getpid())  # a process ending without close()
             return cache, where
         cache.close()  # another rank published first: use theirs
     # Could not settle on one (rendezvous files churning): a cache of this rank's own is still correct.
@@ -159,8 +162,11 @@ def _publish(where: str, path: str) -> bool:
         os.unlink(tmp)
 
 
-def _unpublish(where: str, path: str) -> None:
-    """Remove the rendezvous ``where`` if it still points at ``path``."""
+def _unpublish(where: str, path: str, pid: int | None = None) -> None:
+    """Remove the rendezvous ``where`` if it still points at ``path`` (and, given ``pid``, in that process only:
+    a forked child inherits the exit hook)."""
+    if pid is not None and os.getpid() != pid:
+        return
     try:
         with open(where) as f:
             if f.read().strip() != path:
@@ -168,3 +174,21 @@ def _unpublish(where: str, path: str) -> None:
         os.unlink(where)
     except FileNotFoundError:
         pass
+
+
+def _sweep(directory: str) -> None:
+    """Remove rendezvous files whose cache's creator is gone (a job killed before its exit hooks ran)."""
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith("coordl-nodecache-") and not n.endswith(".tmp")]
+    except FileNotFoundError:
+        return
+    for name in names:
+        where = os.path.join(directory, name)
+        try:
+            with open(where) as f:
+                path = f.read().strip()
+        except FileNotFoundError:
+            continue
+        m = SEGMENT_NAME_RE.match(os.path.basename(path))
+        if m is None or not owner_alive(int(m["pid"]), int(m["start"])):
+            _unpublish(where, path)

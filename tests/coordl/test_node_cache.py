@@ -85,3 +85,26 @@ def test_a_stale_rendezvous_is_replaced(job: dict[str, str]) -> None:
         assert f.read() == cache.paths[0]
     close_minio(cache)
     assert not os.path.exists(where)
+
+
+def test_a_process_that_exits_without_closing_leaves_no_rendezvous(job: dict[str, str]) -> None:
+    child = textwrap.dedent(
+        """
+        from coordl.fetch import node_cache
+        from coordl.fetch.node_cache import node_key, open_minio
+        c = open_minio(1 << 20, 10, directory=None, name="t", identity="id:exit")
+        print(node_cache._rendezvous(node_key("id:exit", 1 << 20, 10, None), None))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env={**os.environ, **job}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert not os.path.exists(out.stdout.strip())
+
+
+def test_rendezvous_of_killed_jobs_are_swept_at_the_next_open(job: dict[str, str]) -> None:
+    leftover = os.path.join("/dev/shm", "coordl-nodecache-00000000000000000000")
+    with open(leftover, "w") as f:
+        f.write("/dev/shm/coordl-minio-1-1-deadbeef")  # its creator was killed before its exit hooks ran
+    cache = open_minio(1 << 20, 10, directory=None, name="t", identity="id:sweep")
+    assert not os.path.exists(leftover)
+    close_minio(cache)
