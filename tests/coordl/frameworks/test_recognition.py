@@ -173,3 +173,43 @@ def test_ignite_deterministic_engine_rebuilds_it_as_a_coordl_loader() -> None:
         assert used.cache_bytes == loader.cache_bytes and used.dataset is loader.dataset  # took over its fetch side
         assert used.epoch_stats()[1]["hit_ratio"] == 1.0
         used.close()
+
+
+def _resume_rank(rank: int, port: int, results) -> None:
+    """Plain DDP, no framework: each rank saves its loader's state_dict mid-epoch and a new loader resumes."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+
+    def loader():
+        sampler = tud.DistributedSampler(Items(), num_replicas=2, rank=rank, seed=0)
+        return coordl.DataLoader(Items(), batch_size=16, sampler=sampler, num_workers=1, cache_bytes=1 << 20)
+
+    try:
+        with loader() as whole:
+            whole.sampler.set_epoch(1)
+            expected = batches(whole)
+        with loader() as first:
+            first.sampler.set_epoch(1)
+            it = iter(first)
+            done = [[int(i) for i in next(it)] for _ in range(3)]
+            state = first.state_dict()  # what the training script saves with its checkpoint, per rank
+        with loader() as second:
+            second.load_state_dict(state)  # the sampler's epoch comes back with it
+            rest = batches(second)
+        results[rank] = (expected, done, rest)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_plain_ddp_resumes_each_rank_from_its_state_dict() -> None:
+    import torch.multiprocessing as mp
+
+    port = 29500 + os.getpid() % 1000
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_resume_rank, args=(port, results), nprocs=2, join=True, start_method="fork")
+        results = dict(results)
+    for rank in (0, 1):
+        expected, done, rest = results[rank]
+        assert done + rest == expected and len(rest) == len(expected) - 3
