@@ -213,3 +213,30 @@ def test_plain_ddp_resumes_each_rank_from_its_state_dict() -> None:
     for rank in (0, 1):
         expected, done, rest = results[rank]
         assert done + rest == expected and len(rest) == len(expected) - 3
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("even_batches", [True, False])
+def test_accelerate_uneven_split_is_torchs(drop_last: bool, even_batches: bool) -> None:
+    """250 items, batches of 16 over 2 ranks: the padded or short last batches are exactly torch's."""
+    pytest.importorskip("accelerate")
+    from accelerate.data_loader import prepare_data_loader
+
+    def prepared(loader, rank):
+        return prepare_data_loader(loader, num_processes=2, process_index=rank, even_batches=even_batches)
+
+    args = {"batch_size": 16, "shuffle": False, "drop_last": drop_last}
+    for rank in (0, 1):
+        theirs = batches(prepared(tud.DataLoader(Items(250), **args), rank))
+        with coordl.DataLoader(Items(250), cache_bytes=1 << 20, **args) as loader:
+            assert batches(prepared(loader, rank)) == theirs
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_lightning_uneven_split_is_torchs(drop_last: bool) -> None:
+    pytest.importorskip("lightning")
+    for rank in (0, 1):
+        ref = lightning_rebuild(made_in_a_hook("torch", num_workers=0, drop_last=drop_last, batch_size=20), rank)
+        dl = lightning_rebuild(made_in_a_hook("coordl", num_workers=0, drop_last=drop_last, batch_size=20), rank)
+        with dl:
+            assert len(dl) == len(ref) and batches(dl) == batches(ref)
