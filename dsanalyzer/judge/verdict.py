@@ -96,9 +96,10 @@ def _causes(report: dict, model: Model, pred: Prediction, spread: dict | None, g
         )
     other = other_cpu_cores(report)
     if slower and other is not None and other >= OTHER_CPU_SHARE * model.cpus:
-        causes.append(
-            f"interference: other processes used {other:.2f} of the {model.cpus} cores during the real run"
-        )
+        per_core = (report.get("sysmon") or {}).get("cpu_percent_per_core") or [[]]
+        machine = max(model.cpus, len(per_core[0]) if per_core and per_core[0] else 0)
+        where = f"the {model.cpus} cores" if machine == model.cpus else f"the machine's {machine} cores (the job had {model.cpus})"
+        causes.append(f"interference: other processes used {other:.2f} of {where} during the real run")
     if spread is not None:
         width = (spread["p90"] - spread["p10"]) / 2 / spread["median"]
         if width > _FEW_ITERS_SPREAD:
