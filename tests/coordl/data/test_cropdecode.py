@@ -301,3 +301,13 @@ def test_a_sample_cache_keeps_each_recipes_deterministic_prefix(recipe, side, im
         st = loader.stats()
     store.close()
     assert st["sample_cache_misses"] == len(ds) and st["sample_cache_hits"] == len(ds)
+
+
+def test_fastdct_is_passed_to_the_crop_decoder():
+    fused = T.Compose([T.Decode(fastdct=True), T.RandomResizedCrop(80), T.ToTensor()])
+    plain = T.Compose(list(fused), crop_decode=False)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        a = fused(FLAVOURS["420"])
+        torch.manual_seed(seed)
+        assert torch.equal(a, plain(FLAVOURS["420"]))  # both the fast integer IDCT
