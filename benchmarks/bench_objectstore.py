@@ -19,7 +19,13 @@ epochs with 2 workers, batch 32, shuffled, the same cheap prep (decode, 64x64 ce
 Requests and bytes per epoch are counted on the wire by the delay proxy (every loader, the same way). Request cost
 uses S3 Standard's public price for GET: $0.0004 per 1,000 requests (us-east-1). Mosaic Streaming and LitData run
 from ``--peers-python`` (a separate venv: installing them into the project's would downgrade numpy and pull a CUDA
-torchvision), see reports/bench_objectstore.md. Needs root (namespace, tc).
+torchvision); without it they are skipped. Make it with::
+
+    python -m venv /tmp/peers && echo torch==2.13.0 > /tmp/c.txt
+    /tmp/peers/bin/pip install -c /tmp/c.txt torch==2.13.0 mosaicml-streaming litdata boto3 simplejpeg
+    /tmp/peers/bin/pip uninstall -y obstore     # LitData's obstore path cannot reach a plain-HTTP endpoint
+
+See reports/bench_objectstore.md. Needs root (namespace, tc).
 
 Why this module is long: one script builds four formats of one dataset, a server, and five loaders.
 """
