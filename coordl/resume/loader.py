@@ -79,7 +79,11 @@ class Resume:
         self._auto_collation = batch_size is not None or batch_sampler is not None
         self.shuffle_generator: torch.Generator | None = None
         self.order: ResumableSampler | None = None
-        self.stream = ResumableStream(self.user_dataset, batch_size or 1) if iterable else None
+        # A torch DataPipe goes to torch as it is: torch shuffles it (shuffle=True), seeds it each epoch and
+        # shards it between workers (sharding_filter) only when it sees the DataPipe itself. Resuming one
+        # replays the epoch's first batches (it has no state_dict).
+        datapipe = isinstance(self.user_dataset, torch.utils.data.IterDataPipe)
+        self.stream = ResumableStream(self.user_dataset, batch_size or 1) if iterable and not datapipe else None
         if iterable:
             pass
         elif batch_sampler is not None:

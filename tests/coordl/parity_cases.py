@@ -259,3 +259,29 @@ def split_range(worker_id: int) -> None:
     per = -(-(dataset.end - dataset.start) // info.num_workers)
     dataset.start = dataset.start + worker_id * per
     dataset.end = min(dataset.start + per, dataset.end)
+
+
+def _double(x: int) -> int:
+    return 2 * x
+
+
+def _four_long(row: np.ndarray) -> bool:
+    return len(row) == 4
+
+
+def _plus_one(row: list[int]) -> np.ndarray:
+    return np.add(row, 1)
+
+
+def shuffled_pipe(n: int = 20) -> Any:
+    """A torch DataPipe: shuffled (under the loader's control) and split between workers."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(list(range(n))).shuffle(buffer_size=8).sharding_filter().map(_double)
+
+
+def rows_pipe() -> Any:
+    """A torch DataPipe of NumPy rows, mapped and filtered (no sharding: each worker yields every row)."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper([[1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [5, 6, 7, 8]]).map(_plus_one).filter(_four_long)

@@ -32,6 +32,8 @@ from tests.coordl.parity_cases import (
     configure_worker,
     outcomes,
     pid_init,
+    rows_pipe,
+    shuffled_pipe,
     split_range,
 )
 
@@ -169,6 +171,17 @@ def test_subset_of_a_batched_dataset_reaches_its_getitems() -> None:
 )
 def test_iterable_datasets(sizes, num_workers: int, batch_size) -> None:
     compare(lambda: Shards(sizes), num_workers=num_workers, batch_size=batch_size, epochs=2)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_datapipes_shuffled_and_sharded_under_the_loaders_control(num_workers: int) -> None:
+    compare(shuffled_pipe, batch_size=3, shuffle=True, num_workers=num_workers, generator=8, epochs=2)
+    compare(shuffled_pipe, batch_size=3, shuffle=False, num_workers=num_workers)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_datapipe_of_numpy_rows(method: str) -> None:
+    compare(rows_pipe, batch_size=2, num_workers=2, multiprocessing_context=method, shuffle=True, generator=1)
 
 
 def test_iterable_dataset_drop_last() -> None:
