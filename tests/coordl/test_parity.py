@@ -179,7 +179,7 @@ def test_datapipes_shuffled_and_sharded_under_the_loaders_control(num_workers: i
     compare(shuffled_pipe, batch_size=3, shuffle=False, num_workers=num_workers)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_datapipe_of_numpy_rows(method: str) -> None:
     compare(rows_pipe, batch_size=2, num_workers=2, multiprocessing_context=method, shuffle=True, generator=1)
 
@@ -199,12 +199,17 @@ def test_worker_init_fn_configures_the_users_dataset(persistent: bool) -> None:
     compare(RangeStream, batch_size=4, num_workers=2, worker_init_fn=split_range, persistent_workers=persistent)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+# A spawned or forkserver worker imports torch afresh (seconds each): one such case runs by default, the rest
+# with the slow tests (CI runs them).
+SLOW_START = pytest.mark.slow
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", pytest.param("forkserver", marks=SLOW_START)])
 def test_start_methods(method: str) -> None:
     compare(WorkerInfo, batch_size=4, num_workers=2, multiprocessing_context=method, generator=2)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", pytest.param("spawn", marks=SLOW_START)])
 def test_start_methods_iterable(method: str) -> None:
     compare(lambda: Shards((3, 0, 2)), batch_size=2, num_workers=3, multiprocessing_context=method)
 
