@@ -10,6 +10,7 @@ from typing import Any
 import torch.utils.data
 
 from coordl.fetch.pipeline import LoaderSource
+from coordl.resume.workers import ResumableStream
 
 __all__ = ["ShowUserDataset", "forks_workers", "start_workers"]
 
@@ -44,7 +45,8 @@ class ShowUserDataset:
     ``worker_init_fn`` runs.
 
     torch sets it to the dataset its loader iterates, which for coordl is the fetch pipeline
-    (:class:`coordl.fetch.pipeline.LoaderSource`). Code written for torch reads and configures the
+    (:class:`coordl.fetch.pipeline.LoaderSource`), or for an ``IterableDataset`` the resumable stream
+    around it (:class:`coordl.resume.workers.ResumableStream`). Code written for torch reads and configures the
     dataset there (``get_worker_info().dataset.open_files()``, ``isinstance`` checks): it gets the
     worker's copy of the user's dataset, the one its items are read from.
     """
@@ -54,9 +56,15 @@ class ShowUserDataset:
 
     def __call__(self, worker_id: int) -> None:
         info = torch.utils.data.get_worker_info()
-        if info is not None and isinstance(info.dataset, LoaderSource):
+        dataset = getattr(info, "dataset", None)
+        user = (
+            dataset.user_dataset if isinstance(dataset, LoaderSource)
+            else dataset.dataset if isinstance(dataset, ResumableStream)  # an IterableDataset, kept resumable
+            else dataset
+        )  # fmt: skip
+        if user is not dataset:
             # WorkerInfo refuses assignment once built; this is the value torch would have given it.
-            object.__setattr__(info, "dataset", info.dataset.user_dataset)
+            object.__setattr__(info, "dataset", user)
         if self.init_fn is not None:
             self.init_fn(worker_id)
 

@@ -256,6 +256,7 @@ class RangeStream(tud.IterableDataset):
 def split_range(worker_id: int) -> None:
     info = tud.get_worker_info()
     dataset = info.dataset
+    assert isinstance(dataset, RangeStream), type(dataset)
     per = -(-(dataset.end - dataset.start) // info.num_workers)
     dataset.start = dataset.start + worker_id * per
     dataset.end = min(dataset.start + per, dataset.end)
