@@ -149,7 +149,14 @@ class ObjectStore:
             raise ImportError(
                 f"{self.url}: reading an object store needs boto3: pip install 'coordl[s3]'"
             ) from e
-        session = boto3.session.Session(**self._session_args)
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            return self._configure(boto3.session.Session(**self._session_args), Config, UNSIGNED)
+        except BotoCoreError as e:  # e.g. a profile that is in no config file: one line, naming the URL
+            raise ValueError(f"{self.url}: cannot set up the S3 client: {e}") from e
+
+    def _configure(self, session: Any, Config: Any, UNSIGNED: Any) -> Any:  # noqa: N803 (botocore's names)
         config = Config(
             retries={"total_max_attempts": 1},  # retries are ours: each attempt is counted and backed off
             connect_timeout=self.storage_options.get("connect_timeout_s", self.connect_timeout_s),

@@ -235,3 +235,10 @@ def test_s3source_is_a_staging_source(s3):
     with pytest.raises(ValueError):
         src.read("../secret")
     assert np.all([f.size > 0 for f in files]) and os.sep == "/"
+
+
+def test_an_unknown_profile_is_one_clear_error(s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    with pytest.raises(ValueError, match=r"s3://data/train: cannot set up the S3 client: .*nosuch"):
+        coordl.ImageFolder("s3://data/train", storage_options={"profile": "nosuch"})
