@@ -56,3 +56,50 @@ def test_coordinated_jobs_fetch_each_object_once(s3, tmp_path):
     # batch that sizes the shared slots (item 0, batch_size times)
     total = results[0][1] + results[1][1]
     assert N_ITEMS <= total <= N_ITEMS + 2 * 4 < 2 * N_ITEMS
+
+
+def test_partitioned_cache_over_a_bucket(s3, image_root):
+    """Two nodes (in one process, over loopback) sharing a bucket: the store is read in epoch 1 only."""
+    from coordl.fetch.minio import MinioCache
+    from coordl.partitioned.ownership import OwnerMap, PartitionedSampler
+    from coordl.partitioned.peer import PEER_COUNTERS, PeerClient
+    from coordl.partitioned.server import PeerServer
+    from coordl.partitioned.tier import PartitionedTier
+    from shmem.counters import SharedCounters
+
+    ds = coordl.ImageFolder("s3://data/train", transform=lambda b: b, storage_options=s3.storage_options())
+    local = coordl.ImageFolder(image_root, transform=lambda b: b)
+    owners = OwnerMap(N_ITEMS, num_nodes=2, seed=3)
+    caches = [MinioCache(4 << 20, N_ITEMS) for _ in range(2)]
+    secret = b"bucket-partition-secret"
+    servers = [PeerServer(c, secret=secret, owns=lambda i, k=k: owners.owner(i) == k) for k, c in enumerate(caches)]
+    tiers = [
+        PartitionedTier(owners, k, PeerClient([s.address for s in servers], secret=secret, timeout_s=2),
+                        SharedCounters(["cache_hits", "cache_misses"]), local_cache=caches[k],
+                        peer_counters=SharedCounters(PEER_COUNTERS))
+        for k in range(2)
+    ]  # fmt: skip
+    try:
+        per_epoch = []
+        for epoch in range(2):
+            before = ds.stats()["store_requests"]
+            for node in range(2):
+                sampler = PartitionedSampler(N_ITEMS, 2, node, seed=5)
+                sampler.set_epoch(epoch)
+                for i in sampler:
+                    raw = tiers[node].get(i)
+                    if raw is None:  # what LoaderSource does: storage last, then offer to the tier
+                        raw = ds.fetch(i)
+                        tiers[node].offer(i, raw)
+                    assert bytes(raw) == local.fetch(i)
+            for t in tiers:
+                t.flush()
+            per_epoch.append(ds.stats()["store_requests"] - before)
+    finally:
+        for t in tiers:
+            t.close()
+        for s in servers:
+            s.stop()
+        for c in caches:
+            c.close()
+    assert per_epoch == [N_ITEMS, 0]  # each object once (by its owner's first reader); epoch 2 all from caches
