@@ -266,7 +266,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
         self._epoch_stats.end(self._counters.snapshot(), complete=False)
         self._epoch_stats.begin(self._counters.snapshot())
+        # torch warns about an IterableDataset yielding more than len() only once the user asked len():
+        # this internal len() must not arm that warning.
+        asked = getattr(self._torch, "_IterableDataset_len_called", None)
         self._pass_batches, self._pass_length = 0, _sized_len(self)
+        if self._torch is not None:
+            self._torch._IterableDataset_len_called = asked
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
             it: Any = Sized(self._member.epoch(), len(self._member))
         else:

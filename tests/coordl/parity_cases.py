@@ -286,3 +286,13 @@ def rows_pipe() -> Any:
     from torch.utils.data.datapipes.iter import IterableWrapper
 
     return IterableWrapper([[1, 2, 3, 4], [1, 2, 3, 4, 5, 6], [5, 6, 7, 8]]).map(_plus_one).filter(_four_long)
+
+
+class Overlong(tud.IterableDataset):
+    """Says it has 6 items; every worker yields all 6 (not sharded)."""
+
+    def __iter__(self):
+        return iter(range(6))
+
+    def __len__(self) -> int:
+        return 6

@@ -24,6 +24,7 @@ from tests.coordl.parity_cases import (
     Items,
     Keyed,
     Mixed,
+    Overlong,
     RangeStream,
     Shards,
     WorkerInfo,
@@ -231,6 +232,18 @@ def test_pin_memory() -> None:
         a, b = next(iter(ours)), next(iter(theirs))
         assert a["x"].is_pinned() == b["x"].is_pinned()
         assert_same_outcomes(outcomes(ours), outcomes(theirs))
+
+
+def test_more_items_than_len_warns_only_after_len_was_asked() -> None:
+    ours, theirs = both(Overlong, batch_size=1, num_workers=2)
+    with ours:
+        for loader in (theirs, ours):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                assert sum(len(b) for b in loader) == 12  # never asked len(): no warning
+            assert len(loader) == 6
+            with pytest.warns(UserWarning, match=r"was reported to be 6.*samples have been fetched"):
+                list(loader)
 
 
 def test_len_of_iterable_dataset_with_len() -> None:
