@@ -153,13 +153,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             "user_sampler": sampler, "user_batch_sampler": batch_sampler, "partitioned": partitioned,
             "iterable": self._iterable or coordinate is not None,
         }  # fmt: skip
+        # partitioned=True without a sampler: this rank's shard sampler, the one the public face shows
+        shard = self._partitioned_sampler(sampler, batch_sampler, shuffle) if not self._iterable else sampler
         try:
             # The public face is torch's own: its checks and errors, its attributes for the user's arguments
             # (``dataset`` seen through coordl's tiers, see coordl.fetch.view), the frameworks read them.
             # By keyword: a framework that recorded this call (not coordl's) replaces arguments, never repeats one.
             super().__init__(
-                dataset=dataset if self._view is None else self._view, batch_size=batch_size, shuffle=shuffle,
-                sampler=sampler, batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
+                dataset=dataset if self._view is None else self._view, batch_size=batch_size,
+                shuffle=shuffle if shard is sampler else None, sampler=shard, batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
                 pin_memory=pin_memory, drop_last=drop_last, timeout=timeout, worker_init_fn=worker_init_fn,
                 multiprocessing_context=multiprocessing_context, generator=generator,
                 prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
@@ -184,7 +186,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
                 num_workers=num_workers, mp_context=multiprocessing_context,
             )  # fmt: skip
             # torch's default sampler (made above, with the user's generator) is the one that orders the epochs
-            order = self._partitioned_sampler(sampler, batch_sampler, shuffle)
+            order = shard
             if order is None and batch_sampler is None:
                 order = self.sampler
             self._resume = None if self._member is not None else Resume(
