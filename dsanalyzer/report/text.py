@@ -81,7 +81,7 @@ def _cpu_lines(report: dict) -> list[str]:
         line += f"; data path {params['prep_cpu_s'] * 1e3:.2f} ms CPU per sample"
     if params.get("cpu_share") is not None and "cpu_share" in params:
         cores = (report.get("machine") or {}).get("cpus", "?")
-        line += f"; the job got {params['cpu_share']:.0%} of its {cores} cores while profiled"
+        line += f"; the loader alone kept {params['cpu_share']:.0%} of its {cores} cores busy (the rest: other processes, or idle)"
     return [line]
 
 
