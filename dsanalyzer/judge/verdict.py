@@ -149,7 +149,8 @@ def recommend(model: Model) -> dict | None:
 # a partly filled MinIO cache came in below the what-if by this much; stated wherever a fix relies on one.
 PARTIAL_MINIO_NOTE = (
     "with part of the dataset in the MinIO cache, the accuracy benchmark measured runs 0.5-8.3% below "
-    "the what-if (reports/bench_whatif.md): read the prediction as an upper bound within that margin"
+    "the what-if on a quiet machine, up to 29% with one worker on a loaded one (reports/bench_whatif.md): "
+    "read the prediction as an upper bound"
 )
 
 
