@@ -98,6 +98,9 @@ class LoaderStats:
         self._epoch_stats.reset()
 
 
+# torch's worker-death and timeout errors, and a queue connection reset by a worker killed mid-batch
+_TRANSLATED = (RuntimeError, ConnectionError, EOFError)
+
 class EpochIterator:
     """One pass: drops all-skipped batches, translates torch errors, ends the epoch at the end.
 
@@ -159,7 +162,7 @@ class EpochIterator:
         line), so the iterator goes as soon as nothing else holds it.
         """
         traceback.clear_frames(error.__traceback__)
-        translated = self._translate(error, self._it) if isinstance(error, RuntimeError) else None
+        translated = self._translate(error, self._it) if isinstance(error, _TRANSLATED) else None
         if isinstance(translated, WorkerDiedError):
             self._on_error(self._it)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from typing import Any
 
 import numpy as np
@@ -127,7 +128,24 @@ def _describe_exit(exitcode: int | None, message: str) -> str:
 def translate_torch_error(
     error: RuntimeError, torch_iter: Any, watch: WorkerWatch | None, source: Any
 ) -> BaseException | None:
-    """coordl's error for one of torch's ``RuntimeError``s (a worker's death, a timeout), else None."""
+    """coordl's error for one of torch's ``RuntimeError``s (a worker's death, a timeout), else None.
+
+    A worker killed while the main process unpickles its batch (torch's file-descriptor sharing asks the
+    worker for the fd) surfaces as a ``ConnectionError`` or ``EOFError`` from the data queue: that is a
+    death too when a worker has exited (waited for briefly: the reset may arrive before the exit is seen).
+    """
+    if isinstance(error, (ConnectionError, EOFError)):
+        workers = list(getattr(torch_iter, "_workers", []))
+        deadline = time.monotonic() + 1.0
+        while workers and all(w.is_alive() for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        dead = {w.pid: w.exitcode for w in workers if not w.is_alive()}
+        if not dead:
+            return None
+        return worker_died_error(
+            RuntimeError(f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly ({error!r})"),
+            watch, source, dead,
+        )  # fmt: skip
     if is_worker_death(error):
         exitcodes = {w.pid: w.exitcode for w in getattr(torch_iter, "_workers", [])}
         return worker_died_error(error, watch, source, exitcodes)
