@@ -13,7 +13,9 @@ is :class:`coordl.ImageFolder`'s. With ``stage_dir=`` (or an ``nfs://`` pattern)
 whole through ``nfs_cache.StagedSource``: the first read of any sample of a shard copies the shard
 to local disk, later reads ``pread`` the local copy. An ``s3://`` pattern without ``stage_dir`` streams
 whole shards through :class:`coordl.objectstore.shards.ShardBuffer` (one GET per shard, not one per sample;
-pair it with :class:`coordl.data.ShardSampler` so reads stay within a few shards at a time).
+pair it with :class:`coordl.data.ShardSampler` so reads stay within a few shards at a time). With that sampler,
+each process also fetches the next shards of its stream ahead of use (``read_ahead_bytes``), so the link keeps
+working while the current shards' samples are decoded.
 
 Why this module is long: one class reads shards from three places (local, staged, bucket) behind one fetch.
 """
@@ -97,6 +99,9 @@ class TarShards(_FileSource):
         max_open_shards: shard files kept open per process.
         storage_options: endpoint and credentials for an ``s3://`` pattern (default: environment, AWS config).
         memory_shards: whole shards each process keeps in memory when streaming from a bucket.
+        read_ahead_bytes: with a :class:`coordl.ShardSampler`, bytes of the next shards each process fetches
+            from a bucket ahead of use, held apart from the ``memory_shards`` in use (None: twice the largest
+            shard, one window of the default sampler; 0: never fetch ahead). Staged shards are never fetched.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class TarShards(_FileSource):
         max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
         storage_options: dict[str, Any] | None = None,
         memory_shards: int | None = None,
+        read_ahead_bytes: int | None = None,
     ) -> None:
         super().__init__(transform, target_transform)
         if truncated not in ("raise", "skip"):
@@ -142,6 +148,13 @@ class TarShards(_FileSource):
                 f"{self._where(missing[0]) if missing else self.directory + '/*.tar'}"
             )
         self.shards = names
+        if self._buffer is not None:
+            self._buffer.sizes = {n: remote[n][0] for n in names}
+            largest = max(self._buffer.sizes.values())
+            self._buffer.ahead_bytes = 2 * largest if read_ahead_bytes is None else int(read_ahead_bytes)
+            if self._staged is not None:
+                self._buffer.is_local = self._staged.is_staged
+        self._plan = None
         indexes = [self._index(name, *remote[name]) for name in names]
         self._build_tables(indexes)
         self._init_local_state()
@@ -298,11 +311,12 @@ class TarShards(_FileSource):
         self._fds: dict[int, int] = {}
         self._fd_lock = threading.Lock()
         self._local_shards: set[int] = set()
+        self._plan_front: dict[tuple[int, int], int] = {}  # (epoch, stream) -> furthest shard read ahead from
         self._fd_pid = os.getpid()  # last: a thread that sees this pid finds the fresh state above
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for name in ("_fds", "_fd_lock", "_local_shards", "_fd_pid"):
+        for name in ("_fds", "_fd_lock", "_local_shards", "_plan_front", "_fd_pid"):
             state.pop(name, None)
         return state
 
@@ -377,6 +391,8 @@ class TarShards(_FileSource):
             raise IndexError(f"TarShards: index {index} out of range (0..{len(self.keys) - 1})")
         s = int(self._shard_of[index])
         offset, size = int(self._offsets[index]), int(self._sizes[index])
+        if self._plan is not None:
+            self._read_ahead(s)
         if self._buffer is not None and not self._has_local(s):
             data = self._buffer.slice(self.shards[s], offset, size)
             if len(data) == size:
@@ -396,6 +412,25 @@ class TarShards(_FileSource):
                 f"{where}: read {len(data)} of {size} bytes (truncated shard)", path=where, index=index
             )
         return data
+
+    def wants_shard_plan(self) -> bool:
+        """True when whole shards are streamed from a bucket and fetched ahead (see :class:`coordl.ShardSampler`)."""
+        return self._buffer is not None and self._buffer.ahead_bytes > 0
+
+    def attach_shard_plan(self, plan: Any) -> None:
+        """The sampler's :class:`~coordl.data.shard_sampler.ShardPlan`: which shards each reader reads next."""
+        self._plan = plan
+
+    def _read_ahead(self, s: int) -> None:
+        """On reaching a shard further along this reader's stream, name the shards after it to the buffer."""
+        found = self._plan.locate(s)
+        if found is None:
+            return
+        epoch, stream, position = found
+        if self._plan_front.get((epoch, stream), -1) >= position:
+            return  # samples of a window interleave: only a step forward renews the list
+        self._plan_front[(epoch, stream)] = position
+        self._buffer.want([self.shards[t] for t in self._plan.following(stream, position)])
 
     def _has_local(self, s: int) -> bool:
         """True when shard ``s`` is (or can now be) read from a local staged copy."""
@@ -446,7 +481,9 @@ class TarShards(_FileSource):
         return f"tarshards:{self.pattern}:{len(self.keys)}:{h.hexdigest()[:16]}"
 
     def close(self) -> None:
-        """Close the shard files this process holds open."""
+        """Close the shard files this process holds open and stop fetching shards ahead."""
+        if self._buffer is not None:
+            self._buffer.close()
         with self._fd_lock:
             for fd in self._fds.values():
                 os.close(fd)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import coordl
+from coordl.data.pack import pack
 from coordl.data.synth import make_dataset
 from tests.support.s3server import S3Server, s3server_missing_reason
 
@@ -34,3 +36,15 @@ def s3(image_root):
         srv.create_bucket(BUCKET)
         srv.upload_dir(image_root, BUCKET, "train")
         yield srv
+
+
+@pytest.fixture(scope="module")
+def packed(s3, image_root, tmp_path_factory):
+    """``s3://data/shards/`` (tar shards with their .idx) and ``s3://data/lmdb/train.lmdb`` in the bucket."""
+    out = tmp_path_factory.mktemp("packed")
+    tar = pack(coordl.ImageFolder(image_root), str(out / "shards"), "tar", shard_mb=0.01, progress=False)
+    assert tar.ok
+    assert pack(coordl.ImageFolder(image_root), str(out / "lmdb" / "train.lmdb"), "lmdb", progress=False).ok
+    s3.upload_dir(out / "shards", BUCKET, "shards")
+    s3.upload_dir(out / "lmdb", BUCKET, "lmdb")
+    return {"pattern": tar.pattern, "local": str(out)}

@@ -7,24 +7,11 @@ import os
 import pytest
 
 import coordl
-from coordl.data.pack import pack
 from tests.coordl.objectstore.conftest import BUCKET, N_ITEMS
 
 
 def _ident(raw: bytes) -> bytes:
     return raw
-
-
-@pytest.fixture(scope="module")
-def packed(s3, image_root, tmp_path_factory):
-    """``s3://data/shards/`` (tar shards with their .idx) and ``s3://data/lmdb/train.lmdb`` in the bucket."""
-    out = tmp_path_factory.mktemp("packed")
-    tar = pack(coordl.ImageFolder(image_root), str(out / "shards"), "tar", shard_mb=0.01, progress=False)
-    assert tar.ok
-    assert pack(coordl.ImageFolder(image_root), str(out / "lmdb" / "train.lmdb"), "lmdb", progress=False).ok
-    s3.upload_dir(out / "shards", BUCKET, "shards")
-    s3.upload_dir(out / "lmdb", BUCKET, "lmdb")
-    return {"pattern": tar.pattern, "local": str(out)}
 
 
 def _shard_count(packed) -> int:

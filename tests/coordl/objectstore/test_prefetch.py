@@ -1,0 +1,235 @@
+"""Shards fetched ahead of use: the plan's order, the byte budget, a server dying mid-fetch, close().
+
+Behaviour only, never timing: each test waits on what the buffer holds (with a generous deadline), not on sleeps.
+"""
+
+from __future__ import annotations
+
+import gc
+import glob
+import os
+import threading
+import time
+
+import pytest
+
+import coordl
+from coordl.objectstore import ObjectStore, StoreUnavailableError
+from coordl.objectstore.shards import ShardBuffer
+from tests.coordl.objectstore.conftest import BUCKET, N_ITEMS
+
+
+def _ident(raw: bytes) -> bytes:
+    return raw
+
+
+def _until(cond, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {timeout_s:g} s: {what}")
+        time.sleep(0.005)
+
+
+def _ahead_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "coordl-shard-ahead" and t.is_alive()]
+
+
+class _Recorder:
+    """A fetch that records (thread name, shard) and checks the byte bound as each GET starts."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.sizes, self.log, self.buffer, self.over = sizes, [], None, []
+
+    def __call__(self, name: str) -> bytes:
+        me = threading.current_thread().name
+        if me == "coordl-shard-ahead":
+            held = sum(self.buffer.ahead().values()) + self.sizes[name]
+            if held > self.buffer.ahead_bytes:
+                self.over.append((name, held))
+        self.log.append((me, name))
+        return bytes(self.sizes[name])
+
+
+def test_fetches_ahead_in_order_within_the_byte_budget():
+    sizes = {n: 10 for n in "abcde"}
+    rec = _Recorder(sizes)
+    buf = rec.buffer = ShardBuffer(rec, max_shards=2, ahead_bytes=25, sizes=sizes)
+    try:
+        buf.want(["a", "b", "c", "d", "e"])
+        _until(lambda: set(buf.ahead()) == {"a", "b"}, "a and b fetched ahead")
+        assert buf.get("a") == bytes(10)  # read: it leaves the ahead budget, so c fits
+        _until(lambda: set(buf.ahead()) == {"b", "c"}, "c fetched ahead after a was read")
+        assert [n for _, n in rec.log] == ["a", "b", "c"]  # d never fits while b and c wait unread
+        assert all(t == "coordl-shard-ahead" for t, _ in rec.log) and not rec.over
+        buf.get("b")
+        buf.get("c")  # from memory: no second GET
+        _until(lambda: set(buf.ahead()) == {"d", "e"}, "d and e fetched ahead")
+        assert [n for _, n in rec.log] == ["a", "b", "c", "d", "e"] and not rec.over
+    finally:
+        buf.close()
+    assert not _ahead_threads()
+
+
+def test_a_local_shard_is_never_fetched_ahead_and_a_stale_plan_gives_way():
+    sizes = {n: 10 for n in "abcd"}
+    rec = _Recorder(sizes)
+    buf = rec.buffer = ShardBuffer(rec, max_shards=2, ahead_bytes=20, sizes=sizes, is_local=lambda n: n == "b")
+    try:
+        buf.want(["a", "b", "c"])
+        _until(lambda: set(buf.ahead()) == {"a", "c"}, "a and c (b is local)")
+        buf.want(["d"])  # the next epoch's plan: a and c were never read; they make room for d
+        _until(lambda: "d" in buf.ahead(), "d fetched in place of the stale ones")
+        assert [n for _, n in rec.log] == ["a", "c", "d"] and not rec.over
+    finally:
+        buf.close()
+
+
+def _streamed(s3, packed, **kw) -> coordl.TarShards:
+    name = os.path.basename(packed["pattern"])
+    return coordl.TarShards(f"s3://{BUCKET}/shards/{name}", transform=_ident, storage_options=s3.storage_options(),
+                            **kw)  # fmt: skip
+
+
+def _plan_order(ds: coordl.TarShards, sampler: coordl.ShardSampler) -> list[str]:
+    shards = []
+    for i in sampler:
+        name = ds.shards[int(ds._shard_of[i])]
+        if name not in shards:
+            shards.append(name)
+    return shards
+
+
+def test_the_sampler_plan_drives_the_gets_in_its_order(s3, packed):
+    ds = _streamed(s3, packed, memory_shards=2)
+    sampler = coordl.ShardSampler(ds, window=1, seed=3)
+    expected = _plan_order(ds, sampler)
+    sampler.set_epoch(0)
+    rec, fetched_ahead = [], threading.Event()
+    fetch = ds._buffer.fetch
+
+    def recorded(name: str) -> bytes:
+        me = threading.current_thread().name
+        if me == "coordl-shard-ahead":
+            fetched_ahead.set()
+        elif name != expected[0]:  # the reader waits for the thread's first GET: no race decides who fetches
+            assert fetched_ahead.wait(30)
+        rec.append((me, name))
+        return fetch(name)
+
+    ds._buffer.fetch = recorded
+    try:
+        before = ds.stats()["store_requests"]
+        got = [ds[i] for i in sampler]
+        requests = ds.stats()["store_requests"] - before
+    finally:
+        ds.close()
+    local = coordl.TarShards(packed["pattern"], transform=_ident)
+    assert sorted(got) == sorted(local[i] for i in range(N_ITEMS))
+    assert sorted(n for _, n in rec) == sorted(expected) and requests == len(expected)  # each shard once
+    ahead = [expected.index(n) for t, n in rec if t == "coordl-shard-ahead"]
+    assert ahead and ahead == sorted(ahead) and ahead[0] == 1  # from the second shard on, in the plan's order
+    assert not _ahead_threads()
+
+
+def test_with_workers_every_shard_is_fetched_once_and_nothing_leaks(s3, packed):
+    ds = _streamed(s3, packed, memory_shards=2)
+    sampler = coordl.ShardSampler(ds, window=2, seed=1, batch_size=4, num_workers=2)
+    segment = sampler.plan._segment.path
+    assert os.path.exists(segment)
+    loader = coordl.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2, collate_fn=lambda b: b)
+    try:
+        for _ in range(2):
+            before = loader.stats()["store_requests"]
+            seen = sorted(x for b in loader for x in b)
+            requests = loader.stats()["store_requests"] - before
+            assert seen == sorted(coordl.TarShards(packed["pattern"], transform=_ident)[i] for i in range(N_ITEMS))
+            # one GET per shard, but for the epoch's tail, where batches may cross workers
+            assert requests <= len(ds.shards) + 2
+    finally:
+        loader.close()
+        ds.close()
+    del loader, sampler, ds
+    gc.collect()
+    assert not os.path.exists(segment)
+    assert not glob.glob(f"/dev/shm/coordl-shardplan-{os.getpid()}-*")
+
+
+def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_half_kept(image_root, tmp_path):
+    from coordl.data.pack import pack
+    from tests.support.s3server import S3Server, s3server_missing_reason
+
+    if s3server_missing_reason():
+        pytest.skip(s3server_missing_reason())
+    out = tmp_path / "shards"
+    tar = pack(coordl.ImageFolder(image_root), str(out), "tar", shard_mb=0.01, progress=False)
+    with S3Server() as srv:
+        srv.create_bucket(BUCKET)
+        srv.upload_dir(out, BUCKET, "shards")
+        stage = tmp_path / "stage"
+        ds = coordl.TarShards(f"s3://{BUCKET}/shards/{os.path.basename(tar.pattern)}", transform=_ident,
+                              storage_options=srv.storage_options(), stage_dir=stage)  # fmt: skip
+        store: ObjectStore = ds._bucket.store
+        store.attempts, store.backoff_s = 3, 0.05
+        sampler = coordl.ShardSampler(ds, window=1, seed=0)
+        order = list(sampler)
+        sampler.set_epoch(0)
+        first, second = (ds.shards[int(ds._shard_of[order[0]])], _plan_order(ds, sampler)[1])
+        started, go = threading.Event(), threading.Event()
+        fetch = ds._buffer.fetch
+
+        def gated(name: str) -> bytes:
+            if threading.current_thread().name == "coordl-shard-ahead":
+                started.set()
+                go.wait(30)
+            return fetch(name)
+
+        ds._buffer.fetch = gated
+        try:
+            sampler.plan.publish(0)
+            assert ds[order[0]]  # shard `first` read; the thread starts on `second` and waits at the gate
+            assert started.wait(30)
+            srv.kill()
+            go.set()
+            nxt = next(i for i in order if ds.shards[int(ds._shard_of[i])] == second)
+            with pytest.raises(StoreUnavailableError, match=rf"s3://{BUCKET}/shards/{second}: GET failed after 3"):
+                ds[nxt]
+            assert second not in ds._buffer.ahead()
+        finally:
+            ds.close()
+        staged = {p.name for p in stage.rglob("*") if p.is_file()}
+        assert not any(second in n for n in staged)  # no partial copy of the shard that failed
+        assert first != second
+
+
+def test_fetch_ahead_overlaps_the_gets_of_loose_files(s3, tmp_path, monkeypatch):
+    """coordl.DataLoader(fetch_ahead=4) keeps several GETs in flight in each worker (fetch is thread-safe)."""
+    log = str(tmp_path / "inflight.log")
+    real = ObjectStore.get
+    lock = threading.Lock()
+    inflight = [0]
+
+    def slow_get(self, key):  # a far store: each GET holds its thread 0.2 s
+        with lock:
+            inflight[0] += 1
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {inflight[0]}\n")
+        try:
+            time.sleep(0.2)
+            return real(self, key)
+        finally:
+            with lock:
+                inflight[0] -= 1
+
+    monkeypatch.setattr(ObjectStore, "get", slow_get)
+    ds = coordl.ImageFolder("s3://data/train", transform=_ident, storage_options=s3.storage_options())
+    with coordl.DataLoader(ds, batch_size=8, num_workers=2, fetch_ahead=4, collate_fn=lambda b: b,
+                           multiprocessing_context="fork") as loader:  # fmt: skip
+        assert sum(len(b) for b in loader) == N_ITEMS
+    peaks: dict[str, int] = {}
+    with open(log) as f:
+        for line in f:
+            pid, n = line.split()
+            peaks[pid] = max(peaks.get(pid, 0), int(n))
+    assert str(os.getpid()) not in peaks  # the workers fetched
+    assert len(peaks) == 2 and all(p >= 2 for p in peaks.values()), peaks
