@@ -49,7 +49,7 @@ def default_out_dir(name: str = "run") -> Path:
 
 
 def _storage_device(path: str | None) -> dict:
-    if not path:
+    if not path or "://" in path:  # a bucket (the report's ``source``) is on no local device
         return {"device": None, "fstype": None, "mountpoint": None}
     best = None
     real = os.path.realpath(path)
@@ -150,7 +150,8 @@ def assemble_report(
     fetch = scal_res.get("fetch", {})
     dataset = _dataset(scal_res.get("dataset", {}), fetch)
     cache_bytes = int(loader.get("cache_bytes") or 0)
-    policy = "minio" if cache_bytes > 0 else "pagecache"
+    bucket = (scal_res.get("source") or {}).get("kind") == "bucket"
+    policy = "minio" if cache_bytes > 0 or bucket else "pagecache"  # no page cache holds a bucket's objects
     if policy == "pagecache":
         if page_cache_bytes is None:
             page_cache_bytes = int(psutil.virtual_memory().available)
@@ -185,6 +186,7 @@ def assemble_report(
         "model": {},
         "whatif": {"grid": [], "to_compute_bound": {}},
         "warmup_iters": warmup,
+        "source": scal_res.get("source") or {"kind": "files" if dataset.get("path") else "unknown"},
         "prep_memory": results["prep"].get("memory", {}),
         "real_cold": results["real"].get("cold", {}),
     }

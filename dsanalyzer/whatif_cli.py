@@ -63,6 +63,14 @@ def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p.add_argument(
         "--cache-policy", choices=POLICIES, help="pagecache (LRU) or minio; default: the measured one"
     )
+    p.add_argument(
+        "--fetch-ahead", type=int,
+        help="a bucket's read-ahead threads per worker (coordl's fetch_ahead); default: as measured",
+    )  # fmt: skip
+    p.add_argument(
+        "--items-per-request", type=float,
+        help="items one bucket GET brings (tar shards: items per shard); default: as measured (1: loose files)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the prediction as JSON before the last line")
     p.set_defaults(func=run_whatif)
     return p
@@ -116,12 +124,38 @@ def _print_model_notes(model: Model, gpu_speedup: float) -> None:
             f"(CPU time in the in-memory run), in series with the step, caps the job at "
             f"{model.compute_rate(gpu_speedup):.1f} samples/s: the 'compute-bound' cells below are at that cap"
         )
+    if model.store is not None:
+        s = model.store
+        print(
+            f"source: a bucket, {s.latency_s * 1e3:.1f} ms round trip, {s.request_rate:,.0f} requests/s and "
+            f"{format_bytes(s.bandwidth_bytes_per_s)}/s at most (as probed); measured with {model.fetch_ahead} "
+            f"fetch-ahead thread(s) per worker, {model.items_per_request:g} item(s) per request; "
+            "--storage-mbps sets its bandwidth"
+        )
     if model.prep_cpu_s:
         print(
             f"cores: the data path costs {model.prep_cpu_s * 1e3:.2f} ms CPU per sample and the step "
             f"{(model.step_cpu_s or 0) * 1e3:.2f} ms per batch, on cores of which the job got "
             f"{model.cpu_share:.0%} while profiled"
         )
+
+
+def _store_args(args: argparse.Namespace, model: Model) -> dict | None:
+    """``--fetch-ahead`` and ``--items-per-request`` as predict's arguments; None (after the error) when wrong."""
+    kw = {"fetch_ahead": args.fetch_ahead, "items_per_request": args.items_per_request}
+    if (args.fetch_ahead is not None and args.fetch_ahead < 0) or (
+        args.items_per_request is not None and args.items_per_request <= 0
+    ):
+        print("dsanalyzer whatif: error: --fetch-ahead must be >= 0 and --items-per-request > 0", file=sys.stderr)
+        return None
+    if model.store is None and any(v is not None for v in kw.values()):
+        print(
+            "dsanalyzer whatif: error: --fetch-ahead and --items-per-request are for a job that reads a bucket "
+            "(this report's source is not one)",
+            file=sys.stderr,
+        )
+        return None
+    return kw
 
 
 def run_whatif(args: argparse.Namespace) -> int:
@@ -142,13 +176,9 @@ def run_whatif(args: argparse.Namespace) -> int:
     storage = args.storage_mbps * 1e6 if args.storage_mbps else model.storage_bytes_per_s
     policy = args.cache_policy or model.cache_policy
     workers = args.workers if args.workers is not None else (model.workers if args.cpus is None else None)
-    if (
-        cache < 0
-        or cpus < 1
-        or storage <= 0
-        or args.gpu_speedup <= 0
-        or (workers is not None and workers < 0)
-    ):
+    if (store_kw := _store_args(args, model)) is None:
+        return 2
+    if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0 or (workers is not None and workers < 0):
         print(
             "dsanalyzer whatif: error: --cache-gb and --workers must be >= 0, --cpus >= 1, --storage-mbps and --gpu-speedup > 0",
             file=sys.stderr,
@@ -183,7 +213,7 @@ def run_whatif(args: argparse.Namespace) -> int:
             f"note: the step's CPU is as measured with torch's {threads} intra-op thread(s); on {cpus} cores torch "
             f"defaults to {cpus}, beside the loader workers: torch.set_num_threads({threads}) keeps this prediction"
         )
-    point = model.predict(cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers)
+    point = model.predict(cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers, **store_kw)
     print(
         f"\npoint: cache {format_bytes(cache)} ({policy}, hit ratio {point.hit_ratio:.3f}), {cpus} cpus, "
         f"storage {format_bytes(storage)}/s, gpu x{args.gpu_speedup:g}: {point.samples_per_s:.1f} samples/s, "

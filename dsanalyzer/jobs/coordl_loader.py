@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["is_coordl_loader", "MemoryTier", "serve_tier"]
+__all__ = ["is_coordl_loader", "MemoryTier", "serve_tier", "fetch_ahead"]
 
 
 def is_coordl_loader(loader: Any) -> bool:
@@ -53,3 +53,19 @@ def serve_tier(loader: Any, fetch: Callable[[int], bytes]) -> Callable[[], None]
     tier = MemoryTier(fetch)
     loader.add_fetch_tier(tier)
     return lambda: loader.remove_fetch_tier(tier)
+
+
+def fetch_ahead(loader: Any) -> int:
+    """Items each worker reads ahead in background threads (coordl's ``fetch_ahead``; 0 for torch's loader).
+
+    ``DataLoader(fetch_ahead=None)`` means coordl's default for a source whose ``fetch`` is thread-safe.
+    """
+    if not is_coordl_loader(loader):
+        return 0
+    value = getattr(loader, "fetch_ahead", None)
+    if value is None:
+        from coordl.dataloader import DEFAULT_FETCH_AHEAD
+
+        thread_safe = getattr(getattr(loader, "source", None), "thread_safe_fetch", False) is True
+        value = DEFAULT_FETCH_AHEAD if thread_safe else 0
+    return int(value)

@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dsanalyzer.jobs import item_source
-from dsanalyzer.jobs.coordl_loader import is_coordl_loader
-from dsanalyzer.measure import fetchrate, itemsize, runs
+from dsanalyzer.jobs.coordl_loader import fetch_ahead, is_coordl_loader
+from dsanalyzer.measure import fetchrate, itemsize, objectstore, runs
 from dsanalyzer.measure.plan import MODES, Prepared, RunPlan
+from dsanalyzer.model.store import loader_concurrency
 
 __all__ = ["prepare", "loader_facts", "set_workers", "take_one_batch"]
 
@@ -31,6 +32,7 @@ def loader_facts(loader: Any) -> dict:
         "class": f"{type(loader).__module__}.{type(loader).__qualname__}",
         "batch_size": getattr(loader, "batch_size", None) or 1,
         "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+        "fetch_ahead": fetch_ahead(loader),
         "prefetch_factor": getattr(loader, "prefetch_factor", None),
         "cache_bytes": int(getattr(loader, "cache_bytes", 0) or 0),
         "drop_last": bool(getattr(loader, "drop_last", False)),
@@ -71,24 +73,19 @@ def _prep_scaling(
     """Dataset size, cold fetch rate, then the loader alone (items from memory) at each worker count."""
     files = item_source.loader_files(loader, plan.data_path)
     info: dict = {"dataset": item_source.dataset_info(loader, files)}
-    if not files:  # nothing lists the files: watch which files the dataset opens
+    bucket = None if plan.data_path else objectstore.find_bucket(
+        getattr(loader, "dataset", None), getattr(loader, "source", None)
+    )
+    if bucket is not None:  # an object store: probed at the loader's concurrency, not read cold as files
+        _probe_bucket(info, loader, bucket)
+    elif not files:  # nothing lists the files: watch which files the dataset opens
         traced = item_source.traced_files(loader)
         info["dataset"] = itemsize.merge(info["dataset"], traced)
         files = traced.get("files") or []
     source = item_source.find_item_source(loader)
     threads = max(1, int(getattr(loader, "num_workers", 0) or 0))
-    try:
-        # Through the item source when there is one: its fetch is what the job reads storage with
-        # (it may front a remote or rate-limited store); its files are evicted first, so reads are cold.
-        if source is not None and not plan.data_path:
-            fetchrate.evict_files(files)
-        info["fetch"] = fetchrate.measure_fetch_rate(
-            files=None if source is not None and not plan.data_path else (files or None),
-            source=source,
-            threads=threads,
-        )
-    except ValueError as e:
-        info["fetch"] = {"error": str(e)}
+    if bucket is None:
+        info["fetch"] = _cold_fetch_rate(files, source, threads, plan.data_path)
     info["memory"], undo = item_source.serve_from_memory(
         loader, _items_needed(plan, loader), plan.memory_budget_bytes, plan.data_path
     )
@@ -108,6 +105,37 @@ def _prep_scaling(
     finally:
         undo()
     return Prepared(info)
+
+
+def _cold_fetch_rate(files: list[str], source: Any, threads: int, data_path: str | None) -> dict:
+    """Files read cold, or the item source's ``fetch`` (what the job reads storage with: it may front a
+    remote or rate-limited store), its files evicted first so that reads are cold."""
+    try:
+        if source is not None and not data_path:
+            fetchrate.evict_files(files)
+        return fetchrate.measure_fetch_rate(
+            files=None if source is not None and not data_path else (files or None), source=source, threads=threads
+        )
+    except ValueError as e:
+        return {"error": str(e)}
+
+
+def _probe_bucket(info: dict, loader: Any, bucket: objectstore.BucketSource) -> None:
+    """The bucket's ``source`` section, its ``fetch`` rates at the loader's concurrency, the dataset's size."""
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    ahead = fetch_ahead(loader)
+    concurrency = loader_concurrency(workers, ahead)
+    source = objectstore.bucket_section(bucket, concurrency, ahead, workers)
+    info["source"] = source
+    info["fetch"] = source.get("fetch") or {"error": source.get("probe_error", "the bucket was not probed")}
+    avg = source.get("mean_object_bytes")
+    if avg:
+        items = int(info["dataset"].get("items") or len(bucket.keys))
+        info["dataset"] = {
+            **info["dataset"], "items": items, "avg_item_bytes": avg, "bytes": int(avg * items),
+            "path": source["url"], "size_method": f"mean object size from {source['size_method']}",
+        }  # fmt: skip
+        info["dataset"].pop("size_note", None)
 
 
 def prepare(

@@ -23,6 +23,7 @@ import numpy as np
 
 from dsanalyzer.model import search
 from dsanalyzer.model.rates import Prediction
+from dsanalyzer.model.store import loader_concurrency
 from dsanalyzer.model.whatif import Model, format_bytes
 
 __all__ = [
@@ -128,8 +129,16 @@ def recommend(model: Model) -> dict | None:
         change["num_workers"] = workers
     kw = {"cpus": model.cpus, "storage_bytes_per_s": model.storage_bytes_per_s, "workers": workers}
     at_workers = model.predict(model.cache_bytes, policy=model.cache_policy, **kw)
+    if at_workers.bound == "fetch" and model.store is not None:  # a bucket: more requests in flight first
+        ahead = search.fetch_ahead_for_rate(model, target, workers)
+        if ahead != model.fetch_ahead:
+            change["fetch_ahead"] = ahead
+            kw["fetch_ahead"] = ahead
+            at_workers = model.predict(model.cache_bytes, policy=model.cache_policy, **kw)
     if at_workers.bound == "fetch":
-        need = search.cache_bytes_for_rate(model, target, model.cpus, model.storage_bytes_per_s, "minio")
+        need = search.cache_bytes_for_rate(
+            model, target, model.cpus, model.storage_bytes_per_s, "minio", fetch_ahead=kw.get("fetch_ahead")
+        )
         if need is None:
             need = model.dataset_bytes  # the most a cache can do: everything in memory
         cache = int(min(model.dataset_bytes, math.ceil(need * _CACHE_MARGIN / 1e6) * 1e6))
@@ -176,7 +185,7 @@ def _change_text(change: dict, report: dict) -> str:
             return f"Pipeline(..., {args})"
         return f"coordl.dali.DALILoader(..., {args})"
     args = ", ".join(f"{k}={v}" for k, v in change.items())
-    if "cache_bytes" in change:
+    if "cache_bytes" in change or "fetch_ahead" in change:
         return f"coordl.DataLoader(..., {args})"
     return f"DataLoader(..., {args})"
 
@@ -291,7 +300,9 @@ def _overhead(model: Model) -> dict | None:
 def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
     bound = v["bound"]
     parts = [f"{bound}-bound: the model predicts {pred.samples_per_s:,.0f} samples/s at the measured rates"]
-    if pred.bound == "fetch":
+    if pred.bound == "fetch" and model.store is not None:
+        parts[0] += f" ({store_text(model)}, hit ratio {pred.hit_ratio:.2f})"
+    elif pred.bound == "fetch":
         parts[0] += f" (storage {format_bytes(model.storage_bytes_per_s)}/s, hit ratio {pred.hit_ratio:.2f})"
     if v["disagrees"]:
         if v["causes"]:
@@ -351,6 +362,19 @@ def _no_fix_text(model: Model, bound: str, noun: str) -> str:
     if storage:
         return f"storage at {format_bytes(storage)}/s would make it compute-bound"
     return f"no cache or storage speed on this machine makes it compute-bound; add {noun}"
+
+
+def store_text(model: Model) -> str:
+    """The bucket's fitted rates in words, at the loader's concurrency."""
+    store = model.store
+    c = loader_concurrency(model.workers, model.fetch_ahead)
+    more = store.request_rate_is_lower_bound or store.bandwidth_is_lower_bound
+    return (
+        f"a bucket: {store.latency_s * 1e3:.1f} ms round trip, {c} requests in flight "
+        f"({store.bound(c, model.avg_item_bytes, model.items_per_request)}-bound); it served "
+        f"{store.request_rate:,.0f} requests/s and {format_bytes(store.bandwidth_bytes_per_s)}/s"
+        + (" (or more: the probe did not reach its ceiling)" if more else "")
+    )
 
 
 def advice_sentence(report: dict) -> str:

@@ -116,15 +116,19 @@ def verify_result(report: dict, run: dict | list[dict], warmup: int, command: li
     loader = runs[0].get("loader") or {}
     workers = int(loader.get("num_workers", model.workers) or 0)
     cache = int(loader.get("cache_bytes") or 0)
+    ahead = loader.get("fetch_ahead")  # a bucket's read-ahead threads per worker (None: an older dsanalyzer)
+    ahead = int(ahead) if isinstance(ahead, int) else None
     change: dict = {}
     if workers != model.workers:
         change["num_workers"] = workers
+    if model.store is not None and ahead is not None and ahead != model.fetch_ahead:
+        change["fetch_ahead"] = ahead
     if cache > 0:
         change["cache_bytes"] = cache
     policy = "minio" if cache > 0 else model.cache_policy
     cache_bytes = cache if cache > 0 else model.cache_bytes
     predicted = model.predict(
-        cache_bytes, model.cpus, model.storage_bytes_per_s, policy=policy, workers=workers
+        cache_bytes, model.cpus, model.storage_bytes_per_s, policy=policy, workers=workers, fetch_ahead=ahead
     )
     each = [_measured(r, warmup) for r in runs]
     measured = statistics.median(m["samples_per_s"] for m in each)

@@ -11,6 +11,7 @@ import math
 
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.scaling import PrepScaling
+from dsanalyzer.model.store import store_fields
 
 __all__ = ["field", "positive", "main_process_costs", "model_fields"]
 
@@ -128,6 +129,9 @@ def model_fields(report: dict) -> dict:
         items_per_s = field(report, "fetch", "items_per_s", required=False)
         # per-item cost beyond bandwidth (open, request latency): what items/s shows that bytes/s does not
         overhead = 0.0 if not items_per_s else max(0.0, 1.0 / float(items_per_s) - avg / storage_bw)
+    store = store_fields(report)  # a bucket: its fitted rates replace the one bytes/s of a disk
+    if store:
+        storage_bw, overhead = store["store"].bandwidth_bytes_per_s, 0.0
     membw = field(report, "machine", "mem_bandwidth_bytes_per_s", required=False)
     policy = field(report, "cache_policy", required=False, default="pagecache")
     if policy not in POLICIES:
@@ -152,4 +156,5 @@ def model_fields(report: dict) -> dict:
         "cache_policy": policy,
         "prep_points": tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
         **main_process_costs(report, cpus),
+        **store,
     }

@@ -17,7 +17,9 @@ from dsanalyzer.model.rates import TOL
 if TYPE_CHECKING:
     from dsanalyzer.model.whatif import Model
 
-__all__ = ["default_axes", "grid", "cache_bytes_for_rate", "to_compute_bound"]
+__all__ = ["default_axes", "grid", "cache_bytes_for_rate", "fetch_ahead_for_rate", "to_compute_bound"]
+
+MAX_FETCH_AHEAD = 32  # coordl's ObjectStore keeps 32 connections per process: more threads would queue
 
 
 def default_axes(model: Model) -> tuple[list[float], list[int], list[float]]:
@@ -67,10 +69,13 @@ def _reaches(model: Model, target: float, **kw) -> bool:
 
 
 def cache_bytes_for_rate(
-    model: Model, target: float, cpus: int, storage: float, policy: str, gpu: float = 1.0
+    model: Model, target: float, cpus: int, storage: float, policy: str, gpu: float = 1.0,
+    fetch_ahead: int | None = None,
 ) -> float | None:
     """Smallest cache (bytes) that reaches ``target`` samples/s, or None when no cache does."""
     kw = {"cpus": cpus, "storage_bytes_per_s": storage, "gpu_speedup": gpu, "policy": policy}
+    if fetch_ahead is not None:
+        kw["fetch_ahead"] = fetch_ahead
     if not _reaches(model, target, cache_bytes=model.dataset_bytes, **kw):
         return None
     lo, hi = 0.0, model.dataset_bytes
@@ -80,6 +85,25 @@ def cache_bytes_for_rate(
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if _reaches(model, target, cache_bytes=mid, **kw) else (mid, hi)
     return hi
+
+
+def fetch_ahead_for_rate(model: Model, target: float, workers: int) -> int:
+    """A bucket's read-ahead per worker: the fewest threads that reach ``target``, else the fewest that get
+    within 2% of what :data:`MAX_FETCH_AHEAD` threads would (past that the store's ceiling binds)."""
+    def rate(ahead: int) -> float:
+        return model.predict(
+            model.cache_bytes, model.cpus, model.storage_bytes_per_s, policy=model.cache_policy,
+            workers=workers, fetch_ahead=ahead,
+        ).samples_per_s  # fmt: skip
+
+    if workers == 0:  # the main process reads one item at a time: no read-ahead to raise
+        return model.fetch_ahead
+    best = rate(MAX_FETCH_AHEAD)
+    for ahead in range(1, MAX_FETCH_AHEAD + 1):
+        r = rate(ahead)
+        if r >= target * (1 - TOL) or r >= best * 0.98:
+            return max(ahead, model.fetch_ahead)  # never fewer threads than the job has
+    return MAX_FETCH_AHEAD
 
 
 def _storage_for_rate(model: Model, target: float, **kw) -> float | None:

@@ -22,6 +22,7 @@ from dsanalyzer.model.cache import hit_ratio
 from dsanalyzer.model.measured import model_fields
 from dsanalyzer.model.rates import ItemCosts, Prediction, compose
 from dsanalyzer.model.scaling import PrepScaling
+from dsanalyzer.model.store import StoreModel, loader_concurrency
 
 __all__ = ["Model", "format_bytes"]
 
@@ -48,6 +49,9 @@ class Model:
     prep_cpu_s: float | None = None  # CPU per sample of the data path, all processes (None: not measured)
     cpu_share: float = 1.0  # the share of its cores the job got while profiled
     epoch_items: int | None = None  # samples one process reads per epoch (a DistributedSampler's share)
+    store: StoreModel | None = None  # an object store's fitted rates (None: files; see model/store.py)
+    fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
+    items_per_request: float = 1.0  # items one store request brings (a shard's items; 1 for loose files)
 
     @classmethod
     def from_report(cls, report: dict) -> Model:
@@ -82,6 +86,9 @@ class Model:
             "prep_cpu_s": self.prep_cpu_s,
             "cpu_share": self.cpu_share,
             "mem_bandwidth_bytes_per_s": self.mem_bandwidth_bytes_per_s,
+            "store": None if self.store is None else self.store.params(),
+            "fetch_ahead": self.fetch_ahead,
+            "items_per_request": self.items_per_request,
             "measured_at": {
                 "cpus": self.cpus,
                 "workers": self.workers,
@@ -123,11 +130,15 @@ class Model:
         gpu_speedup: float = 1.0,
         policy: str = "minio",
         workers: int | None = None,
+        fetch_ahead: int | None = None,
+        items_per_request: float | None = None,
     ) -> Prediction:
         """Predicted steady-state rate with this cache, core count, storage speed and GPU speed-up.
 
         ``workers`` defaults to ``cpus`` (one loader worker per core); 0 means loading in the main
-        process, in series with the step.
+        process, in series with the step. For an object store (``store``), ``storage_bytes_per_s`` is its
+        aggregate bandwidth, ``fetch_ahead`` the read-ahead threads per worker and ``items_per_request``
+        the items one GET brings (default: as measured).
         """
         if cpus < 1:
             raise ValueError(f"cpus must be >= 1, got {cpus}")
@@ -137,11 +148,11 @@ class Model:
         if w < 0:
             raise ValueError(f"workers must be >= 0, got {w}")
         s = self.avg_item_bytes
-        costs = ItemCosts(
-            hit_s=s / self.mem_bandwidth_bytes_per_s if self.mem_bandwidth_bytes_per_s else 0.0,
-            miss_s=s / storage_bytes_per_s,
-            miss_overhead_s=self.storage_overhead_s,
-        )
+        hit_s = s / self.mem_bandwidth_bytes_per_s if self.mem_bandwidth_bytes_per_s else 0.0
+        if self.store is not None:
+            costs = self._store_costs(hit_s, storage_bytes_per_s, w, fetch_ahead, items_per_request)
+        else:
+            costs = ItemCosts(hit_s=hit_s, miss_s=s / storage_bytes_per_s, miss_overhead_s=self.storage_overhead_s)
         return compose(
             step_per_s=self.compute_per_s * gpu_speedup,
             compute_per_s=self.compute_rate(gpu_speedup),
@@ -153,6 +164,19 @@ class Model:
             dataset_items=self.epoch_items or self.dataset_items,
             cpu_per_s=self.cpu_rate(cpus),
         )
+
+    def _store_costs(
+        self, hit_s: float, bandwidth: float, workers: int, fetch_ahead: int | None, items_per_request: float | None
+    ) -> ItemCosts:
+        """A miss from a bucket: its aggregate cost at the loader's concurrency (model/store.py), and what one
+        worker waits beyond it when nothing reads ahead (its own round trip is then not hidden by its prep)."""
+        store = self.store if bandwidth == self.storage_bytes_per_s else self.store.with_bandwidth(bandwidth)
+        ahead = self.fetch_ahead if fetch_ahead is None else int(fetch_ahead)
+        k = self.items_per_request if items_per_request is None else float(items_per_request)
+        s = self.avg_item_bytes
+        miss_s = 1.0 / store.items_per_s(loader_concurrency(workers, ahead), s, k)
+        own_s = store.request_s(s * k) / k
+        return ItemCosts(hit_s=hit_s, miss_s=miss_s, miss_overhead_s=0.0 if ahead > 0 and workers > 0 else max(0.0, own_s - miss_s))
 
     def predict_measured(self) -> Prediction:
         """The prediction at the configuration that was measured (a self-check against ``observed``)."""

@@ -10,6 +10,7 @@ import html
 
 from dsanalyzer.judge.verdict import workers_noun
 from dsanalyzer.model.whatif import format_bytes
+from dsanalyzer.report.text import source_line
 
 __all__ = ["summary_table", "verdict_block", "verify_block"]
 
@@ -68,6 +69,7 @@ def summary_table(report: dict) -> str:
             f"memory bandwidth {format_bytes(machine.get('mem_bandwidth_bytes_per_s'))}/s",
         ),
         ("Storage", _storage(machine)),
+        *([("Source", source_line(report))] if source_line(report) else []),
         *([("Training step", str(machine["compute_note"]))] if machine.get("compute_note") else []),
         ("Dataset", _dataset(report.get("dataset") or {})),
         (

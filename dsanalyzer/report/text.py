@@ -5,7 +5,7 @@ Both read only the report (a dict): what they print is in report.json too.
 
 from __future__ import annotations
 
-__all__ = ["summary_text", "verify_text"]
+__all__ = ["summary_text", "verify_text", "source_line"]
 
 
 def _ms(x: float | None) -> str:
@@ -34,6 +34,9 @@ def summary_text(report: dict) -> str:
         for what, key in (("storage", "storage_note"), ("step", "compute_note"))
         if machine.get(key)
     ]
+    source = source_line(report)
+    if source:
+        lines.append(f"source: {source}")
     cells = []
     for key, label in (("compute", "compute"), ("prep_stall", "prep stall"), ("fetch_stall", "fetch stall")):
         sp = spread.get(key, {})
@@ -65,6 +68,35 @@ def summary_text(report: dict) -> str:
     lines.append(f"stalls as measured: {report['bound']}-bound")
     lines.append(f"verdict: {report.get('advice', '')}".rstrip())
     return "\n".join(lines)
+
+
+def source_line(report: dict) -> str:
+    """Where the items come from when that is a bucket: the bucket, its objects, the probe and the fitted store
+    ("" for files)."""
+    src = report.get("source") or {}
+    if src.get("kind") != "bucket":
+        return ""
+    text = (
+        f"bucket {src.get('url')} at {src.get('endpoint') or 'the default endpoint'}, {src.get('objects', '?')} objects"
+    )
+    if src.get("mean_object_bytes"):
+        text += f" of {src['mean_object_bytes'] / 1e3:,.1f} kB on average"
+    if src.get("probe_error"):
+        return f"{text}; not probed: {src['probe_error']}"
+    m, check = src.get("model") or {}, src.get("check") or {}
+    lower = m.get("request_rate_is_lower_bound") or m.get("bandwidth_is_lower_bound")
+    text += (
+        f"; probed: {m.get('latency_s', 0) * 1e3:.1f} ms round trip, one stream {m.get('stream_bytes_per_s', 0) / 1e6:,.1f} MB/s, "
+        f"{m.get('request_rate', 0):,.0f} requests/s and {m.get('bandwidth_bytes_per_s', 0) / 1e6:,.1f} MB/s"
+        + (" or more (ceiling not reached)" if lower else " at most")
+    )
+    if check:
+        text += (
+            f"; at the loader's {check['concurrency']} requests in flight the model gives "
+            f"{check['predicted_items_per_s']:,.1f} items/s, the probe measured {check['measured_items_per_s']:,.1f} "
+            f"({check['error']:+.1%}, spread ±{check['spread']:.0%}, {check['bound']}-bound)"
+        )
+    return text
 
 
 def _cpu_lines(report: dict) -> list[str]:

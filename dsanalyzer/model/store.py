@@ -1,0 +1,154 @@
+"""An object store's fetch rate: requests per second and bytes per second, at the loader's concurrency.
+
+A bucket answers each GET after a round trip, whatever its size, and its link (or its servers) carry only so
+many bytes and so many requests per second. So, unlike a local disk, a bucket's rate depends on how many
+requests the loader keeps in flight (``concurrency``: its workers, times coordl's ``fetch_ahead`` threads in
+each) and on how many items one request brings (1 for loose files, a shard's items for tar shards)::
+
+    request_s(b)    = latency_s + b / stream_bytes_per_s            one request of b bytes, alone
+    per_request(b)  = 1 / request_rate + b / bandwidth_bytes_per_s  the store's aggregate cost of one request
+    requests/s      = min(concurrency / request_s(b), 1 / per_request(b))
+    items/s         = requests/s * items_per_request, with b = item_bytes * items_per_request
+
+that is, a batch's fetch time is max(its requests x the round trip / concurrency, its requests / the request
+rate + its bytes / the bandwidth). The four parameters come from :func:`fit`, over the probe of
+:mod:`dsanalyzer.measure.objectstore`: GETs of whole objects and of 1-byte ranges, one at a time (the round
+trip and one stream's speed) and many at once (the store's request and byte ceilings). A ceiling the probe
+did not reach (its rate still grew with concurrency) is a lower bound and says so (``*_is_lower_bound``).
+
+Pure functions over numbers: nothing here opens a connection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+__all__ = ["StoreModel", "fit", "store_fields", "loader_concurrency"]
+
+_SATURATED = 0.8  # a rate below this share of concurrency / round trip: the store's ceiling was reached
+
+
+@dataclass(frozen=True)
+class StoreModel:
+    """The fitted store: round trip, one stream's bytes/s, and the aggregate request and byte ceilings."""
+
+    latency_s: float
+    stream_bytes_per_s: float
+    request_rate: float
+    bandwidth_bytes_per_s: float
+    request_rate_is_lower_bound: bool = False
+    bandwidth_is_lower_bound: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("latency_s", "stream_bytes_per_s", "request_rate", "bandwidth_bytes_per_s"):
+            value = getattr(self, name)
+            if not (value > 0) or math.isnan(value):
+                raise ValueError(f"StoreModel: {name} must be a positive number, got {value}")
+
+    def request_s(self, nbytes: float) -> float:
+        """Seconds one request of ``nbytes`` takes with nothing else in flight."""
+        return self.latency_s + nbytes / self.stream_bytes_per_s
+
+    def requests_per_s(self, concurrency: float, nbytes: float) -> float:
+        """Requests of ``nbytes`` per second with ``concurrency`` in flight: latency- or ceiling-bound."""
+        if concurrency <= 0:
+            raise ValueError(f"concurrency must be positive, got {concurrency}")
+        ceiling = 1.0 / (1.0 / self.request_rate + nbytes / self.bandwidth_bytes_per_s)
+        return min(concurrency / self.request_s(nbytes), ceiling)
+
+    def items_per_s(self, concurrency: float, item_bytes: float, items_per_request: float = 1.0) -> float:
+        """Items per second: requests per second times the items each request brings."""
+        if items_per_request <= 0:
+            raise ValueError(f"items_per_request must be positive, got {items_per_request}")
+        return self.requests_per_s(concurrency, item_bytes * items_per_request) * items_per_request
+
+    def bound(self, concurrency: float, item_bytes: float, items_per_request: float = 1.0) -> str:
+        """What limits the store's rate here: ``latency`` (more concurrency helps), ``requests`` or ``bytes``."""
+        b = item_bytes * items_per_request
+        if concurrency / self.request_s(b) <= self.requests_per_s(concurrency, b) * (1 + 1e-9):
+            return "latency"
+        return "requests" if 1.0 / self.request_rate >= b / self.bandwidth_bytes_per_s else "bytes"
+
+    def with_bandwidth(self, bandwidth_bytes_per_s: float) -> StoreModel:
+        """The same store behind a link of another speed (one stream never faster than the link)."""
+        stream = min(self.stream_bytes_per_s, bandwidth_bytes_per_s)
+        return StoreModel(
+            self.latency_s, stream, self.request_rate, bandwidth_bytes_per_s,
+            self.request_rate_is_lower_bound, False,
+        )  # fmt: skip
+
+    def params(self) -> dict:
+        return asdict(self)
+
+
+def fit(points: list[dict], item_bytes: float) -> StoreModel:
+    """The store's parameters from probe points.
+
+    Each point: ``concurrency``, ``request_bytes`` (payload per GET), ``requests_per_s`` and ``latency_s``
+    (the median seconds one GET took). Needed: one point of full objects and one of tiny ranges at
+    concurrency 1 (round trip and stream speed), and the same two at the highest concurrency probed (the
+    ceilings); ``item_bytes`` is the mean object size.
+    """
+    if item_bytes <= 0:
+        raise ValueError(f"item_bytes must be positive, got {item_bytes}")
+    one = [p for p in points if p["concurrency"] == 1]
+    top_c = max((p["concurrency"] for p in points), default=0)
+    top = [p for p in points if p["concurrency"] == top_c]
+    small1, full1 = _pair(one, "concurrency 1")
+    small_top, full_top = _pair(top, f"concurrency {top_c}")
+    # One at a time: T(b) = latency + b / stream, from a tiny range and a whole object.
+    extra_bytes = full1["request_bytes"] - small1["request_bytes"]
+    extra_s = full1["latency_s"] - small1["latency_s"]  # a whole object's transfer beyond the tiny one's
+    stream = extra_bytes / extra_s if extra_s > 0 and extra_bytes > 0 else 1e15  # too fast to see at this size
+    latency = max(small1["latency_s"] - small1["request_bytes"] / stream, 1e-9)
+    # Many at once: 1 / X(b) = 1 / R + b / B, from the same two sizes.
+    per_byte_s = (1.0 / full_top["requests_per_s"] - 1.0 / small_top["requests_per_s"]) / max(extra_bytes, 1e-9)
+    per_request_s = 1.0 / small_top["requests_per_s"] - small_top["request_bytes"] * max(per_byte_s, 0.0)
+    request_rate = 1.0 / per_request_s if per_request_s > 0 else small_top["requests_per_s"]
+    if per_byte_s > 0:
+        bandwidth = 1.0 / per_byte_s
+    else:  # the whole objects came as fast as tiny ranges: the bytes were never the limit seen
+        bandwidth = full_top["requests_per_s"] * full_top["request_bytes"]
+    # A ceiling is measured only where the rate fell short of what the round trips alone allow.
+    r_lower = small_top["requests_per_s"] >= _SATURATED * top_c / (latency + small_top["request_bytes"] / stream)
+    full_s = latency + full_top["request_bytes"] / stream
+    b_lower = full_top["requests_per_s"] >= _SATURATED * top_c / full_s or per_byte_s <= 0
+    return StoreModel(latency, stream, request_rate, bandwidth, r_lower, b_lower)
+
+
+def _pair(points: list[dict], where: str) -> tuple[dict, dict]:
+    if len(points) < 2:
+        raise ValueError(f"store fit: the probe needs a tiny-range and a whole-object point at {where}")
+    ordered = sorted(points, key=lambda p: p["request_bytes"])
+    small, full = ordered[0], ordered[-1]
+    for p in (small, full):
+        if not (p["requests_per_s"] > 0 and p["latency_s"] > 0):
+            raise ValueError(f"store fit: a probe point at {where} measured no request: {p}")
+    return small, full
+
+
+def loader_concurrency(workers: int, fetch_ahead: int) -> int:
+    """Requests a loader keeps in flight: each worker's read-ahead threads (or the worker itself); loading in
+    the main process (0 workers) reads one item at a time."""
+    return max(1, int(workers) * max(1, int(fetch_ahead)))
+
+
+def store_fields(report: dict) -> dict:
+    """The what-if model's store arguments from a report's ``source`` (empty for a source that is not a bucket)."""
+    source = report.get("source") or {}
+    if source.get("kind") != "bucket":
+        return {}
+    params = source.get("model")
+    if not isinstance(params, dict) or "latency_s" not in params:
+        raise ValueError(
+            "report.json: the source is a bucket but source.model (the store's fitted rates) is missing: "
+            f"{source.get('probe_error') or 're-run dsanalyzer profile'}"
+        )
+    keys = ("latency_s", "stream_bytes_per_s", "request_rate", "bandwidth_bytes_per_s",
+            "request_rate_is_lower_bound", "bandwidth_is_lower_bound")  # fmt: skip
+    return {
+        "store": StoreModel(**{k: params[k] for k in keys if k in params}),
+        "fetch_ahead": int(source.get("fetch_ahead") or 0),
+        "items_per_request": float(source.get("items_per_request") or 1.0),
+    }
