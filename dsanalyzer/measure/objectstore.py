@@ -238,8 +238,11 @@ def probe_bucket(
     }
 
 
-def bucket_section(bucket: BucketSource, loader_concurrency: int, fetch_ahead: int, workers: int) -> dict:
-    """The report's ``source`` for a bucket: where it is, what it holds, the probe and the fitted store."""
+def bucket_section(
+    bucket: BucketSource, loader_concurrency: int, fetch_ahead: int, workers: int, budget_s: float = 1.5
+) -> dict:
+    """The report's ``source`` for a bucket: where it is, what it holds, the probe (``budget_s`` per point)
+    and the fitted store."""
     out: dict[str, Any] = {
         "kind": "bucket",
         "url": f"s3://{bucket.bucket}/{bucket.prefix}".rstrip("/"),
@@ -252,7 +255,7 @@ def bucket_section(bucket: BucketSource, loader_concurrency: int, fetch_ahead: i
         "items_per_request": 1.0,
     }
     try:
-        probe = probe_bucket(bucket, loader_concurrency)
+        probe = probe_bucket(bucket, loader_concurrency, budget_s=budget_s)
     except Exception as e:  # noqa: BLE001 - a store that cannot be probed leaves a note, not a lost profile
         out["probe_error"] = f"{type(e).__name__}: {e}"
         return out
