@@ -13,7 +13,7 @@ setup(
             "coordl.data._cropjpeg",
             ["coordl/data/_jpeg/cropjpeg.c"],
             libraries=["jpeg"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,
         )
     ]

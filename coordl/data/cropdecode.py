@@ -18,6 +18,9 @@ truncated files raise ``CorruptItemError`` exactly as before): non-JPEG bytes, C
 that do not end in the EOI marker (truncated ones), and any libjpeg error or warning while decoding
 the box. Corruption inside the entropy-coded rows *below* a box is not seen by that box's decode; a
 later crop that covers it, or a full decode, reports it.
+
+The same extension holds the recipe's last step, :data:`to_chw_float` (None when it is not built):
+``[flip +] ToTensor + Normalize`` of the resized crop in one pass (see ``transforms._ToTensorNormalize``).
 """
 
 from __future__ import annotations
@@ -38,9 +41,13 @@ else:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AVAILABLE", "jpeg_size", "dct_denom", "decode_crop"]
+__all__ = ["AVAILABLE", "jpeg_size", "dct_denom", "decode_crop", "to_chw_float"]
 
 AVAILABLE = _cropjpeg is not None
+# to_chw_float(src, height, width, out, scale0, scale1, scale2, shift0, shift1, shift2, flip): src a
+# C-contiguous HWC uint8 RGB buffer, out a writable float32 CHW one; out[c] = src[..., c] * scale[c] +
+# shift[c] (the multiply and the add rounded separately, as torch's mul_ then add_), mirrored when flip.
+to_chw_float = getattr(_cropjpeg, "to_chw_float", None)  # None also for a stale build without it
 _warned = False
 _EOI = b"\xff\xd9"
 

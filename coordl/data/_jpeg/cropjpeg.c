@@ -25,6 +25,7 @@
 #include <Python.h>
 
 #include <setjmp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -178,10 +179,100 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
     return Py_BuildValue("(NII)", out, (unsigned int)rows, (unsigned int)cols);
 }
 
+/* ---- The last stages of the training recipe: [flip +] ToTensor + Normalize in one pass. ----
+ *
+ * to_chw_float(src, height, width, out, scale0, scale1, scale2, shift0, shift1, shift2, flip) -> None
+ *   src: C-contiguous HWC uint8 RGB (height x width x 3); out: writable float32 buffer of 3 x height x
+ *   width (CHW). out[c][y][x] = src[y][x'][c] * scale[c] + shift[c], x' = width - 1 - x when flip.
+ * Why: torch does this as a strided uint8 -> float copy of the permuted HWC view, then a multiply and an
+ * add over the 600 KB float tensor (three passes, the first with 3-byte strides: ~0.06 ms for 224x224
+ * here); this is one pass. The multiply and the add round separately (the module is compiled with
+ * -ffp-contract=off), so the result is bit-identical to torch's mul_ then add_ on the float32 values.
+ */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define CHW_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CHW_CLONES
+#endif
+
+/* One row, left to right (vectorized by gcc: the grouped 3-byte loads become shuffles). */
+CHW_CLONES
+static void chw_float_row(const unsigned char *restrict s, float *restrict r0, float *restrict r1,
+                          float *restrict r2, size_t w, const float *restrict k, const float *restrict b)
+{
+    const float k0 = k[0], k1 = k[1], k2 = k[2], b0 = b[0], b1 = b[1], b2 = b[2];
+    for (size_t x = 0; x < w; x++) {
+        r0[x] = (float)s[3 * x] * k0 + b0;
+        r1[x] = (float)s[3 * x + 1] * k1 + b1;
+        r2[x] = (float)s[3 * x + 2] * k2 + b2;
+    }
+}
+
+/* dst = src mirrored (a reversed contiguous load: vectorized, unlike a grouped reversed store). */
+CHW_CLONES
+static void reverse_floats(const float *restrict src, float *restrict dst, size_t w)
+{
+    for (size_t x = 0; x < w; x++)
+        dst[x] = src[w - 1 - x];
+}
+
+/* tmp: 3 * w floats of scratch, used only when flip. */
+static void chw_float_rows(const unsigned char *src, float *out, float *tmp, size_t h, size_t w,
+                           const float *k, const float *b, int flip)
+{
+    for (size_t y = 0; y < h; y++) {
+        const unsigned char *s = src + y * w * 3;
+        float *r0 = out + y * w, *r1 = r0 + h * w, *r2 = r1 + h * w;
+        if (!flip) {
+            chw_float_row(s, r0, r1, r2, w, k, b);
+            continue;
+        }
+        chw_float_row(s, tmp, tmp + w, tmp + 2 * w, w, k, b);
+        reverse_floats(tmp, r0, w);
+        reverse_floats(tmp + w, r1, w);
+        reverse_floats(tmp + 2 * w, r2, w);
+    }
+}
+
+static PyObject *to_chw_float(PyObject *self, PyObject *args)
+{
+    Py_buffer src, out;
+    Py_ssize_t h, w;
+    float k[3], b[3];
+    int flip;
+    if (!PyArg_ParseTuple(args, "y*nnw*ffffffp", &src, &h, &w, &out, &k[0], &k[1], &k[2], &b[0], &b[1],
+                          &b[2], &flip))
+        return NULL;
+    if (h <= 0 || w <= 0 || src.len != h * w * 3 || out.len != h * w * 3 * (Py_ssize_t)sizeof(float)) {
+        PyErr_Format(PyExc_ValueError,
+                     "to_chw_float: %zd source bytes and %zd output bytes do not fit a %zdx%zd RGB image",
+                     src.len, out.len, h, w);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    float *tmp = flip ? PyMem_RawMalloc((size_t)w * 3 * sizeof(float)) : NULL;
+    if (flip && tmp == NULL) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    chw_float_rows((const unsigned char *)src.buf, (float *)out.buf, tmp, (size_t)h, (size_t)w, k, b, flip);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(tmp);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, top, left, height, width, denom, fastdct) -> (bytearray, rows, cols)\n\n"
      "The RGB pixels of a box of a JPEG (full-resolution coordinates) at scale 1/denom."},
+    {"to_chw_float", to_chw_float, METH_VARARGS,
+     "to_chw_float(src, height, width, out, scale0, scale1, scale2, shift0, shift1, shift2, flip) -> None\n\n"
+     "HWC uint8 RGB -> CHW float32 x * scale + shift per channel, mirrored left-right when flip."},
     {NULL, NULL, 0, NULL},
 };
 
