@@ -157,6 +157,7 @@ def _run_point(read: Callable[[str], int], keys: list[str], concurrency: int, bu
             f.result()
     elapsed = max(time.perf_counter() - start, 1e-9)
     lat = sorted(d[1] for d in done)
+    rates = _window_rates(done, start, elapsed)
     nbytes = sum(d[2] for d in done)
     return {
         "concurrency": concurrency,
@@ -167,7 +168,8 @@ def _run_point(read: Callable[[str], int], keys: list[str], concurrency: int, bu
         "latency_s": statistics.median(lat) if lat else 0.0,
         "latency_p10_s": lat[len(lat) // 10] if lat else 0.0,
         "latency_p90_s": lat[(len(lat) * 9) // 10] if lat else 0.0,
-        "window_rates": _window_rates(done, start, elapsed),
+        "window_rates": rates,
+        "spread": _spread(rates),
     }
 
 
@@ -178,6 +180,12 @@ def _window_rates(done: list[tuple[float, float, int]], start: float, elapsed: f
     for end, _s, _n in done:
         counts[min(_WINDOWS - 1, int((end - start) / width))] += 1
     return [c / width for c in counts]
+
+
+def _spread(rates: list[float]) -> float:
+    """The largest distance of a window's rate from their median, relative to the median."""
+    med = statistics.median(rates) if rates else 0.0
+    return max(med - min(rates), max(rates) - med) / med if med > 0 else 0.0
 
 
 def probe_bucket(
@@ -211,9 +219,7 @@ def probe_bucket(
     item_bytes = check_point["request_bytes"]
     model = fit(points, item_bytes)
     predicted = model.items_per_s(own, item_bytes)
-    rates = check_point["window_rates"]
-    med = statistics.median(rates)
-    spread = max(med - min(rates), max(rates) - med) / med if med > 0 else 0.0
+    spread = check_point["spread"]
     error = check_point["requests_per_s"] / predicted - 1
     return {
         "points": points,

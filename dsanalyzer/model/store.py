@@ -6,12 +6,14 @@ requests the loader keeps in flight (``concurrency``: its workers, times coordl'
 each) and on how many items one request brings (1 for loose files, a shard's items for tar shards)::
 
     request_s(b)    = latency_s + b / stream_bytes_per_s            one request of b bytes, alone
-    per_request(b)  = 1 / request_rate + b / bandwidth_bytes_per_s  the store's aggregate cost of one request
-    requests/s      = min(concurrency / request_s(b), 1 / per_request(b))
+    requests/s      = min(concurrency / request_s(b), request_rate, bandwidth_bytes_per_s / b)
     items/s         = requests/s * items_per_request, with b = item_bytes * items_per_request
 
-that is, a batch's fetch time is max(its requests x the round trip / concurrency, its requests / the request
-rate + its bytes / the bandwidth). The four parameters come from :func:`fit`, over the probe of
+that is, a batch's fetch time is the longest of its requests x the round trip / concurrency, its requests /
+the request rate and its bytes / the bandwidth. The request and byte ceilings are separate resources (the
+server's work per request, the link's bytes) that work side by side, hence a min and not a sum: on a local
+moto server with 2 kB objects, whole objects and 1-byte ranges both ran at ~230 GETs/s with 8 in flight, so a
+summed cost would have halved the predicted rate. The four parameters come from :func:`fit`, over the probe of
 :mod:`dsanalyzer.measure.objectstore`: GETs of whole objects and of 1-byte ranges, one at a time (the round
 trip and one stream's speed) and many at once (the store's request and byte ceilings). A ceiling the probe
 did not reach (its rate still grew with concurrency) is a lower bound and says so (``*_is_lower_bound``).
@@ -27,6 +29,7 @@ from dataclasses import asdict, dataclass
 __all__ = ["StoreModel", "fit", "store_fields", "loader_concurrency"]
 
 _SATURATED = 0.8  # a rate below this share of concurrency / round trip: the store's ceiling was reached
+_NOISE_FLOOR = 0.05  # two rates closer than this (or than their own spread) are the same rate
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class StoreModel:
         """Requests of ``nbytes`` per second with ``concurrency`` in flight: latency- or ceiling-bound."""
         if concurrency <= 0:
             raise ValueError(f"concurrency must be positive, got {concurrency}")
-        ceiling = 1.0 / (1.0 / self.request_rate + nbytes / self.bandwidth_bytes_per_s)
+        ceiling = min(self.request_rate, self.bandwidth_bytes_per_s / max(nbytes, 1e-9))
         return min(concurrency / self.request_s(nbytes), ceiling)
 
     def items_per_s(self, concurrency: float, item_bytes: float, items_per_request: float = 1.0) -> float:
@@ -68,7 +71,7 @@ class StoreModel:
         b = item_bytes * items_per_request
         if concurrency / self.request_s(b) <= self.requests_per_s(concurrency, b) * (1 + 1e-9):
             return "latency"
-        return "requests" if 1.0 / self.request_rate >= b / self.bandwidth_bytes_per_s else "bytes"
+        return "requests" if self.request_rate <= self.bandwidth_bytes_per_s / max(b, 1e-9) else "bytes"
 
     def with_bandwidth(self, bandwidth_bytes_per_s: float) -> StoreModel:
         """The same store behind a link of another speed (one stream never faster than the link)."""
@@ -85,10 +88,16 @@ class StoreModel:
 def fit(points: list[dict], item_bytes: float) -> StoreModel:
     """The store's parameters from probe points.
 
-    Each point: ``concurrency``, ``request_bytes`` (payload per GET), ``requests_per_s`` and ``latency_s``
-    (the median seconds one GET took). Needed: one point of full objects and one of tiny ranges at
-    concurrency 1 (round trip and stream speed), and the same two at the highest concurrency probed (the
-    ceilings); ``item_bytes`` is the mean object size.
+    Each point: ``concurrency``, ``request_bytes`` (payload per GET), ``requests_per_s``, ``latency_s`` (the
+    median seconds one GET took) and optionally ``spread`` (the relative spread of its rate over windows of the
+    probe: its noise). Needed: one point of full objects and one of tiny ranges at concurrency 1 (round trip
+    and stream speed), and the same two at the highest concurrency probed (the ceilings); ``item_bytes`` is
+    the mean object size.
+
+    * request rate: the tiny ranges' rate at the top concurrency; a lower bound when that rate is still what
+      the round trips alone allow (the store was not saturated);
+    * bandwidth: the whole objects' bytes/s at the top concurrency when they came measurably slower than tiny
+      ranges (beyond both points' noise: the bytes bound them); else that bytes/s is a lower bound.
     """
     if item_bytes <= 0:
         raise ValueError(f"item_bytes must be positive, got {item_bytes}")
@@ -102,18 +111,15 @@ def fit(points: list[dict], item_bytes: float) -> StoreModel:
     extra_s = full1["latency_s"] - small1["latency_s"]  # a whole object's transfer beyond the tiny one's
     stream = extra_bytes / extra_s if extra_s > 0 and extra_bytes > 0 else 1e15  # too fast to see at this size
     latency = max(small1["latency_s"] - small1["request_bytes"] / stream, 1e-9)
-    # Many at once: 1 / X(b) = 1 / R + b / B, from the same two sizes.
-    per_byte_s = (1.0 / full_top["requests_per_s"] - 1.0 / small_top["requests_per_s"]) / max(extra_bytes, 1e-9)
-    per_request_s = 1.0 / small_top["requests_per_s"] - small_top["request_bytes"] * max(per_byte_s, 0.0)
-    request_rate = 1.0 / per_request_s if per_request_s > 0 else small_top["requests_per_s"]
-    if per_byte_s > 0:
-        bandwidth = 1.0 / per_byte_s
-    else:  # the whole objects came as fast as tiny ranges: the bytes were never the limit seen
-        bandwidth = full_top["requests_per_s"] * full_top["request_bytes"]
-    # A ceiling is measured only where the rate fell short of what the round trips alone allow.
-    r_lower = small_top["requests_per_s"] >= _SATURATED * top_c / (latency + small_top["request_bytes"] / stream)
+    request_rate = small_top["requests_per_s"]
+    r_lower = request_rate >= _SATURATED * top_c / (latency + small_top["request_bytes"] / stream)
+    noise = max(_NOISE_FLOOR, small_top.get("spread") or 0.0, full_top.get("spread") or 0.0)
+    bandwidth = full_top["requests_per_s"] * full_top["request_bytes"]
     full_s = latency + full_top["request_bytes"] / stream
-    b_lower = full_top["requests_per_s"] >= _SATURATED * top_c / full_s or per_byte_s <= 0
+    b_lower = (
+        full_top["requests_per_s"] >= small_top["requests_per_s"] * (1 - noise)  # no slower than tiny ranges
+        or full_top["requests_per_s"] >= _SATURATED * top_c / full_s  # or still what the round trips allow
+    )
     return StoreModel(latency, stream, request_rate, bandwidth, r_lower, b_lower)
 
 

@@ -52,7 +52,7 @@ def test_latency_bound_rate_grows_with_concurrency_until_the_bytes_bind():
     assert STORE.items_per_s(2, ITEM) == pytest.approx(2 * one)
     assert STORE.bound(1, ITEM) == "latency"
     many = STORE.items_per_s(64, ITEM)
-    assert many == pytest.approx(1 / (1 / 400 + ITEM / 12.5e6))  # the link's bytes, plus the per-request cost
+    assert many == pytest.approx(12.5e6 / ITEM)  # the link's bytes
     assert STORE.bound(64, ITEM) == "bytes"
 
 
@@ -100,7 +100,7 @@ def test_the_fetch_stage_is_the_stores_rate_at_the_loaders_concurrency_and_a_cac
     p = model.predict_measured()
     assert p.stage_rates["fetch"] == pytest.approx(STORE.items_per_s(4, ITEM))
     half = model.predict(model.dataset_bytes / 2, model.cpus, model.storage_bytes_per_s, policy="minio")
-    assert half.stage_rates["fetch"] == pytest.approx(2 * p.stage_rates["fetch"], rel=1e-3)
+    assert half.stage_rates["fetch"] == pytest.approx(2 * p.stage_rates["fetch"], rel=3e-3)  # hits: a memory copy
     more = model.predict(0, model.cpus, model.storage_bytes_per_s, policy="minio", fetch_ahead=8)
     assert more.stage_rates["fetch"] == pytest.approx(STORE.items_per_s(16, ITEM))
     shards = model.predict(0, model.cpus, model.storage_bytes_per_s, policy="minio", items_per_request=50)
