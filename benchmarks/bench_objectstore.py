@@ -49,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GET_PRICE_PER_1000 = 0.0004  # USD, S3 Standard GET/SELECT, us-east-1 public price list
 BUCKET = "bench"
 CONFIGS = ("torch+s3fs", "litdata", "mosaic", "coordl", "coordl-tar")
+# also runnable with --configs: coordl-tar without fetching shards ahead (what the previous version did)
+EXTRA_CONFIGS = ("coordl-tar-noahead",)
 PEERS = ("litdata", "mosaic")
 CROP = 64
 
@@ -68,10 +70,23 @@ def prep(raw: bytes):
 
 
 def _wire() -> dict:
-    """The delay proxy's request/byte counts (it flushes every 20 ms; wait for the last chunk)."""
+    """The delay proxy's request/byte counts (it flushes every 20 ms; wait for the last chunk), and the CPU seconds
+    the server and the proxy have used so far (they share the loaders' cores on this machine)."""
     time.sleep(0.15)
     with open(os.environ["BENCH_PROXY_STATS"]) as f:
-        return json.load(f)
+        out = json.load(f)
+    out["server_cpu"] = sum(_cpu_seconds(int(p)) for p in os.environ.get("BENCH_SERVER_PIDS", "").split(",") if p)
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process, from /proc (stdlib only: this runs in both venvs)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _epochs(loader, epochs: int, count) -> None:
@@ -83,8 +98,8 @@ def _epochs(loader, epochs: int, count) -> None:
         seconds = time.perf_counter() - t0
         w1 = _wire()
         print(json.dumps({"epoch": epoch, "seconds": seconds, "samples": n,
-                          "requests": w1["requests"] - w0["requests"], "bytes": w1["bytes"] - w0["bytes"]}),
-              flush=True)  # fmt: skip
+                          "requests": w1["requests"] - w0["requests"], "bytes": w1["bytes"] - w0["bytes"],
+                          "server_cpu": w1["server_cpu"] - w0["server_cpu"]}), flush=True)  # fmt: skip
 
 
 class _S3fsFiles:
@@ -128,13 +143,14 @@ def _child(cfg: dict) -> None:
         ds = coordl.ImageFolder(f"s3://{BUCKET}/images", transform=prep, storage_options=opts)
         with coordl.DataLoader(ds, shuffle=True, cache_bytes=half, **kw) as loader:
             _epochs(loader, epochs, lambda b: len(b[1]))
-    elif name == "coordl-tar":
+    elif name in ("coordl-tar", "coordl-tar-noahead"):
         import coordl
 
         stage = tempfile.mkdtemp(prefix=cfg["shm_prefix"], dir="/dev/shm")
         try:
+            ahead = {"read_ahead_bytes": 0} if name.endswith("noahead") else {}  # default: two shards
             ds = coordl.TarShards(f"s3://{BUCKET}/shards", transform=prep, storage_options=opts,
-                                  stage_dir=stage, stage_budget_bytes=half, memory_shards=4)  # fmt: skip
+                                  stage_dir=stage, stage_budget_bytes=half, memory_shards=4, **ahead)  # fmt: skip
             sampler = coordl.ShardSampler(ds, window=2, seed=0, batch_size=kw["batch_size"],
                                           num_workers=kw["num_workers"])  # fmt: skip
             with coordl.DataLoader(ds, sampler=sampler, **kw) as loader:
@@ -223,6 +239,10 @@ def _prepare(args, work: Path) -> dict:
     from coordl.data.pack import pack
     from coordl.data.synth import make_dataset
 
+    key = {"n": args.n, "size": args.size, "shard_mb": args.shard_mb, "peers": bool(args.peers_python)}
+    done = work / "prepared.json"
+    if done.exists() and json.loads(done.read_text())["key"] == key:  # --work: made by an earlier run
+        return json.loads(done.read_text())["prepared"]
     w, h = (int(v) for v in args.size.split("x"))
     images = make_dataset(work / "images", n=args.n, classes=10, width=w, height=h, seed=0, workers=2)
     base = coordl.ImageFolder(images)
@@ -246,13 +266,16 @@ def _prepare(args, work: Path) -> dict:
             if res.returncode:
                 print(f"{cfg}: conversion failed:\n{res.stderr[-2000:]}", file=sys.stderr)
     data_bytes = sum(os.path.getsize(p) for p in paths)
-    return {"images": str(images), "data_bytes": data_bytes, "peers": peers, "shim": str(work / "shim"),
-            "work": str(work)}  # fmt: skip
+    prepared = {"images": str(images), "data_bytes": data_bytes, "peers": peers, "shim": str(work / "shim"),
+                "work": str(work)}  # fmt: skip
+    done.write_text(json.dumps({"key": key, "prepared": prepared}))
+    return prepared
 
 
 def _run(name: str, args, srv, prepared: dict, stats_file: str) -> list[dict]:
     peer = name in PEERS
-    env = dict(os.environ, **srv.env(), BENCH_PROXY_STATS=stats_file, S3_ENDPOINT_URL=srv.endpoint)
+    env = dict(os.environ, **srv.env(), BENCH_PROXY_STATS=stats_file, S3_ENDPOINT_URL=srv.endpoint,
+               BENCH_SERVER_PIDS=",".join(str(p) for p in srv.pids()))  # fmt: skip
     if peer:  # the shim for Mosaic's torchvision import; plain HTTP for LitData's obstore path (local server)
         env.update(PYTHONPATH=prepared["shim"], AWS_ALLOW_HTTP="true")
     cfg = {"name": name, "epochs": args.epochs, "half_bytes": prepared["data_bytes"] // 2, "env": srv.env(),
@@ -275,28 +298,42 @@ def _run(name: str, args, srv, prepared: dict, stats_file: str) -> list[dict]:
     return rows
 
 
-def _table(results: dict, args, prepared: dict) -> str:
-    d = prepared["data_bytes"]
-    bound = args.rate_mbit * 1e6 / 8  # bytes/s the link carries
+def _bound(args, data_bytes: int, epoch: int) -> float:
+    """samples/s when the link does nothing but carry the bytes the epoch must fetch: all of them in epoch 1,
+    the half that a 50% cache cannot hold from epoch 2 on."""
+    must = data_bytes if epoch == 1 else data_bytes - data_bytes // 2
+    return args.n * (args.rate_mbit * 1e6 / 8) / must
+
+
+def _table(results: dict, args, data_bytes: int) -> str:
+    """Medians over the runs of each loader, per epoch; rates from the median seconds."""
+    d, link = data_bytes, args.rate_mbit * 1e6 / 8
     lines = [f"dataset: {args.n} JPEGs, {d / 1e6:.1f} MB; link {args.rate_mbit:g} Mbit/s, RTT {args.rtt_ms:g} ms; "
-             f"cache/local budget {d / 2e6:.1f} MB (50%); medians of {args.rounds} round(s)", "",
-             "| loader | epoch | samples/s | requests | MB from store | GET cost (USD) | s/epoch |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             f"cache/local budget {d / 2e6:.1f} MB (50%); medians over the runs (n = runs per loader)", "",
+             "| loader | epoch | n | samples/s | bytes bound | fraction of bytes bound | link busy | requests | "
+             "MB from store | GET cost (USD) | server CPU (of 2 cores) | s/epoch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, runs in results.items():
         if not runs:
-            lines.append(f"| {name} | - | did not run (see report) | | | | |")
+            lines.append(f"| {name} | - | 0 | did not run (see report) | | | | | | | | |")
             continue
         for e in range(args.epochs):
             rows = [r[e] for r in runs if len(r) > e]
             if not rows:
-                lines.append(f"| {name} | {e + 1} | not reached in {args.run_timeout_s:g} s | | | | |")
+                lines.append(f"| {name} | {e + 1} | 0 | not reached in {args.run_timeout_s:g} s | | | | | | | | |")
                 continue
-            med = {k: statistics.median(r[k] for r in rows) for k in ("seconds", "samples", "requests", "bytes")}
-            lines.append(f"| {name} | {e + 1} | {med['samples'] / med['seconds']:.0f} | {med['requests']:.0f} | "
-                         f"{med['bytes'] / 1e6:.1f} | {med['requests'] * GET_PRICE_PER_1000 / 1000:.5f} | "
-                         f"{med['seconds']:.1f} |")  # fmt: skip
-    lines += ["", f"bytes bound at 50% cached: {args.n / (d / 2 / bound):.0f} samples/s; "
-              f"no cache: {args.n / (d / bound):.0f} samples/s"]  # fmt: skip
+            med = {k: statistics.median(r.get(k, 0) for r in rows)
+                   for k in ("seconds", "samples", "requests", "bytes")}  # fmt: skip
+            rate, bound = med["samples"] / med["seconds"], _bound(args, d, e + 1)
+            busy = statistics.median(r["bytes"] / link / r["seconds"] for r in rows)
+            cpu = statistics.median(r.get("server_cpu", 0) / r["seconds"] / 2 for r in rows)
+            lines.append(f"| {name} | {e + 1} | {len(rows)} | {rate:.0f} | {bound:.0f} | {rate / bound:.2f} | "
+                         f"{busy:.0%} | {med['requests']:.0f} | {med['bytes'] / 1e6:.1f} | "
+                         f"{med['requests'] * GET_PRICE_PER_1000 / 1000:.5f} | {cpu:.0%} | {med['seconds']:.1f} |")
+    lines += ["", f"bytes bound: the link ({link / 1e6:.1f} MB/s) carrying only what the epoch must fetch: "
+              f"{_bound(args, d, 1):.0f} samples/s in epoch 1 (all {d / 1e6:.1f} MB), {_bound(args, d, 2):.0f} "
+              f"from epoch 2 (the uncached {(d - d // 2) / 1e6:.1f} MB); link busy: bytes on the wire / "
+              "(link rate x epoch seconds)"]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -315,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="400 JPEGs of 250x188, 2 epochs, 1 MB shards")
     p.add_argument("--run-timeout-s", type=float, default=600.0, help="per loader; finished epochs are kept")
     p.add_argument("--json", help="write the raw per-epoch results here")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="print one table of several runs' --json files")
+    p.add_argument("--work", help="keep the generated data here and reuse it in later runs (default: a temp dir)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--convert", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -325,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         fmt, listing, out, shard_bytes = args.convert
         _convert(fmt, listing, out, int(shard_bytes))
         return 0
+    if args.merge:
+        return _merge(args.merge)
     if args.quick:
         args.n, args.size, args.epochs, args.shard_mb = 400, "250x188", 2, 1.0
     if os.geteuid() != 0:
@@ -333,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from tests.support.s3server import S3Server
 
-    work = Path(tempfile.mkdtemp(prefix="bench-objstore-"))
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-objstore-"))
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; uptime: "
+          f"{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}", flush=True)
     try:
         prepared = _prepare(args, work)
         stats_file = str(work / "proxy.json")
@@ -354,12 +397,28 @@ def main(argv: list[str] | None = None) -> int:
                         results[name].append(rows)
                     print(f"round {r + 1} {name}: " + ", ".join(
                         f"{x['samples'] / x['seconds']:.0f}/s {x['requests']} req" for x in rows), flush=True)
-        print(_table(results, args, prepared))
+        print(_table(results, args, prepared["data_bytes"]))
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), "data_bytes": prepared["data_bytes"],
                                                    "results": results}, indent=1))  # fmt: skip
+        print(f"uptime after: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _merge(paths: list[str]) -> int:
+    """One table over several runs' ``--json`` files (the same data and link; loaders may differ per file)."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    args = argparse.Namespace(**docs[0]["args"])
+    results: dict[str, list] = {}
+    for doc in docs:
+        if doc["data_bytes"] != docs[0]["data_bytes"] or doc["args"]["n"] != args.n:
+            raise SystemExit(f"{paths[docs.index(doc)]}: another dataset than {paths[0]}")
+        for name, runs in doc["results"].items():
+            results.setdefault(name, []).extend(runs)
+    print(_table(results, args, docs[0]["data_bytes"]))
     return 0
 
 

@@ -432,6 +432,12 @@ class TarShards(_FileSource):
         self._plan_front[(epoch, stream)] = position
         self._buffer.want([self.shards[t] for t in self._plan.following(stream, position)])
 
+    def local_shards(self) -> list[int]:
+        """Shards read from a local staged copy (none when nothing is staged), for :class:`coordl.ShardSampler`."""
+        if self._staged is None:
+            return []
+        return [s for s, name in enumerate(self.shards) if self._staged.is_staged(name)]
+
     def _has_local(self, s: int) -> bool:
         """True when shard ``s`` is (or can now be) read from a local staged copy."""
         if self._staged is None:

@@ -124,6 +124,10 @@ class S3Server:
             config=Config(max_pool_connections=16, retries={"max_attempts": 8, "mode": "standard"}),
         )  # fmt: skip
 
+    def pids(self) -> list[int]:
+        """The server's and the delay proxy's process ids (a benchmark reads their CPU use from /proc)."""
+        return [p.pid for p in (self._server, self._proxy) if p is not None]
+
     def create_bucket(self, bucket: str) -> None:
         self.client().create_bucket(Bucket=bucket)
 

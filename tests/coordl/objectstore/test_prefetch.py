@@ -186,7 +186,6 @@ def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_
 
         ds._buffer.fetch = gated
         try:
-            sampler.plan.publish(0)
             assert ds[order[0]]  # shard `first` read; the thread starts on `second` and waits at the gate
             assert started.wait(30)
             srv.kill()
@@ -233,3 +232,63 @@ def test_fetch_ahead_overlaps_the_gets_of_loose_files(s3, tmp_path, monkeypatch)
             peaks[pid] = max(peaks.get(pid, 0), int(n))
     assert str(os.getpid()) not in peaks  # the workers fetched
     assert len(peaks) == 2 and all(p >= 2 for p in peaks.values()), peaks
+
+
+def test_locals_last_moves_staged_shards_to_the_end_of_a_stream():
+    from coordl.data.shard_sampler import locals_last
+
+    assert locals_last([5, 1, 7, 2, 9], {1, 2}, 2) == [5, 9, 7, 2, 1]
+    assert locals_last([5, 1, 7], set(), 2) == [5, 1, 7]
+    assert locals_last([1, 2], {1}, 2) == [1, 2]  # no remote shard before the tail to swap with
+
+
+def test_from_epoch_2_the_tail_that_workers_share_is_read_from_staged_shards(s3, packed, tmp_path):
+    name = os.path.basename(packed["pattern"])
+    sizes = [os.path.getsize(os.path.join(packed["local"], "shards", n))
+             for n in sorted(os.listdir(os.path.join(packed["local"], "shards"))) if n.endswith(".tar")]
+    ds = coordl.TarShards(f"s3://{BUCKET}/shards/{name}", transform=_ident, storage_options=s3.storage_options(),
+                          stage_dir=tmp_path / "stage", stage_budget_bytes=sum(sizes) // 2)  # fmt: skip
+    sampler = coordl.ShardSampler(ds, window=2, seed=5, batch_size=3, num_workers=2)
+    loader = coordl.DataLoader(ds, batch_size=3, sampler=sampler, num_workers=2, collate_fn=lambda b: b)
+    try:
+        for epoch in range(3):
+            before = loader.stats()["store_requests"]
+            assert sum(len(b) for b in loader) == N_ITEMS
+            if epoch:  # every shard not staged, once: none twice
+                assert loader.stats()["store_requests"] - before == len(ds.shards) - len(ds.local_shards())
+    finally:
+        loader.close()
+        ds.close()
+
+
+class _Uneven:
+    """Shards of 7, 3, 9, 4, 8, 5, 6, 2 samples; ``staged`` of them local."""
+
+    def __init__(self, staged: set[int]) -> None:
+        counts = [7, 3, 9, 4, 8, 5, 6, 2]
+        starts = [sum(counts[:i]) for i in range(len(counts) + 1)]
+        self.ranges = list(zip(starts[:-1], starts[1:], strict=True))
+        self.staged = staged
+
+    def shard_ranges(self):
+        return self.ranges
+
+    def local_shards(self):
+        return sorted(self.staged)
+
+    def shard_of(self, i: int) -> int:
+        return next(s for s, (a, b) in enumerate(self.ranges) if a <= i < b)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_no_remote_shard_is_read_by_two_workers_when_staged_ones_can_take_the_tail(seed):
+    staged = {0, 2, 4, 6}
+    ds = _Uneven(staged)
+    batch, workers = 2, 2
+    order = list(coordl.ShardSampler(ds, window=2, seed=seed, batch_size=batch, num_workers=workers))
+    readers: dict[int, set[int]] = {}
+    for j in range(0, len(order), batch):  # torch: batch j goes to worker j % workers
+        for i in order[j : j + batch]:
+            readers.setdefault(ds.shard_of(i), set()).add((j // batch) % workers)
+    assert sorted(order) == list(range(44))
+    assert all(len(readers[s]) == 1 for s in readers if s not in staged), readers

@@ -53,9 +53,11 @@ def test_coordinated_jobs_fetch_each_object_once(s3, tmp_path):
         assert p.exitcode == 0
     assert results[0][0] == results[1][0] and len(results[0][0]) == N_ITEMS // 4  # the same batches
     # each object fetched once for both jobs (two independent loaders: 2 x 24), plus the group creator's probe
-    # batch that sizes the shared slots (item 0, batch_size times)
+    # batch that sizes the shared slots (item 0, batch_size times); on a loaded machine a job that waits too
+    # long for its peer's batch preps it itself (seen: 37 requests with other tests running), so the bound is
+    # "fewer than two independent loaders", not the exact count
     total = results[0][1] + results[1][1]
-    assert N_ITEMS <= total <= N_ITEMS + 2 * 4 < 2 * N_ITEMS
+    assert N_ITEMS <= total < 2 * N_ITEMS
 
 
 def test_partitioned_cache_over_a_bucket(s3, image_root):
