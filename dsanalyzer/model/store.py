@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-__all__ = ["StoreModel", "fit", "store_fields", "loader_concurrency"]
+__all__ = ["StoreModel", "fit", "store_fields", "loader_concurrency", "miss_costs"]
 
 _SATURATED = 0.8  # a rate below this share of concurrency / round trip: the store's ceiling was reached
 _NOISE_FLOOR = 0.05  # two rates closer than this (or than their own spread) are the same rate
@@ -138,6 +138,31 @@ def loader_concurrency(workers: int, fetch_ahead: int) -> int:
     """Requests a loader keeps in flight: each worker's read-ahead threads (or the worker itself); loading in
     the main process (0 workers) reads one item at a time."""
     return max(1, int(workers) * max(1, int(fetch_ahead)))
+
+
+def miss_costs(
+    store: StoreModel, item_bytes: float, h: float, workers: int, fetch_ahead: int, items_per_request: float,
+    batch_size: int,
+) -> tuple[float, float]:  # fmt: skip
+    """Seconds per missed item: the store's aggregate cost at the loader's concurrency, and what one worker
+    waits beyond it (``ItemCosts.miss_s`` and ``miss_overhead_s`` of :mod:`dsanalyzer.model.rates`).
+
+    Without read-ahead (torch's loader, ``fetch_ahead=0``, or loading in the main process) a worker waits each
+    request's whole round trip itself. With coordl's read-ahead the threads fetch only the items of the worker's
+    current batch, so a batch with at least one miss (probability ``1 - h**B``) still waits about one round trip
+    before its first miss can be prepped: spread over the batch's misses, that is the worker's extra wait. With
+    a warm cache (``h`` near 1) this, not the store's rate, is what a bucket costs.
+    """
+    k = items_per_request
+    miss_s = 1.0 / store.items_per_s(loader_concurrency(workers, fetch_ahead), item_bytes, k)
+    own_s = store.request_s(item_bytes * k) / k
+    if fetch_ahead <= 0 or workers <= 0:
+        return miss_s, max(0.0, own_s - miss_s)
+    if h >= 1.0:
+        return miss_s, 0.0
+    batch_requests = max(1.0, batch_size / k)
+    exposed = (1.0 - h**batch_requests) * store.request_s(item_bytes * k)  # per batch
+    return miss_s, exposed / (batch_size * (1.0 - h))
 
 
 def store_fields(report: dict) -> dict:
