@@ -27,6 +27,7 @@ from functools import partial, wraps
 from typing import Any
 
 from dsanalyzer.jobs import comm
+from dsanalyzer.measure import threads
 from dsanalyzer.measure.hookconfig import ENV_MODE, HookConfig
 from dsanalyzer.measure.plan import MODES
 from dsanalyzer.measure.recorder import RunComplete, RunRecorder
@@ -36,7 +37,7 @@ __all__ = ["ProbeState", "TimedIterator", "install_from_env", "patch_loader_clas
            "patch_dali_iterator_class"]  # fmt: skip
 
 # nvidia.dali.plugin.pytorch: where DALI 2.x defines DALIGenericIterator and its __next__
-_TARGET_MODULES = ("torch.utils.data.dataloader", "coordl.dataloader", "coordl.dali.loader",
+_TARGET_MODULES = ("torch", "torch.utils.data.dataloader", "coordl.dataloader", "coordl.dali.loader",
                    "nvidia.dali.plugin.pytorch", "torch.nn.parallel.distributed")  # fmt: skip
 _LOADER_CLASSES = ("DataLoader", "DALILoader")
 
@@ -248,6 +249,9 @@ def patch_ddp_class(cls: type) -> None:
 
 def _patch_module(module: Any) -> None:
     names = vars(module)  # not getattr: a module's lazy __getattr__ must not import anything here
+    if module.__name__ == "torch":  # imported whole (its docs attached): the script has not run a line
+        threads.watch(module)
+        return
     for name in _LOADER_CLASSES:
         if isinstance(names.get(name), type):
             patch_loader_class(names[name])

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from dsanalyzer.judge.verdict import advice_sentence
+from dsanalyzer.judge.verdict import advice_sentence, threads_note
 from dsanalyzer.model import search
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.comm import CommModel
@@ -207,12 +207,10 @@ def run_whatif(args: argparse.Namespace) -> int:
         f"storage {format_bytes(need['storage_bytes_per_s_needed'])}/s"
     )
     print(advice_sentence(report))
-    threads = (report.get("loader") or {}).get("torch_threads")
-    if isinstance(threads, int) and threads == model.cpus and cpus > model.cpus and model.workers > 0:
-        print(
-            f"note: the step's CPU is as measured with torch's {threads} intra-op thread(s); on {cpus} cores torch "
-            f"defaults to {cpus}, beside the loader workers: torch.set_num_threads({threads}) keeps this prediction"
-        )
+    note = threads_note(model, cpus, cpus if workers is None else workers, cache_bytes=cache,
+                        storage_bytes_per_s=storage, gpu_speedup=args.gpu_speedup, policy=policy, **store_kw)  # fmt: skip
+    if note:
+        print(f"note: {note}")
     point = model.predict(cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers, **store_kw)
     print(
         f"\npoint: cache {format_bytes(cache)} ({policy}, hit ratio {point.hit_ratio:.3f}), {cpus} cpus, "

@@ -18,6 +18,7 @@ The verdict is a consequence of the numbers, in three steps:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,6 +35,7 @@ __all__ = [
     "other_cpu_cores",
     "is_dali",
     "workers_noun",
+    "threads_note",
 ]
 
 _FEW_ITERS_SPREAD = 0.15  # a block-rate spread above this: the run was too short (or too noisy) to read
@@ -249,15 +251,26 @@ def _more_cores(report: dict, model: Model, pred: Prediction) -> dict:
         "rises": more.samples_per_s > pred.samples_per_s * 1.02,
         "note": None,
     }
-    threads = (report.get("loader") or {}).get("torch_threads")
-    if isinstance(threads, int) and threads == model.cpus and model.workers > 0:  # torch's default: one per core
-        out["note"] = (
-            f"the what-if keeps the step's CPU as measured, with torch's {threads} intra-op thread(s) in the "
-            f"main process; on {cpus} cores torch defaults to {cpus}, which share the cores with the loader "
-            f"workers (and on a busy machine spin while waiting for each other): call "
-            f"torch.set_num_threads({threads}) in the training script for this prediction to hold"
-        )
+    out["note"] = threads_note(model, cpus, cpus)
     return out
+
+
+def threads_note(model: Model, cpus: int, workers: int, **predict_kw) -> str | None:
+    """What torch's default intra-op threads cost on ``cpus`` cores beside ``workers`` workers, and the
+    rate with one thread (None when the prediction charges no spinning threads: see model/cores.py)."""
+    spin = model.spin_cores(cpus, workers)
+    if spin <= 0:
+        return None
+    kw = {"cache_bytes": model.cache_bytes, "storage_bytes_per_s": model.storage_bytes_per_s,
+          "policy": model.cache_policy, **predict_kw}  # fmt: skip
+    now = model.predict(cpus=cpus, workers=workers, **kw).samples_per_s
+    one = replace(model, torch_threads=1, threads_follow_cores=False).predict(cpus=cpus, workers=workers, **kw)
+    return (
+        f"on {cpus} cores torch runs {cpus} intra-op threads in the main process (its default follows the "
+        f"cores); between the step's parallel regions the idle ones spin, holding about {spin:.2f} of the "
+        f"cores the loader workers need: the what-if counts that ({now:,.0f} samples/s); "
+        f"torch.set_num_threads(1) in the training script would give {one.samples_per_s:,.0f} samples/s"
+    )
 
 
 def _bound_note(report: dict, model: Model, pred: Prediction, stated: str) -> str:

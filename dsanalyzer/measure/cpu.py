@@ -29,8 +29,23 @@ def main_process_section(results: dict[str, dict], warmup: int, workers: int, sc
         "receive_cpu_s_per_batch": None,
         "step_cpu_s_per_batch": compute["step_s"] if compute else None,
         "method": "CPU time: the main thread's inside __next__ (the in-memory run), the process's during "
-        "the step (the compute run); waiting for workers and waiting for a core cost none",
+        "the step (the compute run); waiting for workers and waiting for a core cost none; "
+        "job_cpu_s_per_sample: the real run's CPU (main process and workers, its reads included) over its "
+        "samples (job_cpu_run: the in-memory run's when the real run has none)",
     }
+    for mode in ("prep", "real"):  # the real run last: the job as it runs, reading its files, wins
+        run = results.get(mode) or {}
+        job = run.get("job_cpu") or {}
+        if job.get("cpu_s_per_sample"):  # workers and main process together, as they ran side by side
+            out["job_cpu_s_per_sample"] = job["cpu_s_per_sample"]
+            out["job_cpu_run"] = "in-memory" if mode == "prep" else "real"
+            out["job_main_cpu_s_per_batch"] = job.get("main_cpu_s_per_batch")
+            out["job_cpu_share"] = job.get("cpu_share")
+            if mode == "prep":
+                out["in_memory_job_cpu_s_per_sample"] = job["cpu_s_per_sample"]
+        for key in ("torch_threads", "threads_follow_cores", "threads_fixed_by", "step_device"):
+            if key in run:
+                out[key] = run[key]
     if workers > 0 and prep:
         out["receive_cpu_s_per_batch"] = prep["receive_s"]
     else:

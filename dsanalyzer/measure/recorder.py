@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dsanalyzer.measure import threads
 from dsanalyzer.measure.hookconfig import HookConfig
 from dsanalyzer.measure.timeline import Timeline
 
@@ -40,12 +41,14 @@ class RunRecorder:
         self.remaining = cfg.warmup + cfg.iters
         self.measure_from: float | None = None  # when the first measured (post-warm-up) batch was asked for
         self._last_progress = 0.0
+        self._cpu_from: tuple[float, float, float] | None = None  # (wall, main CPU, workers' CPU) then
 
     def next_batch(self, pull: Callable[[], Any], items_of: Callable[[Any], int]) -> Any:
         """One batch from ``pull``, its wait recorded; :class:`RunComplete` once the run has enough."""
         self.timeline.next_started()
         if self.measure_from is None and self.remaining <= self.cfg.iters:
             self.measure_from = time.monotonic()
+            self._cpu_from = (time.perf_counter(), *_job_cpu())
         if self.remaining <= 0 and time.monotonic() - self.measure_from >= self.cfg.min_seconds:
             raise RunComplete
         try:
@@ -89,6 +92,30 @@ class RunRecorder:
                 total = max(total, self.cfg.warmup + math.ceil(measured * self.cfg.min_seconds / elapsed))
         return done, max(done, total)
 
+    def _job_cpu_section(self) -> dict | None:
+        """What the measured batches cost the job in CPU: the main process (all its threads) per batch,
+        the main process and its workers together per sample, and that CPU over wall time x cores."""
+        if self._cpu_from is None:
+            return None
+        wall = time.perf_counter() - self._cpu_from[0]
+        main, workers = _job_cpu()
+        main, workers = main - self._cpu_from[1], workers - self._cpu_from[2]
+        measured = self.timeline.batch_items[self.cfg.warmup :]
+        samples, batches = sum(measured), len(measured)
+        if samples <= 0 or wall <= 0:
+            return None
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cores = os.cpu_count() or 1
+        return {
+            "main_cpu_s_per_batch": main / batches,
+            "cpu_s_per_sample": (main + workers) / samples,
+            "cpu_share": (main + workers) / (wall * cores),
+            "cores": cores,
+            "batches": batches,
+        }
+
     def write_result(self, status: str, info: dict) -> None:
         """Write ``result-<pid>.json``: the recorded run, ``info`` (what preparing the run found) after it."""
         if self.cfg.mode != "prep_scaling":  # its progress counts the scaling iterations, already final
@@ -109,6 +136,8 @@ class RunRecorder:
             "step_cpu_s": tl.step_cpu_s,
             "starts_s": tl.starts,
             "t0_unix_s": None if tl.t0 is None else time.time() - (time.perf_counter() - tl.t0),
+            "job_cpu": self._job_cpu_section(),
+            **threads.facts(),
             "rank": int(os.environ.get("RANK", "0") or 0),
             "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
             **info,
@@ -118,3 +147,25 @@ class RunRecorder:
         with open(tmp, "w") as f:
             json.dump(result, f)
         os.replace(tmp, path)
+
+
+def _job_cpu() -> tuple[float, float]:
+    """(this process's CPU on every thread, its children's): reaped children through ``RUSAGE_CHILDREN``
+    (torch joins an epoch's workers), live ones read now; nothing is read per batch."""
+    import resource
+
+    import psutil  # lazy: the import hook loads this module into every profiled process
+
+    live = 0.0
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        children = []
+    for child in children:
+        try:
+            t = child.cpu_times()
+        except psutil.Error:  # exited between the listing and the read: its CPU is in RUSAGE_CHILDREN once reaped
+            continue
+        live += t.user + t.system
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time(), live + reaped.ru_utime + reaped.ru_stime

@@ -58,6 +58,11 @@ def main_process_costs(report: dict, cpus: int) -> dict:
     * ``cpu_share``: the job's CPU over wall time x cores in that run (below 1: other processes held
       some of the cores), so that CPU seconds become wall seconds as this machine gave them.
 
+    * ``job_cpu_s``: the real run's CPU per sample, main process and workers together as they ran
+      side by side, reads included (``main_process.job_cpu_s_per_sample``); the model prefers it.
+    * ``torch_threads``, ``threads_follow_cores``, ``step_on_cpu``: what decides how many cores torch's
+      idle intra-op threads hold on more cores (:mod:`~dsanalyzer.model.cores`).
+
     A report without them (an older dsanalyzer, a hand-written report) gets 0 / None: then the model
     has no per-batch cost and no shared-core limit, as before these were measured.
     """
@@ -67,6 +72,10 @@ def main_process_costs(report: dict, cpus: int) -> dict:
         "step_cpu_s": _number(mp.get("step_cpu_s_per_batch")),
         "prep_cpu_s": None,
         "cpu_share": 1.0,
+        "job_cpu_s": _number(mp.get("job_cpu_s_per_sample")) or None,
+        "torch_threads": int(mp["torch_threads"]) if _number(mp.get("torch_threads")) else None,
+        "threads_follow_cores": bool(mp.get("threads_follow_cores")),
+        "step_on_cpu": mp.get("step_device", "cpu") == "cpu",
     }
     scaling = field(report, "prep_scaling", required=False) or {}
     ks = scaling.get("workers") or []

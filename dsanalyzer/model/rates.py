@@ -19,7 +19,8 @@ The job is a pipeline of stages and runs at the rate of its slowest one (Plumber
 * Shared cores: every sample costs the job's processes CPU, ``prep_cpu_s`` in the data path (the
   workers, and the main process receiving) plus ``step_cpu_s / B`` of the main process's own step
   work (its host side; all of a CPU step). ``c`` cores, of which the job gets the share ``a`` that
-  the profile measured, run at most ``C = a * c / (prep_cpu_s + step_cpu_s / B)`` samples/s. On a
+  the profile measured, run at most ``C = a * c / (prep_cpu_s + step_cpu_s / B)`` samples/s, less
+  the cores torch's spinning intra-op threads hold (:mod:`~dsanalyzer.model.cores`). On a
   GPU the step leaves the cores to prep and ``C`` is about ``P(c)``; on a small machine with a CPU
   step the main process takes a core from the workers and ``C`` binds: that is prep stall (more
   cores raise it), not a fixed cost of the main process.

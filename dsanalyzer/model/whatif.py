@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dsanalyzer.model import cores
 from dsanalyzer.model.cache import hit_ratio
 from dsanalyzer.model.measured import model_fields
 from dsanalyzer.model.rates import ItemCosts, Prediction, compose
@@ -48,6 +49,10 @@ class Model:
     step_cpu_s: float | None = None  # the main process's CPU per step (None: not measured)
     prep_cpu_s: float | None = None  # CPU per sample of the data path, all processes (None: not measured)
     cpu_share: float = 1.0  # the share of its cores the job got while profiled
+    job_cpu_s: float | None = None  # CPU per sample of the whole job as it ran (the real run), all processes
+    torch_threads: int | None = None  # torch's intra-op threads in the main process while profiled
+    threads_follow_cores: bool = False  # torch's default: as many intra-op threads as cores
+    step_on_cpu: bool = True  # the step runs on the CPU (its intra-op threads spin between regions)
     epoch_items: int | None = None  # samples one process reads per epoch (a DistributedSampler's share)
     store: StoreModel | None = None  # an object store's fitted rates (None: files; see model/store.py)
     fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
@@ -71,7 +76,7 @@ class Model:
         """JSON-ready model parameters (what report.json stores under ``model``)."""
         return {
             "formula": "min(1/(1/(G*gpu_speedup) + batch_overhead_s/(a*B)), 1/(h*s/membw + (1-h)*s/storage_bw), "
-            "w/(t_fetch + w/P(min(w,c))), a*c/(prep_cpu_s + step_cpu_s/B))",
+            "w/(t_fetch + w/P(min(w,c))), (a*c - spin(c, w))/job_cpu_s)",
             "dataset_items": self.dataset_items,
             "epoch_items": self.epoch_items,
             "avg_item_bytes": self.avg_item_bytes,
@@ -85,6 +90,10 @@ class Model:
             "step_cpu_s": self.step_cpu_s,
             "prep_cpu_s": self.prep_cpu_s,
             "cpu_share": self.cpu_share,
+            "job_cpu_s": self.job_cpu_s,
+            "torch_threads": self.torch_threads,
+            "threads_follow_cores": self.threads_follow_cores,
+            "step_on_cpu": self.step_on_cpu,
             "mem_bandwidth_bytes_per_s": self.mem_bandwidth_bytes_per_s,
             "store": None if self.store is None else self.store.params(),
             "fetch_ahead": self.fetch_ahead,
@@ -102,12 +111,26 @@ class Model:
         own = self.batch_overhead_s / (self.cpu_share * self.batch_size)
         return 1.0 / (1.0 / (self.compute_per_s * gpu_speedup) + own)
 
-    def cpu_rate(self, cpus: int) -> float:
-        """Samples/s the job's CPU work fits in on ``cpus`` cores (infinite when it was not measured)."""
+    def cpu_per_sample(self) -> float | None:
+        """CPU seconds per sample of the job's processes with one intra-op thread (None: not measured).
+
+        The real run's measured CPU when it ran one thread; else (a profile on more cores with torch's threads
+        spinning in it) the loader alone's CPU per sample plus the step's over the batch."""
+        if self.job_cpu_s and (self.torch_threads or 1) <= 1:
+            return self.job_cpu_s
         if not self.prep_cpu_s:
-            return math.inf
-        per_sample = self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
-        return self.cpu_share * cpus / per_sample
+            return self.job_cpu_s
+        return self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
+
+    def spin_cores(self, cpus: int, workers: int | None = None) -> float:
+        """Cores torch's idle intra-op threads hold on ``cpus`` cores beside ``workers`` busy workers."""
+        threads = cores.intra_op_threads(cpus, self.torch_threads, self.threads_follow_cores)
+        w = cpus if workers is None else workers
+        return cores.spin_cores(cpus, self.cpu_share, w, threads, self.step_on_cpu)
+
+    def cpu_rate(self, cpus: int, workers: int | None = None) -> float:
+        """Samples/s the job's CPU work fits in on ``cpus`` cores (infinite when it was not measured)."""
+        return cores.cpu_rate(cpus, self.cpu_share, self.cpu_per_sample(), self.spin_cores(cpus, workers))
 
     def in_memory_rate(self, cpus: int, gpu_speedup: float = 1.0) -> float:
         """Samples/s with every item in memory and one worker per core: fetch free, prep and step left."""
@@ -162,7 +185,7 @@ class Model:
             workers=w,
             batch_size=self.batch_size,
             dataset_items=self.epoch_items or self.dataset_items,
-            cpu_per_s=self.cpu_rate(cpus),
+            cpu_per_s=self.cpu_rate(cpus, w),
         )
 
     def _store_costs(

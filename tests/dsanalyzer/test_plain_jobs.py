@@ -38,11 +38,13 @@ class Burn(Dataset):
         return 512
 
     def __getitem__(self, i):
-        end = time.thread_time() + 0.006
+        end = time.thread_time() + 0.006  # (argv[2], when given: torch.set_num_threads)
         while time.thread_time() < end:
             pass
         return torch.full((16,), float(i)), i % 4
 
+if len(sys.argv) > 2:
+    torch.set_num_threads(int(sys.argv[2]))
 loader = DataLoader(Burn(), batch_size=8, shuffle=True, num_workers=int(sys.argv[1]))
 model = torch.nn.Linear(16, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -98,6 +100,9 @@ def test_readme_profiling_example_gets_a_report_with_one_bound(tmp_path):
     mp = report["main_process"]
     assert mp["receive_cpu_s_per_batch"] > 0 and mp["step_cpu_s_per_batch"] > 0
     assert all(c > 0 for c in report["prep_scaling"]["cpu_s_per_sample"])
+    # the real run's CPU per sample, workers and main process together; torch's threads as the script left them
+    assert mp["job_cpu_s_per_sample"] > 0 and mp["job_cpu_run"] == "real"
+    assert mp["threads_follow_cores"] and mp["threads_fixed_by"] is None and mp["step_device"] == "cpu"
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to restrict the job to 1 and 2")
@@ -105,7 +110,8 @@ def test_readme_profiling_example_gets_a_report_with_one_bound(tmp_path):
 def test_job_built_prep_bound_is_named_prep_on_1_and_2_cpus(tmp_path, cpus):
     script = tmp_path / "burn.py"
     script.write_text(PREP_BOUND)
-    report = _profile(tmp_path, script, ["1"], cpus=cpus, trace=True)
+    threads = ["1"] if cpus == "0" else []  # on 1 CPU: the count the default has, but fixed by the script
+    report = _profile(tmp_path, script, ["1", *threads], cpus=cpus, trace=True)
     assert report["machine"]["cpus"] == len(cpus.split(","))
     trace = json.loads((tmp_path / f"out-burn-{cpus}" / "trace.json").read_text())
     check_trace_format(trace)
@@ -116,6 +122,8 @@ def test_job_built_prep_bound_is_named_prep_on_1_and_2_cpus(tmp_path, cpus):
     assert report["verdict"]["bound"] == "prep" and report["verdict"]["model_bound"] == "prep", report["advice"]
     _one_bound(report)
     assert report["verdict"]["more_cores"]["rises"]
+    mp = report["main_process"]
+    assert mp["torch_threads"] == len(cpus.split(",")) and mp["threads_follow_cores"] == (not threads)
     # generated in memory: the what-if is there, with fetch as free, and the report says so
     assert report["dataset"]["reads_no_files"] and "fetch as free" in report["dataset"]["size_method"]
     assert report["model"]["fetch_free"] and report["whatif"]["grid"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -202,9 +204,17 @@ def test_more_cores_names_torchs_intra_op_threads_when_they_are_its_default():
     from tests.dsanalyzer.model.test_whatif import one_cpu_prep_bound_report
 
     rep = one_cpu_prep_bound_report()
-    rep["loader"] = {"torch_threads": 1}  # torch's default on the 1 CPU it was profiled on
+    # torch's default on the 1 CPU it was profiled on: on 2 cores it runs 2 threads beside the workers
+    rep["main_process"].update(torch_threads=1, threads_follow_cores=True, step_device="cpu")
     v = verdict(at_model_rate(rep))
     assert v["bound"] == "prep" and v["more_cores"]["rises"]
-    assert "torch.set_num_threads(1)" in v["more_cores"]["note"] and v["more_cores"]["note"] in v["sentence"]
-    rep["loader"] = {"torch_threads": 4}  # set by the script: nothing to say
+    note = v["more_cores"]["note"]
+    assert "torch.set_num_threads(1)" in note and note in v["sentence"]
+    m = Model.from_report(rep)
+    one = replace(m, threads_follow_cores=False).predict(2e9, 2, 1e9, policy="pagecache", workers=2)
+    assert f"{v['more_cores']['samples_per_s']:,.0f} samples/s" in note  # the prediction counts the spin
+    assert f"would give {one.samples_per_s:,.0f} samples/s" in note and one.samples_per_s > v["more_cores"]["samples_per_s"]
+    rep["main_process"].update(torch_threads=1, threads_follow_cores=False)  # fixed by the script: no spin
+    assert verdict(at_model_rate(rep))["more_cores"]["note"] is None
+    rep["main_process"].update(threads_follow_cores=True, step_device="cuda")  # a GPU step: threads asleep
     assert verdict(at_model_rate(rep))["more_cores"]["note"] is None

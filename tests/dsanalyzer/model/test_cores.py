@@ -1,0 +1,59 @@
+"""The shared-cores stage: the job's CPU per sample and the cores torch's spinning intra-op threads hold."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from dsanalyzer.model import cores
+from dsanalyzer.model.whatif import Model
+from tests.dsanalyzer.model.test_whatif import one_cpu_prep_bound_report
+
+
+def test_threads_follow_the_cores_unless_the_script_fixed_them():
+    assert cores.intra_op_threads(8, 1, follow_cores=True) == 8
+    assert cores.intra_op_threads(8, 1, follow_cores=False) == 1
+    assert cores.intra_op_threads(8, None, follow_cores=False) == 1
+
+
+def test_spinning_helpers_take_a_fair_share_of_the_cores_at_most_one_each():
+    # 2 cores, 2 busy workers, 2 intra-op threads: 3 runnable threads share 2 cores
+    assert cores.spin_cores(2, 1.0, 2, 2) == pytest.approx(2 / 3)
+    # 1 worker: the helper gets a core of its own (at most one)
+    assert cores.spin_cores(2, 1.0, 1, 2) == pytest.approx(1.0)
+    assert cores.spin_cores(2, 0.5, 1, 2) == pytest.approx(0.5)  # other processes hold half the cores
+    # nothing spins with one thread, with no workers to share with, or with the step on a GPU
+    assert cores.spin_cores(2, 1.0, 2, 1) == 0
+    assert cores.spin_cores(2, 1.0, 0, 2) == 0
+    assert cores.spin_cores(2, 1.0, 2, 2, step_on_cpu=False) == 0
+
+
+def test_cpu_rate_is_the_cores_left_over_the_cpu_per_sample():
+    assert cores.cpu_rate(2, 1.0, 1e-3) == pytest.approx(2000)
+    assert cores.cpu_rate(2, 1.0, 1e-3, spin=2 / 3) == pytest.approx(4000 / 3)
+    assert cores.cpu_rate(2, 1.0, None) == math.inf  # not measured: no limit
+    assert cores.cpu_rate(1, 0.5, 1e-3, spin=1.0) == 0  # never negative
+
+
+def test_model_prefers_the_real_runs_cpu_per_sample_and_charges_the_spin_on_more_cores():
+    rep = one_cpu_prep_bound_report()
+    rep["main_process"].update(job_cpu_s_per_sample=1.25e-3, torch_threads=1, threads_follow_cores=True)
+    m = Model.from_report(rep)
+    assert m.cpu_per_sample() == pytest.approx(1.25e-3)  # not the loader alone's + the step's
+    one = m.predict(2e9, 1, 1e9, policy="pagecache", workers=1)
+    assert one.samples_per_s == pytest.approx(800)  # 1 core / 1.25 ms: one thread on one core spins nothing
+    two = m.predict(2e9, 2, 1e9, policy="pagecache", workers=2)
+    assert two.samples_per_s == pytest.approx((2 - 2 / 3) / 1.25e-3)
+    fixed = replace(m, threads_follow_cores=False).predict(2e9, 2, 1e9, policy="pagecache", workers=2)
+    assert fixed.samples_per_s == pytest.approx(min(2 / 1.25e-3, m.prep.rate(2)))
+    assert two.samples_per_s < fixed.samples_per_s and two.bound == fixed.bound == "prep"
+    # profiled with 2 threads spinning: its real run's CPU carries that spin, so the spin-free sum is used
+    spun = replace(m, torch_threads=2)
+    assert spun.cpu_per_sample() == pytest.approx(m.prep_cpu_s + m.step_cpu_s / m.batch_size)
+
+
+def test_an_old_report_without_thread_facts_charges_no_spin():
+    m = Model.from_report(one_cpu_prep_bound_report())
+    assert m.spin_cores(16) == 0 and m.job_cpu_s is None
