@@ -23,7 +23,7 @@ from dsanalyzer.model.cache import hit_ratio
 from dsanalyzer.model.measured import model_fields
 from dsanalyzer.model.rates import ItemCosts, Prediction, compose
 from dsanalyzer.model.scaling import PrepScaling
-from dsanalyzer.model.store import StoreModel, loader_concurrency
+from dsanalyzer.model.store import StoreModel, miss_costs
 
 __all__ = ["Model", "format_bytes"]
 
@@ -172,8 +172,9 @@ class Model:
             raise ValueError(f"workers must be >= 0, got {w}")
         s = self.avg_item_bytes
         hit_s = s / self.mem_bandwidth_bytes_per_s if self.mem_bandwidth_bytes_per_s else 0.0
+        h = hit_ratio(policy, cache_bytes / s, self.dataset_items) if s > 0 else 1.0  # s = 0: nothing read
         if self.store is not None:
-            costs = self._store_costs(hit_s, storage_bytes_per_s, w, fetch_ahead, items_per_request)
+            costs = self._store_costs(hit_s, storage_bytes_per_s, w, fetch_ahead, items_per_request, h)
         else:
             costs = ItemCosts(hit_s=hit_s, miss_s=s / storage_bytes_per_s, miss_overhead_s=self.storage_overhead_s)
         return compose(
@@ -181,7 +182,7 @@ class Model:
             compute_per_s=self.compute_rate(gpu_speedup),
             prep_per_s=self.prep.rate(min(max(w, 1), cpus)),
             costs=costs,
-            h=hit_ratio(policy, cache_bytes / s, self.dataset_items) if s > 0 else 1.0,  # s = 0: nothing read
+            h=h,
             workers=w,
             batch_size=self.batch_size,
             dataset_items=self.epoch_items or self.dataset_items,
@@ -189,17 +190,15 @@ class Model:
         )
 
     def _store_costs(
-        self, hit_s: float, bandwidth: float, workers: int, fetch_ahead: int | None, items_per_request: float | None
-    ) -> ItemCosts:
-        """A miss from a bucket: its aggregate cost at the loader's concurrency (model/store.py), and what one
-        worker waits beyond it when nothing reads ahead (its own round trip is then not hidden by its prep)."""
+        self, hit_s: float, bandwidth: float, workers: int, fetch_ahead: int | None, items_per_request: float | None,
+        h: float,
+    ) -> ItemCosts:  # fmt: skip
+        """A miss from a bucket: :func:`dsanalyzer.model.store.miss_costs` at this operating point."""
         store = self.store if bandwidth == self.storage_bytes_per_s else self.store.with_bandwidth(bandwidth)
         ahead = self.fetch_ahead if fetch_ahead is None else int(fetch_ahead)
         k = self.items_per_request if items_per_request is None else float(items_per_request)
-        s = self.avg_item_bytes
-        miss_s = 1.0 / store.items_per_s(loader_concurrency(workers, ahead), s, k)
-        own_s = store.request_s(s * k) / k
-        return ItemCosts(hit_s=hit_s, miss_s=miss_s, miss_overhead_s=0.0 if ahead > 0 and workers > 0 else max(0.0, own_s - miss_s))
+        miss_s, own_s = miss_costs(store, self.avg_item_bytes, h, workers, ahead, k, self.batch_size)
+        return ItemCosts(hit_s=hit_s, miss_s=miss_s, miss_overhead_s=own_s)
 
     def predict_measured(self) -> Prediction:
         """The prediction at the configuration that was measured (a self-check against ``observed``)."""
