@@ -430,7 +430,8 @@ class TarShards(_FileSource):
         if self._plan_front.get((epoch, stream), -1) >= position:
             return  # samples of a window interleave: only a step forward renews the list
         self._plan_front[(epoch, stream)] = position
-        self._buffer.want([self.shards[t] for t in self._plan.following(stream, position)])
+        # this shard first: it may wait fetched ahead and unread, and must not be dropped as no longer wanted
+        self._buffer.want([self.shards[t] for t in [s, *self._plan.following(stream, position)]])
 
     def local_shards(self) -> list[int]:
         """Shards read from a local staged copy (none when nothing is staged), for :class:`coordl.ShardSampler`."""
