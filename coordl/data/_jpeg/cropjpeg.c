@@ -33,6 +33,8 @@
 
 static PyObject *CropJpegError;
 
+#define READ_ROWS 16 /* rows asked of jpeg_read_scanlines at a time */
+
 struct error_mgr {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
@@ -138,7 +140,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
         jpeg_crop_scanline(&cinfo, &xoff, &cw); /* widens to the iMCU boundary: xoff <= x0 */
     else
         xoff = 0, cw = out_w;
-    row = PyMem_RawMalloc((size_t)cw * 3);
+    row = PyMem_RawMalloc((size_t)cw * 3 * READ_ROWS);
     PyEval_RestoreThread(ts);
     ts = NULL;
 
@@ -158,16 +160,24 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
         snprintf(jerr.message, sizeof jerr.message, "decode_crop: could not skip %u rows", y0);
         longjmp(jerr.jump, 1);
     }
-    for (JDIMENSION r = 0; r < rows; r++) {
-        JSAMPROW target = (shift == 0 && cw == cols) ? dst + r * line : row;
-        if (jpeg_read_scanlines(&cinfo, &target, 1) != 1) {
+    /* Several rows per call (libjpeg returns at most a row group's worth: fewer calls through its
+     * controllers); straight into the output when the decoded columns are the box's. */
+    int direct = shift == 0 && cw == cols;
+    for (JDIMENSION r = 0; r < rows;) {
+        JSAMPROW targets[READ_ROWS];
+        JDIMENSION want = rows - r < READ_ROWS ? rows - r : READ_ROWS;
+        for (JDIMENSION i = 0; i < want; i++)
+            targets[i] = direct ? dst + (r + i) * line : row + (size_t)i * cw * 3;
+        JDIMENSION got = jpeg_read_scanlines(&cinfo, targets, want);
+        if (got == 0) {
             snprintf(jerr.message, sizeof jerr.message, "decode_crop: no data for row %u", y0 + r);
             longjmp(jerr.jump, 1);
         }
-        if (target == row)
-            memcpy(dst + r * line, row + shift, line);
+        for (JDIMENSION i = 0; !direct && i < got; i++)
+            memcpy(dst + (r + i) * line, targets[i] + shift, line);
         if (jerr.warned)
             longjmp(jerr.jump, 1);
+        r += got;
     }
     jpeg_abort_decompress(&cinfo); /* the rows below the box are never decoded */
     PyEval_RestoreThread(ts);
