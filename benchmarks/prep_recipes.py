@@ -182,3 +182,32 @@ def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, 
         cells.append(f"max {exact} (scale 1), max {worst} / mean {mean:.2f} (with DCT scaling)")
         print(f"| {width}x{height} q90 | " + " | ".join(cells) + " |")
     return results
+
+
+def main() -> None:
+    """``python benchmarks/prep_recipes.py``: the one-process table alone (machine, date and load first)."""
+    import argparse
+    import datetime
+    import os
+    import platform
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5, help="rounds (the table shows medians)")
+    p.add_argument("--count", type=int, default=96, help="images per round and size")
+    p.add_argument("--no-dali", action="store_true", help="leave out DALI's CPU pipeline")
+    args = p.parse_args()
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"{now}, {platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()}")
+    dali = not args.no_dali
+    if dali:
+        try:
+            import nvidia.dali  # noqa: F401
+        except ImportError:
+            print("(DALI not installed: its columns are left out)")
+            dali = False
+    cpu_table(args.rounds, args.count, dali)
+    print(f"\nload average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
