@@ -81,6 +81,17 @@ def _split_pattern(pattern: str) -> tuple[str, str]:
     return directory or ".", name
 
 
+def _worker_stream(n_streams: int, default: int) -> int:
+    """The sampler's stream this loader worker reads (torch hands batch ``b`` to worker ``b % num_workers``);
+    ``default`` outside a worker or when the loader's workers are not the sampler's."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is None or n_streams < 2 or info.num_workers != n_streams:
+        return default
+    return info.id
+
+
 class TarShards(_FileSource):
     """Samples of WebDataset-layout tar shards (``key.jpg`` + ``key.cls``), in shard then member order.
 
@@ -391,10 +402,13 @@ class TarShards(_FileSource):
             raise IndexError(f"TarShards: index {index} out of range (0..{len(self.keys) - 1})")
         s = int(self._shard_of[index])
         offset, size = int(self._offsets[index]), int(self._sizes[index])
-        if self._plan is not None:
-            self._read_ahead(s)
+        foreign = self._plan is not None and self._read_ahead(s)
         if self._buffer is not None and not self._has_local(s):
-            data = self._buffer.slice(self.shards[s], offset, size)
+            name = self.shards[s]
+            if foreign and not self._buffer.holds(name):  # the epoch's tail: this sample only, one ranged GET
+                data = self._bucket.read_range(name, offset, size)
+            else:
+                data = self._buffer.slice(name, offset, size)
             if len(data) == size:
                 return data
             where = self.describe(index)
@@ -421,17 +435,25 @@ class TarShards(_FileSource):
         """The sampler's :class:`~coordl.data.shard_sampler.ShardPlan`: which shards each reader reads next."""
         self._plan = plan
 
-    def _read_ahead(self, s: int) -> None:
-        """On reaching a shard further along this reader's stream, name the shards after it to the buffer."""
+    def _read_ahead(self, s: int) -> bool:
+        """On reaching a shard further along this reader's stream, name the shards after it to the buffer.
+
+        True when ``s`` is in another loader worker's stream: the sampler hands a worker whose shards ran out
+        the last samples of another's, and fetching that shard whole would GET it twice in the epoch (8-16 MB
+        of 90 measured); the caller reads those few samples by range instead (when no staged copy serves).
+        """
         found = self._plan.locate(s)
         if found is None:
-            return
+            return False
         epoch, stream, position = found
+        if stream != _worker_stream(self._plan.n_streams, stream):
+            return True
         if self._plan_front.get((epoch, stream), -1) >= position:
-            return  # samples of a window interleave: only a step forward renews the list
+            return False  # samples of a window interleave: only a step forward renews the list
         self._plan_front[(epoch, stream)] = position
         # this shard first: it may wait fetched ahead and unread, and must not be dropped as no longer wanted
         self._buffer.want([self.shards[t] for t in [s, *self._plan.following(stream, position)]])
+        return False
 
     def local_shards(self) -> list[int]:
         """Shards read from a local staged copy (none when nothing is staged), for :class:`coordl.ShardSampler`."""

@@ -127,6 +127,12 @@ class ShardBuffer:
                 self._inflight.pop(name, None)
             event.set()
 
+    def holds(self, name: str) -> bool:
+        """True when shard ``name`` is in this process's memory (read, or fetched ahead)."""
+        self._check_pid()
+        with self._lock:
+            return name in self._shards or name in self._ahead
+
     def _keep(self, name: str, data: bytes) -> None:
         """``name`` is read: it joins the shards in use, and the wanted list moves past it."""
         if name in self._wanted:

@@ -308,3 +308,31 @@ def test_no_remote_shard_is_read_by_two_workers_when_staged_ones_can_take_the_ta
             readers.setdefault(ds.shard_of(i), set()).add((j // batch) % workers)
     assert sorted(order) == list(range(44))
     assert all(len(readers[s]) == 1 for s in readers if s not in staged), readers
+
+
+def test_a_sample_of_another_workers_shard_is_one_ranged_get(s3, packed, monkeypatch):
+    """The epoch's tail: a worker reading a sample of another worker's stream fetches that sample, not the shard."""
+    import types
+
+    import torch.utils.data
+
+    ds = _streamed(s3, packed)
+    sampler = coordl.ShardSampler(ds, window=1, seed=0, batch_size=2, num_workers=2)
+    list(sampler)  # publishes epoch 0's two streams
+    sampler.plan.locate(0)
+    streams = sampler.plan._streams
+    mine, theirs = streams[0][0], streams[1][0]
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=0, num_workers=2))
+    try:
+        before = ds.stats()
+        ranges = ds.shard_ranges()
+        sample = ranges[theirs][0]
+        assert ds[sample] == coordl.TarShards(packed["pattern"], transform=_ident)[sample]
+        after = ds.stats()
+        assert after["store_requests"] - before["store_requests"] == 1
+        assert after["store_bytes"] - before["store_bytes"] == int(ds._sizes[sample])  # the sample's bytes only
+        assert not ds._buffer.holds(ds.shards[theirs])
+        ds[ranges[mine][0]]  # its own shard: fetched whole
+        assert ds._buffer.holds(ds.shards[mine])
+    finally:
+        ds.close()
