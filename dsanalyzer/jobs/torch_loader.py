@@ -104,6 +104,9 @@ def _prep_scaling(
         )
     finally:
         undo()
+    if bucket is not None and str(info["memory"].get("method", "")).startswith("none"):
+        # a dataset that GETs its objects itself: its loader-alone run waited for the bucket too
+        info["scaling"] = objectstore.prep_without_fetch(info["scaling"], info["source"])
     return Prepared(info)
 
 

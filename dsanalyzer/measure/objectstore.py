@@ -28,9 +28,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from dsanalyzer.model.store import fit
+from dsanalyzer.model.store import StoreModel, fit
 
-__all__ = ["BucketSource", "find_bucket", "probe_bucket", "bucket_section"]
+__all__ = ["BucketSource", "find_bucket", "probe_bucket", "bucket_section", "prep_without_fetch"]
 
 _URL_ATTRS = ("samples", "imgs", "files", "paths", "file_list", "filenames", "urls", "keys", "objects")
 _SCHEMES = ("s3://", "s3a://")
@@ -274,3 +274,36 @@ def bucket_section(
         out["mean_object_bytes"], out["size_method"] = probe["fetch"]["bytes"] / max(1, probe["fetch"]["items"]), "the probe's GETs"
     out.update(probe)
     return out
+
+
+def prep_without_fetch(scaling: dict, source: dict) -> dict:
+    """The prep rates of a loader-alone run that could not be served from memory, its GETs taken out.
+
+    A plain torch ``Dataset`` that GETs its objects itself (boto3, s3fs) has no fetch to replace, so its
+    loader-alone run read the bucket too: each of its ``k`` workers waited one round trip per item
+    (``request_s``) and then prepped, so ``rate_k = k / (request_s + k / P(k))`` and
+    ``P(k) = k / (k / rate_k - request_s)``. Where a ceiling of the store bound the run (not the round trips:
+    its rate within 10% of the store's request or byte ceiling) prep is unknown and the measured rate stays, a lower bound. The measured
+    rates are kept as ``samples_per_s_with_fetch``.
+    """
+    params, avg = source.get("model"), source.get("mean_object_bytes")
+    if not isinstance(params, dict) or not avg or not scaling.get("workers"):
+        return scaling
+    store = StoreModel(**params)
+    own_s = store.request_s(avg)
+    measured = list(scaling.get("samples_per_s") or [])
+    prep = []
+    for k, rate in zip(scaling["workers"], measured, strict=False):
+        left = k / rate - own_s if rate > 0 else 0.0
+        store_bound = store.bound(k, avg) != "latency" and rate >= 0.9 * store.items_per_s(k, avg)
+        prep.append(rate if store_bound or left <= 0 else k / left)
+    return {
+        **scaling,
+        # those runs waited on the bucket, not for cores: their share of the cores says nothing of other processes
+        "cpu_share": [None] * len(prep),
+        "samples_per_s": prep,
+        "samples_per_s_with_fetch": measured,
+        "fetch_subtracted": f"each worker's own GET ({own_s * 1e3:.1f} ms an item, the probed store) taken out: "
+        "the dataset reads the bucket itself, so its items could not be served from memory",
+    }
+

@@ -86,7 +86,7 @@ def source_line(report: dict) -> str:
     m, check = src.get("model") or {}, src.get("check") or {}
     lower = m.get("request_rate_is_lower_bound") or m.get("bandwidth_is_lower_bound")
     text += (
-        f"; probed: {m.get('latency_s', 0) * 1e3:.1f} ms round trip, one stream {m.get('stream_bytes_per_s', 0) / 1e6:,.1f} MB/s, "
+        f"; probed: {m.get('latency_s', 0) * 1e3:.1f} ms round trip, {_stream(m.get('stream_bytes_per_s'))}, "
         f"{m.get('request_rate', 0):,.0f} requests/s and {m.get('bandwidth_bytes_per_s', 0) / 1e6:,.1f} MB/s"
         + (" or more (ceiling not reached)" if lower else " at most")
     )
@@ -97,6 +97,12 @@ def source_line(report: dict) -> str:
             f"({check['error']:+.1%}, spread ±{check['spread']:.0%}, {check['bound']}-bound)"
         )
     return text
+
+
+def _stream(bytes_per_s: float | None) -> str:
+    if not bytes_per_s or bytes_per_s >= 1e14:  # model.store.fit: whole objects came as fast as 1-byte ranges
+        return "one stream's speed not measurable at this object size"
+    return f"one stream {bytes_per_s / 1e6:,.1f} MB/s"
 
 
 def _cpu_lines(report: dict) -> list[str]:

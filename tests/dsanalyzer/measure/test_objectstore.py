@@ -75,3 +75,18 @@ def test_a_store_that_cannot_be_reached_leaves_a_note(bucket):
     section = bucket_section(found, 1, 0, 1, budget_s=0.2)
     assert "probe_error" in section and "no-such-bucket" in section["probe_error"]
     assert "model" not in section
+
+
+def test_a_dataset_that_gets_its_objects_itself_has_its_round_trips_taken_out_of_prep():
+    from dsanalyzer.measure.objectstore import prep_without_fetch
+    from dsanalyzer.model.store import StoreModel
+
+    store = StoreModel(latency_s=0.025, stream_bytes_per_s=1e15, request_rate=1000.0, bandwidth_bytes_per_s=1e9)
+    prep = {1: 400.0, 2: 700.0}  # what the workers' CPU alone would do
+    # each worker: one round trip, then its prep; what a loader-alone run of such a dataset measures
+    measured = [k / (0.025 + k / p) for k, p in prep.items()]
+    scaling = {"workers": [1, 2], "samples_per_s": measured, "cpu_share": [0.05, 0.09]}
+    got = prep_without_fetch(scaling, {"model": store.params(), "mean_object_bytes": 2000.0})
+    assert got["samples_per_s"] == pytest.approx(list(prep.values()))
+    assert got["samples_per_s_with_fetch"] == measured and got["cpu_share"] == [None, None]
+    assert "25.0 ms" in got["fetch_subtracted"]
