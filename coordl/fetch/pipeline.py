@@ -9,6 +9,10 @@ of prep is looked up in / stored to a sample cache (memcache) first.
 What torch would hand the dataset, the dataset gets (:mod:`coordl.fetch.keys`): a key that is not an
 item index goes to ``dataset[key]`` as it is, and a dataset run as one opaque stage that defines
 ``__getitems__`` gets each batch in one call.
+
+Why this module is long: one item's way through a worker (tiers, storage, read-ahead, prep, the
+sample cache, skipping) is one loop whose parts share the batch's state; split, each part would
+need that state handed around.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from coordl.data.source import describe_item
 from coordl.errors import CorruptItemError
 from coordl.fetch.keys import DatasetKeys, is_index
 from coordl.fetch.minio import MinioCache
+from coordl.fetch.pace import ReadPace
 from coordl.ring.output_buffers import lend
 from coordl.workers.watch import WorkerWatch
 from shmem.counters import SharedCounters
@@ -123,6 +128,7 @@ class LoaderSource(torch.utils.data.Dataset):
         self.fetch_ahead = int(fetch_ahead)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_pid = -1
+        self._pace: tuple[int, ReadPace] | None = None  # (pid, this process's pace)
         self._keys = DatasetKeys(source, counters, on_error)  # keys that are not indices; __getitems__
         # One flag byte per item, shared by all workers: a bad file is logged once, not once per
         # worker or epoch (non-persistent workers are new processes every epoch).
@@ -294,17 +300,20 @@ class LoaderSource(torch.utils.data.Dataset):
         Items a tier holds (a MinIO hit) are taken in this thread when their turn to be read ahead
         comes: handing a memory copy to a thread costs more than the copy, and every extra thread
         holding the GIL delays the prep thread each time it takes the GIL back (measured: +0.2-0.4 ms of
-        worker CPU per sample, fully cached). Results come back in the batch's order.
+        worker CPU per sample, fully cached). So are storage reads while they block for only a few
+        microseconds (the page cache): :class:`coordl.fetch.pace.ReadPace` decides. Results come back
+        in the batch's order.
         """
         pending: collections.deque = collections.deque()
         todo = iter(indices)
         near = self._in_memory_tiers()
+        pace = self._read_pace()
 
         def ahead(index: int) -> None:
             missed: list[FetchTier] = []
             raw = self._ask(index, self.tiers[:near], missed)
             if raw is None:
-                raw = self._fetch_pool().submit(self._fetch_from, index, near, missed)
+                raw = _Inline(missed) if pace.inline() else self._fetch_pool().submit(self._fetch_from, index, near, missed)
             pending.append((index, raw))
 
         for index in itertools.islice(todo, self.fetch_ahead):
@@ -318,7 +327,10 @@ class LoaderSource(torch.utils.data.Dataset):
                 if worker_id is not None:
                     self.watch.on_item(worker_id, index)
                 try:
-                    data = raw.result() if isinstance(raw, concurrent.futures.Future) else _as_bytes(raw)
+                    if type(raw) is _Inline:
+                        data = pace.timed(lambda: self._fetch_from(index, near, raw.missed))  # noqa: B023 - called at once
+                    else:
+                        data = raw.result() if isinstance(raw, concurrent.futures.Future) else _as_bytes(raw)
                     self._seed(index)
                     yield self.source.prep(data, index)
                 except CorruptItemError as e:
@@ -337,6 +349,12 @@ class LoaderSource(torch.utils.data.Dataset):
             )
             self._pool_pid = pid
         return self._pool
+
+    def _read_pace(self) -> ReadPace:
+        """This worker process's :class:`ReadPace` (each process learns how fast its own reads are)."""
+        if self._pace is None or self._pace[0] != os.getpid():
+            self._pace = (os.getpid(), ReadPace())
+        return self._pace[1]
 
     def _load_split(self, indices: Sequence[int], worker_id: int | None) -> Iterator[Any]:
         indices = [int(i) for i in indices]
@@ -376,7 +394,7 @@ class LoaderSource(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_pool"], state["_pool_pid"] = None, -1  # threads do not cross into a spawned worker
+        state["_pool"], state["_pool_pid"], state["_pace"] = None, -1, None  # threads do not cross into a spawned worker
         return state
 
     def close(self) -> None:
@@ -393,6 +411,15 @@ class LoaderSource(torch.utils.data.Dataset):
 
 
 _SKIPPED = object()
+
+
+class _Inline:
+    """A storage read left for the prep thread to make when the item's turn comes (fast storage)."""
+
+    __slots__ = ("missed",)
+
+    def __init__(self, missed: list[FetchTier]) -> None:
+        self.missed = missed
 
 
 def _as_bytes(raw: bytes | memoryview) -> bytes:
