@@ -66,8 +66,8 @@ class ShardPlan:
     plan (a worker still finishing the last epoch) costs a shard fetched early, never a wrong sample.
     """
 
-    def __init__(self, n_shards: int, num_workers: int) -> None:
-        self.n_shards, self.n_streams = n_shards, max(1, num_workers)
+    def __init__(self, n_shards: int, num_workers: int, window: int = 1) -> None:
+        self.n_shards, self.n_streams, self.window = n_shards, max(1, num_workers), window
         self._segment = Segment.create("shardplan", 8 * (1 + self.n_streams + 1 + n_shards))
         self._attach()
         self._table[0] = -1
@@ -122,9 +122,10 @@ class ShardPlan:
         found = self._where.get(shard)
         return None if found is None else (epoch, *found)
 
-    def following(self, stream: int, position: int) -> list[int]:
-        """The shards after ``position`` in ``stream`` (as of the last :meth:`locate`)."""
-        return self._streams[stream][position + 1 :]
+    def ahead_of(self, stream: int, position: int) -> list[int]:
+        """The shards of ``stream`` from the start of ``position``'s window on (as of the last :meth:`locate`):
+        the window's shards are read interleaved, so all of them are still wanted."""
+        return self._streams[stream][position - position % self.window :]
 
 
 def locals_last(stream: list[int], local: set[int], tail: int) -> list[int]:
@@ -184,7 +185,7 @@ class ShardSampler:
         self.plan: ShardPlan | None = None
         wants = getattr(dataset, "wants_shard_plan", None)
         if callable(wants) and wants():  # it streams whole shards: let its workers fetch the next ones early
-            self.plan = ShardPlan(len(self.ranges), num_workers)
+            self.plan = ShardPlan(len(self.ranges), num_workers, window)
             dataset.attach_shard_plan(self.plan)
         local = getattr(dataset, "local_shards", None)
         self._local_shards = local if callable(local) else None

@@ -451,8 +451,8 @@ class TarShards(_FileSource):
         if self._plan_front.get((epoch, stream), -1) >= position:
             return False  # samples of a window interleave: only a step forward renews the list
         self._plan_front[(epoch, stream)] = position
-        # this shard first: it may wait fetched ahead and unread, and must not be dropped as no longer wanted
-        self._buffer.want([self.shards[t] for t in [s, *self._plan.following(stream, position)]])
+        # from this shard's window on: its shards may wait fetched ahead and unread, and must not be dropped
+        self._buffer.want([self.shards[t] for t in self._plan.ahead_of(stream, position)])
         return False
 
     def local_shards(self) -> list[int]:

@@ -134,9 +134,10 @@ class ShardBuffer:
             return name in self._shards or name in self._ahead
 
     def _keep(self, name: str, data: bytes) -> None:
-        """``name`` is read: it joins the shards in use, and the wanted list moves past it."""
+        """``name`` is read: it joins the shards in use and leaves the wanted list (only it: the shards of a
+        window are read interleaved, so a later one read first does not mean an earlier one is done)."""
         if name in self._wanted:
-            del self._wanted[: self._wanted.index(name) + 1]
+            self._wanted.remove(name)
         self._shards[name] = data
         while len(self._shards) > self.max_shards:
             self._shards.popitem(last=False)

@@ -101,6 +101,22 @@ def test_the_shard_being_reached_is_never_dropped_for_the_next_one():
         buf.close()
 
 
+def test_a_window_read_out_of_order_keeps_its_earlier_shard():
+    """Samples of a window interleave: reading d before c must not make c (fetched ahead, unread) give way."""
+    sizes = {n: 10 for n in "cdef"}
+    rec = _Recorder(sizes)
+    buf = rec.buffer = ShardBuffer(rec, max_shards=4, ahead_bytes=20, sizes=sizes)
+    try:
+        buf.want(["c", "d", "e", "f"])
+        _until(lambda: set(buf.ahead()) == {"c", "d"}, "c and d fetched ahead")
+        buf.get("d")
+        _until(lambda: set(buf.ahead()) == {"c", "e"}, "e fetched ahead, c kept")
+        buf.get("c")
+        assert [n for _, n in rec.log] == ["c", "d", "e"] and not rec.over
+    finally:
+        buf.close()
+
+
 def _streamed(s3, packed, **kw) -> coordl.TarShards:
     name = os.path.basename(packed["pattern"])
     return coordl.TarShards(f"s3://{BUCKET}/shards/{name}", transform=_ident, storage_options=s3.storage_options(),
