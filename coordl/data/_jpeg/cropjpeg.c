@@ -199,7 +199,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
  * here); this is one pass. The multiply and the add round separately (the module is compiled with
  * -ffp-contract=off), so the result is bit-identical to torch's mul_ then add_ on the float32 values.
  */
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__GLIBC__) && !defined(__clang__) /* ifunc */
 #define CHW_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define CHW_CLONES
