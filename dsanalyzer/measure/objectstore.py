@@ -117,10 +117,17 @@ def _coordl_store(obj: Any) -> tuple[Any, dict[str, int]]:
     return None, {}
 
 
+def _stages(obj: Any) -> bool:
+    """Whether the dataset copies what it reads onto local disk (an ``nfs_cache`` stager)."""
+    return any(type(v).__module__.startswith("nfs_cache.") for v in list(getattr(obj, "__dict__", {}).values()))
+
+
 def find_bucket(*datasets: Any) -> BucketSource | None:
     """The bucket a dataset reads (the first of ``datasets`` that names one: a loader's dataset, its
     source), or None when its items are not ``s3://`` objects."""
     chain = [obj for d in datasets for obj in _chain(d)]
+    if any(_stages(obj) for obj in chain):  # staged to local disk (stage_dir=): after a first read, not a bucket
+        return None
     urls = next((u for u in map(_urls_of, chain) if u), [])
     if not urls:
         return None

@@ -67,6 +67,14 @@ def test_a_coordl_bucket_dataset_is_found_with_its_store_and_listing(bucket, tmp
     assert ds.stats()["store_requests"] >= sum(p["requests"] for p in section["points"])  # its own store
 
 
+def test_a_bucket_staged_to_local_disk_is_profiled_as_its_files_are(bucket, tmp_path, monkeypatch):
+    monkeypatch.setenv("COORDL_CACHE_DIR", str(tmp_path))
+    ds = coordl.ImageFolder("s3://data/train", transform=lambda b: b, storage_options=bucket.storage_options(),
+                            stage_dir=str(tmp_path / "stage"))  # fmt: skip
+    assert ds.describe(0).startswith("s3://")  # it names the bucket, yet reads local copies after the first read
+    assert find_bucket(ds) is None
+
+
 def test_a_store_that_cannot_be_reached_leaves_a_note(bucket):
     found = find_bucket(PlainUrls(["s3://no-such-bucket/a/b.jpg"]))
     from coordl.objectstore import ObjectStore
