@@ -59,7 +59,8 @@ def main_process_costs(report: dict, cpus: int) -> dict:
       some of the cores), so that CPU seconds become wall seconds as this machine gave them.
 
     * ``job_cpu_s``: the real run's CPU per sample, main process and workers together as they ran
-      side by side, reads included (``main_process.job_cpu_s_per_sample``); the model prefers it.
+      side by side, reads included (``main_process.job_cpu_s_per_sample``); the model prefers it
+      (the in-memory run's, ``in_memory_cpu_s``, with a MinIO cache or a bucket).
     * ``torch_threads``, ``threads_follow_cores``, ``step_on_cpu``: what decides how many cores torch's
       idle intra-op threads hold on more cores (:mod:`~dsanalyzer.model.cores`).
 
@@ -73,6 +74,7 @@ def main_process_costs(report: dict, cpus: int) -> dict:
         "prep_cpu_s": None,
         "cpu_share": 1.0,
         "job_cpu_s": _number(mp.get("job_cpu_s_per_sample")) or None,
+        "in_memory_cpu_s": _number(mp.get("in_memory_job_cpu_s_per_sample")) or None,
         "torch_threads": int(mp["torch_threads"]) if _number(mp.get("torch_threads")) else None,
         "threads_follow_cores": bool(mp.get("threads_follow_cores")),
         "step_on_cpu": mp.get("step_device", "cpu") == "cpu",

@@ -50,6 +50,7 @@ class Model:
     prep_cpu_s: float | None = None  # CPU per sample of the data path, all processes (None: not measured)
     cpu_share: float = 1.0  # the share of its cores the job got while profiled
     job_cpu_s: float | None = None  # CPU per sample of the whole job as it ran (the real run), all processes
+    in_memory_cpu_s: float | None = None  # the same in the in-memory run (no item read)
     torch_threads: int | None = None  # torch's intra-op threads in the main process while profiled
     threads_follow_cores: bool = False  # torch's default: as many intra-op threads as cores
     step_on_cpu: bool = True  # the step runs on the CPU (its intra-op threads spin between regions)
@@ -91,6 +92,7 @@ class Model:
             "prep_cpu_s": self.prep_cpu_s,
             "cpu_share": self.cpu_share,
             "job_cpu_s": self.job_cpu_s,
+            "in_memory_cpu_s": self.in_memory_cpu_s,
             "torch_threads": self.torch_threads,
             "threads_follow_cores": self.threads_follow_cores,
             "step_on_cpu": self.step_on_cpu,
@@ -114,10 +116,15 @@ class Model:
     def cpu_per_sample(self) -> float | None:
         """CPU seconds per sample of the job's processes with one intra-op thread (None: not measured).
 
-        The real run's measured CPU when it ran one thread; else (a profile on more cores with torch's threads
-        spinning in it) the loader alone's CPU per sample plus the step's over the batch."""
-        if self.job_cpu_s and (self.torch_threads or 1) <= 1:
-            return self.job_cpu_s
+        The real run's measured CPU when it ran one thread and reads through the page cache (every read
+        costs its system calls, cached or not); with a MinIO cache or a bucket a miss's request costs CPU
+        that a hit does not, so the in-memory run's (no read charged, as the fetch stage has them); else
+        (a profile on more cores with torch's threads spinning in it) the loader alone's CPU per
+        sample plus the step's over the batch."""
+        if (self.torch_threads or 1) <= 1:
+            measured = self.job_cpu_s if self.cache_policy == "pagecache" else self.in_memory_cpu_s
+            if measured:
+                return measured
         if not self.prep_cpu_s:
             return self.job_cpu_s
         return self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size

@@ -57,3 +57,13 @@ def test_model_prefers_the_real_runs_cpu_per_sample_and_charges_the_spin_on_more
 def test_an_old_report_without_thread_facts_charges_no_spin():
     m = Model.from_report(one_cpu_prep_bound_report())
     assert m.spin_cores(16) == 0 and m.job_cpu_s is None
+
+
+def test_with_a_minio_cache_or_a_bucket_the_in_memory_runs_cpu_is_charged():
+    # a miss's request (an HTTP GET, a read through coordl's cache) costs CPU a hit does not: the
+    # real run read every item cold, so its CPU per sample would overcharge a partly cached what-if
+    rep = one_cpu_prep_bound_report()
+    rep["main_process"].update(job_cpu_s_per_sample=3e-3, in_memory_job_cpu_s_per_sample=1.25e-3, torch_threads=1)
+    assert Model.from_report(rep).cpu_per_sample() == pytest.approx(3e-3)  # the page cache: every read costs
+    rep["cache_policy"] = "minio"
+    assert Model.from_report(rep).cpu_per_sample() == pytest.approx(1.25e-3)
