@@ -144,6 +144,9 @@ class StagedSource:
         self.manifest = Manifest(self.layout.manifest)
         self.manifest.refresh()
         self.locks = StripedLocks(self.layout.locks)
+        # One node-wide lock around "is there room? then record it": without it two processes staging
+        # different files both saw room for one and the budget was overshot (seen: 92.7 MB staged in 89.7 MB).
+        self.budget_lock = StripedLocks(os.path.join(self.layout.locks, "budget"), stripes=1)
         self._listing: dict[str, RemoteFile] = {}
         self._listed = False
         self._stats_lock = threading.Lock()
@@ -354,11 +357,22 @@ class StagedSource:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.local_path(relpath))
             data = self._read_remote(relpath)
-            if self._room_for(len(data)):
-                self._write_staged(relpath, data)
-            else:
-                self._count("unstaged_reads")
+            with self._budget_held():
+                if self._room_for(len(data)):
+                    self._write_staged(relpath, data)
+                    return data
+            self._count("unstaged_reads")
             return data
+
+    @contextlib.contextmanager
+    def _budget_held(self) -> Any:
+        """The budget's check and the manifest record as one step across processes (no lock without a budget)."""
+        if self.budget_bytes is None:
+            yield
+            return
+        with self.budget_lock.hold("budget", self.lock_timeout_s):
+            self.manifest.refresh()  # what other processes staged counts against the budget
+            yield
 
     def _write_staged(self, relpath: str, data: bytes) -> None:
         """Copy ``data`` into place (tmp file, rename, manifest record); on a full disk, stop staging instead."""

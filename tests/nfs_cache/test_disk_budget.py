@@ -50,3 +50,37 @@ def test_low_free_space_stops_staging_before_the_disk_fills(dataset, tmpfs_dir):
         _read_everything(staged, files)
         assert staged.stats()["staged_items"] == 0
         assert "free" in staged.staging_stopped
+
+
+def test_two_stagers_at_once_stay_within_the_budget(dataset, tmp_path):
+    """Both pass the early check while the other is still reading; only one copy fits, so only one is kept."""
+    import threading
+
+    from nfs_cache.sources import LocalSource
+
+    root, files = dataset
+    both_read = threading.Barrier(2, timeout=30)
+
+    class MeetingSource(LocalSource):
+        def read(self, relpath: str) -> bytes:
+            data = super().read(relpath)
+            both_read.wait()  # each stager has checked the budget and holds its file's bytes
+            return data
+
+    names = sorted(files)
+    a = names[0]
+    stripe = StagedSource(root, tmp_path / "probe").locks.path_for
+    b = next(n for n in names[1:] if stripe(n) != stripe(a))  # not one file lock: both must read at once
+    budget = max(len(files[a]), len(files[b])) + min(len(files[a]), len(files[b])) // 2
+    stagers = [StagedSource(MeetingSource(str(root)), tmp_path / "stage", budget_bytes=budget) for _ in range(2)]
+    threads = [threading.Thread(target=s.read, args=(rel,)) for s, rel in zip(stagers, (a, b), strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    with StagedSource(root, tmp_path / "stage") as check:
+        staged = check.manifest.total_bytes
+        assert 0 < staged <= budget, f"{staged} bytes staged over a budget of {budget}"
+        assert len(check.manifest.entries) == 1
+    for s in stagers:
+        s.close()
