@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
+import functools
 import mmap
 import os
 import re
@@ -76,6 +77,26 @@ def free_bytes(directory: str | os.PathLike = DEFAULT_DIR) -> int:
     """Bytes still available to an unprivileged writer in ``directory``'s file system."""
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
+
+
+def _can_back(directory: str, length: int) -> bool:
+    """Whether ``length`` new bytes fit in ``directory``'s free space and, on tmpfs, in available memory."""
+    if length > free_bytes(directory):
+        return False
+    return not _is_tmpfs(directory) or length <= psutil.virtual_memory().available
+
+
+@functools.lru_cache(maxsize=64)
+def _is_tmpfs(directory: str) -> bool:
+    """``directory`` lies on a memory-backed file system (the longest mount point above it decides)."""
+    real = os.path.realpath(directory)
+    best, fstype = "", ""
+    for part in psutil.disk_partitions(all=True):
+        mount = part.mountpoint.rstrip("/") or "/"
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) > len(best):
+            best, fstype = mount, part.fstype
+    return fstype in ("tmpfs", "shm", "ramfs")
 
 
 def flock_timeout(fd: int, timeout_s: float, what: str) -> None:
@@ -179,9 +200,17 @@ class Segment:
         return seg
 
     def reserve(self, offset: int, length: int) -> bool:
-        """Back ``[offset, offset+length)`` with real pages. False when the file system is full."""
+        """Back ``[offset, offset+length)`` with real pages. False when the file system is full.
+
+        Also False, before any page is taken, when the range cannot be backed: more than the file system's
+        free space, or (on tmpfs) more than the memory available. A tmpfs as large as RAM (``/dev/shm`` on
+        many machines) would otherwise let ``fallocate`` take every page and the kernel's OOM killer end the
+        process instead of this call failing.
+        """
         if length <= 0:
             return True
+        if not _can_back(os.path.dirname(self.path), length):
+            return False
         try:
             os.posix_fallocate(self._fd, offset, length)
             return True
