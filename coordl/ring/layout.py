@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ALIGN", "align", "build", "gather", "has_ring_leaf", "leaf_layout", "spec_of"]
+__all__ = ["ALIGN", "align", "build", "flatten", "gather", "has_ring_leaf", "leaf_layout", "spec_of"]
 
 ALIGN = 64  # leaves start on a cache line
 
@@ -86,6 +86,30 @@ def gather(spec: tuple, samples: list, rings: list[list], scalars: list[list]) -
     if any(type(s) is not want or len(s) != len(children) for s in samples):
         return False
     return all(gather(child, [s[i] for s in samples], rings, scalars) for i, child in enumerate(children))
+
+
+def flatten(spec: tuple, sample: Any, rings: list, scalars: list) -> bool:
+    """:func:`gather` for one sample: its leaves appended in spec order; False if it differs from ``spec``.
+
+    The per-sample path of the ring's stacker (``gather`` transposes whole batches)."""
+    kind = spec[0]
+    if kind == RING:
+        rings.append(sample)
+        return True
+    if kind == SCALAR:
+        scalars.append(sample)
+        return True
+    if kind == DICT:
+        keys = spec[1]
+        if type(sample) is not dict or len(sample) != len(keys) or tuple(sample) != keys:
+            return False
+        return all(flatten(child, sample[k], rings, scalars) for k, child in zip(keys, spec[2], strict=True))
+    children = spec[1]
+    if type(sample) is not (tuple if kind == TUPLE else list) or len(sample) != len(children):
+        return False
+    if len(children) == 2:  # (input, target), the usual sample: no generator
+        return flatten(children[0], sample[0], rings, scalars) and flatten(children[1], sample[1], rings, scalars)
+    return all(flatten(child, x, rings, scalars) for child, x in zip(children, sample, strict=True))
 
 
 def leaf_layout(values: list) -> tuple[torch.dtype, tuple[int, ...], int] | None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from coordl.ring.layout import ALIGN, align, build, gather, leaf_layout
+from coordl.ring.layout import ALIGN, align, build, flatten, leaf_layout
 from coordl.ring.slots import FREE, HEADER_BYTES, RingBatch, Stacked, WorkerRing
 
 __all__ = ["Stacker"]
@@ -39,7 +39,7 @@ class Stacker:
         self.count = 0
         self._leaves: list[tuple[int, torch.dtype, tuple, type, Any]] = []  # off, dtype, shape, type, rows
         self._scalars: list[list] = []
-        self._lent: set[int] = set()  # leaves whose row for this sample a transform was given
+        self._lent: dict[int, torch.Tensor] = {}  # leaf -> its row a transform was given, this sample
         self.in_place = 0  # samples whose tensors were all written straight into their rows
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
@@ -52,55 +52,63 @@ class Stacker:
             return None
         for k, (_off, dtype_k, shape_k, kind, rows) in enumerate(self._leaves):
             if kind is torch.Tensor and dtype_k == dtype and shape_k == shape and k not in self._lent:
-                self._lent.add(k)
-                return rows[self.count]
+                row = rows[self.count]
+                self._lent[k] = row
+                return row
         return None
 
     def add(self, sample: Any) -> list | None:
-        lent, self._lent = bool(self._lent), set()
-        rings: list[list] = []
-        scalars: list[list] = []
-        if not gather(self.ring.spec, [sample], rings, scalars):
-            return self._give_up(sample, lent)
-        values = [v for (v,) in rings]
-        if not (self._matches(values) if self._leaves else self._lay_out(values)):
-            return self._give_up(sample, lent)
-        if self.count == 0:
-            self._scalars = [[] for _ in scalars]
+        """Stack ``sample`` as the batch's next row (None), or give up on the slot (the samples so far).
+
+        Per sample, so kept lean: a transform usually returns the very row it was lent (``take``),
+        which is recognised by identity and needs neither a layout check nor a copy.
+        """
+        lent = self._lent
         if lent:
-            # A lent row came back as its own leaf's row: nothing to copy. Anything else in the slot
-            # (another leaf's row, a view of one) is cloned before any row is written over it.
-            slot = self._slot_range
-            for k, ((*_layout, rows), value) in enumerate(zip(self._leaves, values, strict=True)):
-                if type(value) is torch.Tensor and slot[0] <= value.data_ptr() < slot[1]:
-                    values[k] = _IN_PLACE if _same_memory(value, rows[self.count]) else value.clone()
+            self._lent = {}
+        values: list = []
+        scalars: list = []
+        if not flatten(self.ring.spec, sample, values, scalars):
+            return self._give_up(sample, bool(lent))
+        if not self._leaves:
+            if not self._lay_out(values):
+                return self._give_up(sample, bool(lent))
+            self._scalars = [[] for _ in scalars]
+        count = self.count
+        in_slot = False
+        for k, ((_off, dtype, shape, kind, rows), value) in enumerate(zip(self._leaves, values, strict=True)):
+            if lent and (value is lent.get(k) or _is_row(value, rows, count)):
+                values[k] = _IN_PLACE  # written straight into its row by the transform
+                continue
+            if type(value) is not kind or not _fits(value, dtype, shape):
+                return self._give_up(sample, bool(lent))
+            in_slot = in_slot or (lent and type(value) is torch.Tensor and self._in_slot(value))
+        if in_slot:
+            # Another leaf's row (or a view of one) came back: cloned before any row is written over it.
+            values = [v.clone() if type(v) is torch.Tensor and self._in_slot(v) else v for v in values]
         copied = 0
         for (*_layout, rows), value in zip(self._leaves, values, strict=True):
             if value is _IN_PLACE:
                 continue
             copied += 1
             if type(value) is torch.Tensor:
-                rows[self.count].copy_(value)
+                rows[count].copy_(value)
             else:
-                rows[self.count] = value
-        for acc, (value,) in zip(self._scalars, scalars, strict=True):
+                rows[count] = value
+        for acc, value in zip(self._scalars, scalars, strict=True):
             acc.append(value)
         self.in_place += copied == 0
-        self.count += 1
+        self.count = count + 1
         return None
+
+    def _in_slot(self, value: torch.Tensor) -> bool:
+        return self._slot_range[0] <= value.data_ptr() < self._slot_range[1]
 
     def _give_up(self, sample: Any, lent: bool) -> list:
         """:meth:`abort` plus this sample; a row lent to it is copied out before the slot goes back."""
         if lent:
             sample = _unalias(sample, self._slot_range)
         return self.abort() + [sample]
-
-    def _matches(self, values: list) -> bool:
-        for (_off, dtype, shape, kind, _rows), value in zip(self._leaves, values, strict=True):
-            layout = leaf_layout([value]) if type(value) is kind else None
-            if layout is None or layout[0] != dtype or tuple(layout[1]) != shape:
-                return False
-        return True
 
     def _lay_out(self, values: list) -> bool:
         """Place each leaf's ``n`` rows in the slot, from the first sample's layout."""
@@ -154,14 +162,23 @@ class Stacker:
         self.ring.states[self.slot] = FREE
 
 
-def _same_memory(value: torch.Tensor, row: torch.Tensor) -> bool:
-    """``value`` is ``row`` itself (written in place by a transform), not a copy or another view."""
+def _is_row(value: Any, rows: Any, count: int) -> bool:
+    """``value`` is the row ``count`` of ``rows`` itself (written in place), not a copy or another view."""
+    if type(value) is not torch.Tensor:
+        return False
+    row = rows[count]
     return (
         value.data_ptr() == row.data_ptr()
         and value.dtype == row.dtype
         and value.shape == row.shape
         and value.stride() == row.stride()
     )
+
+
+def _fits(value: Any, dtype: torch.dtype, shape: tuple) -> bool:
+    """``value`` has the leaf's layout (what :func:`coordl.ring.layout.leaf_layout` gave its first row)."""
+    layout = leaf_layout([value])
+    return layout is not None and layout[0] == dtype and tuple(layout[1]) == shape
 
 
 def _unalias(sample: Any, slot: tuple[int, int]) -> Any:
