@@ -32,7 +32,9 @@ log = logging.getLogger("coordl")
 
 def is_index(key: Any) -> bool:
     """An item index (the fetch tiers' key): an int or NumPy integer; a bool, list, slice... is a key."""
-    return isinstance(key, numbers.Integral) and not isinstance(key, (bool, np.bool_))
+    if isinstance(key, int):  # int and its subclasses (a seeded index) without the ABC check: per item
+        return type(key) is not bool
+    return isinstance(key, numbers.Integral) and not isinstance(key, np.bool_)
 
 
 class DatasetKeys:
