@@ -104,6 +104,10 @@ class AppendTable:
         self._lock_pid = -1
         self._thread_lock = threading.Lock()  # flock does not exclude threads sharing a descriptor
         self.torn_reads = 0  # this process's reads refused by the check (a concurrent or dead writer)
+        # Rows whose bytes this process has checked (or written): a value is never overwritten, so one
+        # check per process and row is enough, and later reads cost a copy, not a CRC. Process-local on
+        # purpose: between threads the GIL orders memory; between processes only the CRC does.
+        self._checked: bytearray | None = None
 
     @classmethod
     def create(
@@ -163,7 +167,9 @@ class AppendTable:
         """A read-only view of key ``(lo, hi)``'s value, or None when absent or not (yet) intact.
 
         ``verify=False`` skips the CRC over the bytes (a copy's speed). Safe only where stores become
-        visible in program order (x86-64) and nothing else writes the segment.
+        visible in program order (x86-64) and nothing else writes the segment. With ``verify`` a row is
+        checked once per process: after this process has read it intact (or written it), later reads
+        of it skip the CRC, since a value is never overwritten.
         """
         row = self._find(lo, hi)
         if row < 0:
@@ -179,10 +185,17 @@ class AppendTable:
             return None
         start = self._data_off + offset
         view = self._buf[start : start + length]
-        if verify and _check(lo, hi, view) != check:
-            self.torn_reads += 1
-            return None
+        if verify and not (self._checked is not None and self._checked[row]):
+            if _check(lo, hi, view) != check:
+                self.torn_reads += 1
+                return None
+            self._mark_checked(row)
         return view.toreadonly()
+
+    def _mark_checked(self, row: int) -> None:
+        if self._checked is None:
+            self._checked = bytearray(self.rows)  # 1 byte per row, made at this process's first read
+        self._checked[row] = 1
 
     def __contains__(self, key: tuple[int, int]) -> bool:
         row = self._find(*key)
@@ -213,6 +226,7 @@ class AppendTable:
             pos += n
         # Publish: the check goes last. A reader that sees it before the bytes computes another CRC.
         self._row_words[ROW_WORDS * row + 4] = _check(lo, hi, self._buf[start : start + length])
+        self._mark_checked(row)  # this process wrote the bytes it would check
         return True
 
     def _claim(self, lo: int, hi: int, length: int) -> tuple[int, int]:

@@ -101,13 +101,17 @@ def test_filesystem_full_stops_puts(shm_dir, monkeypatch):
 
 def test_corrupted_value_is_a_counted_miss(shm_dir):
     s = LocalStore(8 << 20, name="t7", directory=shm_dir)
+    other = None
     try:
         s.put_many({"a": _img(1)})
         base = s._table._data_off
         s._seg.buf[base + 200] ^= 0xFF  # flip a payload byte behind the store's back
-        assert s.get_many(["a"]) == {}
-        assert s.stats()["errors"] == 1
+        other = LocalStore(8 << 20, name="t7", directory=shm_dir)  # a process that has not read "a" yet
+        assert other.get_many(["a"]) == {}
+        assert other.stats()["errors"] == 1
     finally:
+        if other is not None:
+            other.close()
         s.close()
 
 

@@ -110,11 +110,39 @@ def test_a_writer_killed_mid_copy_is_never_served(tmp_path) -> None:
 
 
 def test_a_flipped_byte_is_refused(tmp_path) -> None:
-    seg, t = _table(tmp_path)
-    t.put(5, 5, (_value(5),))
-    t._buf[t._data_off + 100] ^= 0xFF
-    assert t.get(5, 5) is None and t.torn_reads == 1
-    t.close()
+    seg, writer = _table(tmp_path)
+    writer.put(5, 5, (_value(5),))
+    writer._buf[writer._data_off + 100] ^= 0xFF
+    reader = AppendTable(seg)  # another process's view: it has not checked the row yet
+    assert reader.get(5, 5) is None and reader.torn_reads == 1
+    reader.close()
+    writer.close()
+    seg.close()
+
+
+def test_each_process_checks_a_row_once(tmp_path, monkeypatch) -> None:
+    """Values are never overwritten: once a process read a row intact (or wrote it), later reads skip
+    the CRC. A row that failed its check is checked again at the next read (its writer may finish)."""
+    import shmem.table
+
+    seg, writer = _table(tmp_path, dense=True, max_items=8)
+    writer.put(1, 0, (_value(1),))
+    calls = []
+    real = shmem.table._check
+    monkeypatch.setattr(shmem.table, "_check", lambda *a: calls.append(a[0]) or real(*a))
+    assert bytes(writer.get(1)) == _value(1) and calls == []  # the writer wrote these bytes
+    reader = AppendTable(seg)
+    for _ in range(3):
+        assert bytes(reader.get(1)) == _value(1)
+    assert calls == [1]
+    row = _publish_row_before_bytes(writer, 2, _value(2))
+    calls.clear()
+    assert reader.get(2) is None and reader.get(2) is None and calls == [2, 2]
+    offset = writer._row_words[ROW_WORDS * row + 2]
+    writer._buf[writer._data_off + offset : writer._data_off + offset + 3000] = _value(2)
+    assert bytes(reader.get(2)) == _value(2) and bytes(reader.get(2)) == _value(2) and calls == [2, 2, 2]
+    reader.close()
+    writer.close()
     seg.close()
 
 
