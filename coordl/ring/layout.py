@@ -107,9 +107,15 @@ def flatten(spec: tuple, sample: Any, rings: list, scalars: list) -> bool:
     children = spec[1]
     if type(sample) is not (tuple if kind == TUPLE else list) or len(sample) != len(children):
         return False
-    if len(children) == 2:  # (input, target), the usual sample: no generator
-        return flatten(children[0], sample[0], rings, scalars) and flatten(children[1], sample[1], rings, scalars)
-    return all(flatten(child, x, rings, scalars) for child, x in zip(children, sample, strict=True))
+    for child, x in zip(children, sample, strict=True):
+        leaf = child[0]
+        if leaf == RING:  # leaves inline: (input, target) is the usual sample, flattened per sample
+            rings.append(x)
+        elif leaf == SCALAR:
+            scalars.append(x)
+        elif not flatten(child, x, rings, scalars):
+            return False
+    return True
 
 
 def leaf_layout(values: list) -> tuple[torch.dtype, tuple[int, ...], int] | None:
