@@ -91,6 +91,50 @@ def test_dct_denom_needs_twice_the_output_on_both_sides():
     assert cropdecode.dct_denom(4000, 4000, 224, 224) == 8
 
 
+def _sof(marker: int, height: int, width: int, components: int = 3, precision: int = 8) -> bytes:
+    """SOI, one frame header segment, EOI: enough for the header reader."""
+    body = bytes([precision, height >> 8, height & 255, width >> 8, width & 255, components])
+    body += b"\x01\x22\x00" * components
+    return b"\xff\xd8\xff" + bytes([marker]) + (2 + len(body)).to_bytes(2, "big") + body + b"\xff\xd9"
+
+
+@needs_ext
+@pytest.mark.parametrize(
+    "raw,expect",
+    [
+        *[(raw, (141, 203)) for raw in FLAVOURS.values()],
+        (_pil_jpeg(PIXELS, "CMYK"), None),  # four components: libjpeg gives no RGB
+        (FLAVOURS["420"] + b"x", None),  # not ending in EOI
+        (FLAVOURS["420"][:300] + b"\xff\xd9", (141, 203)),  # the header is whole: the decoders judge the rest
+        (_sof(0xC0, 9, 7), (9, 7)),
+        (_sof(0xC2, 9, 7, components=1), (9, 7)),
+        (_sof(0xC0, 0, 7), None),  # height from a DNL marker: not taken
+        (_sof(0xC0, 9, 7, precision=12), None),
+        (_sof(0xC0, 9, 7, components=4), None),
+        (_sof(0xC3, 9, 7), None),  # lossless
+        (b"\xff\xd8\xff\xff\xff" + _sof(0xC1, 9, 7)[3:], (9, 7)),  # fill bytes before a marker
+        (b"\xff\xd8\xff\xda\x00\x04\x00\x00" + _sof(0xC0, 9, 7)[2:], None),  # a scan before the frame
+        (b"\xff\xd8\xff\xe0\xff\xf0\x00\x00\xff\xd9", None),  # a segment longer than the data
+        (_sof(0xC0, 9, 7)[:10] + b"\xff\xd9", None),  # a cut frame header
+        (b"\xff\xd8\xff\xd9", None),
+        (b"\x89PNG\r\n\x1a\n\xff\xd9", None),
+    ],
+)
+def test_the_header_reader_takes_what_the_crop_decoder_takes(raw, expect):
+    assert cropdecode.jpeg_size(raw) == expect
+    assert cropdecode.jpeg_size(bytearray(raw)) == expect and cropdecode.jpeg_size(memoryview(raw)) == expect
+    if expect is not None and len(raw) > 1000:  # the old reader agrees on whole files
+        assert cropdecode._header_simplejpeg(raw) == expect
+
+
+def test_a_build_without_the_header_reader_answers_through_simplejpeg(monkeypatch):
+    monkeypatch.setattr(cropdecode, "_header", None)
+    monkeypatch.setattr(cropdecode, "_cropjpeg", cropdecode._cropjpeg or object())
+    assert cropdecode.jpeg_size(FLAVOURS["420"]) == (141, 203)
+    assert cropdecode.jpeg_size(_pil_jpeg(PIXELS, "CMYK")) is None
+    assert cropdecode.jpeg_size(FLAVOURS["420"][:-1]) is None
+
+
 def _both(tf_size: int, raw: bytes, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(crop decode, full decode + crop) of the standard recipe, from the same random draws."""
     fused = T.train_transform(tf_size)
@@ -141,11 +185,12 @@ def test_dct_scaled_samples_stay_close_to_the_full_decode():
     [
         FLAVOURS["420"][: len(FLAVOURS["420"]) // 2],  # truncated
         FLAVOURS["420"][:200],  # headers only
+        FLAVOURS["420"][:300] + b"\xff\xd9",  # the frame header, then EOI: the crop decoder is tried first
         b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8 + b"\xff\xd9",  # JPEG magic, garbage, EOI
         b"\xff\xd9",
         b"",
     ],
-    ids=["truncated", "headers-only", "garbage", "eoi-only", "empty"],
+    ids=["truncated", "headers-only", "cut-with-eoi", "garbage", "eoi-only", "empty"],
 )
 def test_corrupt_and_truncated_files_raise_corrupt_item_error_naming_the_file(raw, tmp_path):
     (tmp_path / "cls").mkdir()
