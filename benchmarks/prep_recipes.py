@@ -184,6 +184,98 @@ def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, 
     return results
 
 
+# The held-out check: images not used to tune crop decode (other content, sizes, qualities, chroma
+# subsampling, progressive). "photo": the real photograph matplotlib ships (sample_data/grace_hopper.jpg,
+# 512x600), mirror-tiled to the size and cut at random offsets, so its local statistics stay a photo's;
+# "synthetic": coordl.data.synth images of another seed than the benchmark's. (label, source, width,
+# height, quality, Pillow subsampling 0/1/2 = 4:4:4/4:2:2/4:2:0, progressive)
+HELD_OUT = (
+    ("photo as shipped (512x600)", "photo-file", 0, 0, 0, 0, False),
+    ("photo 640x480 q75 4:2:0", "photo", 640, 480, 75, 2, False),
+    ("photo 800x600 q95 4:4:4", "photo", 800, 600, 95, 0, False),
+    ("photo 1280x960 q90 4:2:2", "photo", 1280, 960, 90, 1, False),
+    ("photo 1920x1080 q90 4:2:0 progressive", "photo", 1920, 1080, 90, 2, True),
+    ("synthetic 640x480 q95 4:2:2", "synth", 640, 480, 95, 1, False),
+    ("synthetic 800x600 q75 4:2:0 progressive", "synth", 800, 600, 75, 2, True),
+    ("synthetic 1280x960 q75 4:4:4", "synth", 1280, 960, 75, 0, False),
+    ("synthetic 1920x1080 q95 4:2:0", "synth", 1920, 1080, 95, 2, False),
+)
+
+
+def _photo_path() -> str:
+    import matplotlib
+
+    return f"{matplotlib.get_data_path()}/sample_data/grace_hopper.jpg"
+
+
+def _held_out_images(source: str, width: int, height: int, quality: int, sub: int, prog: bool, count: int) -> list[bytes]:
+    import io
+
+    from PIL import Image
+
+    from coordl.data.decode import decode_image
+    from coordl.data.synth import make_image
+
+    if source == "photo-file":
+        with open(_photo_path(), "rb") as f:
+            return [f.read()] * count
+    rng = np.random.default_rng(1)
+    if source == "photo":
+        with open(_photo_path(), "rb") as f:
+            photo = decode_image(f.read())
+        reps = (-(-2 * height // photo.shape[0]), -(-2 * width // photo.shape[1]), 1)
+        canvas = np.pad(photo, [(0, (r - 1) * n) for r, n in zip(reps, photo.shape, strict=True)], mode="symmetric")
+    out = []
+    for i in range(count):
+        if source == "photo":
+            top, left = int(rng.integers(0, canvas.shape[0] - height)), int(rng.integers(0, canvas.shape[1] - width))
+            pixels = canvas[top : top + height, left : left + width]
+        else:
+            pixels = make_image(i, 10, width, height, seed=1)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=quality, subsampling=sub, progressive=prog)
+        out.append(buf.getvalue())
+    return out
+
+
+def held_out_table(rounds: int = 5, count: int = 64) -> dict[str, Any]:
+    """Print (and return) CPU ms per sample of the three recipes on the :data:`HELD_OUT` images."""
+    import torch
+
+    from coordl.data import cropdecode
+    from coordl.data.transforms import RandomResizedCrop
+
+    torch.set_num_threads(1)
+    print(f"\n### Held-out images, one process, CPU per sample (ms, median of {rounds} rounds of {count} images)\n")
+    header = "| images | KB per image | " + " | ".join(RECIPES.values())
+    header += " | full / crop decode | resize-first / crop decode | boxes DCT-scaled | crop vs full pixels (scale 1) |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    results: dict[str, Any] = {}
+    for label, *spec in HELD_OUT:
+        raws = _held_out_images(*spec, count=count)
+        timers = {r: _coordl_timer(r, raws) for r in RECIPES}
+        for timer in timers.values():  # warm up
+            timer()
+        samples: dict[str, list[float]] = {k: [] for k in timers}
+        for _ in range(rounds):
+            for name, timer in timers.items():
+                samples[name].append(timer())
+        med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        exact, _worst, _mean = pixel_check(raws)
+        height, width = cropdecode.jpeg_size(raws[0]) or (0, 0)
+        rrc = RandomResizedCrop(CROP, generator=torch.Generator().manual_seed(0))
+        boxes = [rrc.get_params(height, width) for _ in range(1000)] if height else []
+        scaled = sum(cropdecode.dct_denom(h, w, CROP, CROP) > 1 for _t, _l, h, w in boxes) / max(len(boxes), 1)
+        results[label] = {"ms": med, "runs_ms": samples, "exact": exact, "dct_scaled": scaled}
+        cells = [f"{statistics.mean(map(len, raws)) / 1024:.0f}", *(f"{med[r]:.3f}" for r in RECIPES)]
+        cells.append(f"**{med['standard_full'] / med['standard']:.3f}x**")
+        cells.append(f"{med['resize_first'] / med['standard']:.2f}x")
+        cells += [f"{scaled:.0%}", f"max {exact}"]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    return results
+
+
 def main() -> None:
     """``python benchmarks/prep_recipes.py``: the one-process table alone (machine, date and load first)."""
     import argparse
@@ -195,9 +287,18 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5, help="rounds (the table shows medians)")
     p.add_argument("--count", type=int, default=96, help="images per round and size")
     p.add_argument("--no-dali", action="store_true", help="leave out DALI's CPU pipeline")
+    p.add_argument(
+        "--held-out", action="store_true",
+        help="instead: the three recipes on images not used for tuning (a real photograph, other sizes, "
+        "qualities, subsampling, progressive); --count applies per row",
+    )  # fmt: skip
     args = p.parse_args()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"{now}, {platform.node()}, {os.cpu_count()} cores, load average {os.getloadavg()}")
+    if args.held_out:
+        held_out_table(args.rounds, args.count)
+        print(f"\nload average after: {os.getloadavg()}")
+        return
     dali = not args.no_dali
     if dali:
         try:
