@@ -128,6 +128,7 @@ def _usage() -> dict[str, float]:
         "main_cpu_s": me.ru_utime + me.ru_stime,
         "main_minflt": float(me.ru_minflt),
         "workers_cpu_s": reaped.ru_utime + reaped.ru_stime,
+        "workers_sys_s": reaped.ru_stime,  # the kernel's share: reads, page faults, memory-cgroup reclaim
         "workers_minflt": float(reaped.ru_minflt),
     }
     for child in psutil.Process().children(recursive=True):
@@ -138,6 +139,7 @@ def _usage() -> dict[str, float]:
         except (psutil.Error, OSError):
             continue
         out["workers_cpu_s"] += t.user + t.system
+        out["workers_sys_s"] += t.system
         out["workers_minflt"] += minflt
     return out
 
@@ -405,8 +407,8 @@ def _prep_summary(res: dict) -> dict[str, float]:
     items = sum(e["items"] for e in later)
     wall = sum(e["time_s"] for e in later)
     out = {"rate": items / wall, "controller_cores": res["controller_cores"]}
-    for key in ("cpu_s", "main_cpu_s", "workers_cpu_s", "main_minflt", "workers_minflt"):
-        out[key] = sum(e[key] for e in later) / items
+    for key in ("cpu_s", "main_cpu_s", "workers_cpu_s", "workers_sys_s", "main_minflt", "workers_minflt"):
+        out[key] = sum(e.get(key, 0.0) for e in later) / items
     out["machine_busy"] = sum(e["machine_busy_s"] for e in later) / wall
     out["machine_steal"] = sum(e["machine_steal_s"] for e in later) / wall
     return out
@@ -456,18 +458,18 @@ def print_prep_table(prep: dict, args: argparse.Namespace, recipe: str) -> None:
         ours = _med(r["rate"] * r["cpu_s"] for r in prep[cfg])
         print(f"| ({cfg}) | {busy:.2f} | {ours:.2f} | {busy - ours:.2f} | {steal:.2f} | {ctl:.2f} |")
     print("\nWhere the loader's time goes, per sample (median):\n")
-    print("| | main CPU | workers CPU | main minor faults | workers minor faults |")
-    print("|---|---|---|---|---|")
+    print("| | main CPU | workers CPU | of which kernel | main minor faults | workers minor faults |")
+    print("|---|---|---|---|---|---|")
     lim_faults = _med(r[2] for r in prep["limit"])
-    print(f"| decode limit (one loop) | - | {lim_cpu * 1000:.2f} ms | - | {lim_faults:.0f} |")
+    print(f"| decode limit (one loop) | - | {lim_cpu * 1000:.2f} ms | - | - | {lim_faults:.0f} |")
     for cfg in args.prep_configs:
         m = {
             k: _med(r[k] for r in prep[cfg])
-            for k in ("main_cpu_s", "workers_cpu_s", "main_minflt", "workers_minflt")
+            for k in ("main_cpu_s", "workers_cpu_s", "workers_sys_s", "main_minflt", "workers_minflt")
         }
         print(
             f"| ({cfg}) | {m['main_cpu_s'] * 1000:.2f} ms | {m['workers_cpu_s'] * 1000:.2f} ms | "
-            f"{m['main_minflt']:.0f} | {m['workers_minflt']:.0f} |"
+            f"{m['workers_sys_s'] * 1000:.2f} ms | {m['main_minflt']:.0f} | {m['workers_minflt']:.0f} |"
         )
 
 
