@@ -8,14 +8,16 @@ reports through files in its result directory: ``progress-<pid>.txt`` while it r
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,37 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             continue
 
 
+class _Stopped(SystemExit):
+    """dsanalyzer itself got SIGTERM or SIGHUP while a profiled run was going: the run's process group is
+    stopped on the way out, and dsanalyzer exits as a signalled process would (128 + the signal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`_Stopped` while a child runs (main thread only).
+
+    The child runs in its own session, so a ``kill`` of dsanalyzer (a job scheduler's, a closed terminal)
+    would otherwise end dsanalyzer alone and leave the training job and its workers running.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_child(
     command: list[str],
     cfg: HookConfig,
@@ -76,32 +109,50 @@ def run_child(
         except OSError as e:
             raise ProfileError(f"cannot start {command[0]!r}: {e.strerror or e}") from None
         deadline = time.monotonic() + timeout_s
-        stopped_at = None
         try:
-            while proc.poll() is None:
-                time.sleep(0.2)
-                if progress is not None:
-                    for p in glob.glob(os.path.join(cfg.result_dir, "progress-*.txt")):
-                        try:
-                            done, total = (int(x) for x in Path(p).read_text().split())
-                            progress(done, total)
-                        except (OSError, ValueError):
-                            pass
-                if stopped_at is None and glob.glob(os.path.join(cfg.result_dir, "result-*.json")):
-                    stopped_at = time.monotonic()
-                if stopped_at is not None and time.monotonic() - stopped_at > _LINGER_S:
-                    _kill_group(proc)  # the script lingers after its result: shutting down is not measured
-                    break
-                if time.monotonic() > deadline:
-                    _kill_group(proc)
-                    raise ProfileError(
-                        f"the {cfg.mode} run timed out after {timeout_s:.0f} s (--timeout); "
-                        f"last lines of its output ({log_path}):\n{_tail(log_path)}"
-                    )
+            with _stop_on_signals():
+                _wait(proc, cfg, log_path, timeout_s, deadline, progress)
         except BaseException:
             if proc.poll() is None:
                 _kill_group(proc)
             raise
+    return _read_result(proc, cfg, command, log_path)
+
+
+def _wait(
+    proc: subprocess.Popen,
+    cfg: HookConfig,
+    log_path: Path,
+    timeout_s: float,
+    deadline: float,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Poll the child until it exits, lingers too long after its result, or runs past ``deadline``."""
+    stopped_at = None
+    while proc.poll() is None:
+        time.sleep(0.2)
+        if progress is not None:
+            for p in glob.glob(os.path.join(cfg.result_dir, "progress-*.txt")):
+                try:
+                    done, total = (int(x) for x in Path(p).read_text().split())
+                    progress(done, total)
+                except (OSError, ValueError):
+                    pass
+        if stopped_at is None and glob.glob(os.path.join(cfg.result_dir, "result-*.json")):
+            stopped_at = time.monotonic()
+        if stopped_at is not None and time.monotonic() - stopped_at > _LINGER_S:
+            _kill_group(proc)  # the script lingers after its result: shutting down is not measured
+            break
+        if time.monotonic() > deadline:
+            _kill_group(proc)
+            raise ProfileError(
+                f"the {cfg.mode} run timed out after {timeout_s:.0f} s (--timeout); "
+                f"last lines of its output ({log_path}):\n{_tail(log_path)}"
+            )
+
+
+def _read_result(proc: subprocess.Popen, cfg: HookConfig, command: list[str], log_path: Path) -> dict:
+    """The run's result dict from its result files, or a ProfileError saying why there is none."""
     results = []
     for p in sorted(glob.glob(os.path.join(cfg.result_dir, "result-*.json"))):
         with open(p) as f:

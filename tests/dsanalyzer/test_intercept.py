@@ -284,3 +284,42 @@ def test_loader_facts_record_the_epoch_verify_warms_up_over():
 
     facts = loader_facts(torch.utils.data.DataLoader(Stream(), batch_size=4))
     assert facts["drop_last"] is False and facts["batches_per_epoch"] is None
+
+
+def test_sigterm_to_dsanalyzer_stops_the_profiled_job_too(tmp_path):
+    """The job runs in its own session; a ``kill`` of dsanalyzer must not leave it (and its workers) running."""
+    import signal
+    import time
+
+    import psutil
+
+    pid_file = tmp_path / "job.pid"
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import os, sys, time, torch.utils.data as tud\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "class Slow(tud.Dataset):\n"
+        "    def __len__(self): return 10_000\n"
+        "    def __getitem__(self, i): time.sleep(0.05); return i\n"
+        "for _ in tud.DataLoader(Slow(), batch_size=4, num_workers=1): pass\n"
+    )
+    cmd = [PY, "-m", "dsanalyzer.cli", "profile", "--quiet", "--out", str(tmp_path / "out"), "--", PY, str(script)]
+    cli = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            assert cli.poll() is None, cli.stdout.read().decode(errors="replace")
+            assert time.monotonic() < deadline, "the profiled job never started"
+            time.sleep(0.2)
+        job = psutil.Process(int(pid_file.read_text()))
+        family = [job, *job.children(recursive=True)]
+        time.sleep(1.0)  # inside the wait loop, the loader's worker started
+        family += [c for c in job.children(recursive=True) if c not in family]
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=60) == 128 + signal.SIGTERM
+        _gone, alive = psutil.wait_procs(family, timeout=30)
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"still running after dsanalyzer was stopped: {alive}"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
