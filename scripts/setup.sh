@@ -52,7 +52,9 @@ if ! have_extras; then
   # The package accepts torch>=2.6,<3 (pyproject.toml); the quick start installs the version the project is tested
   # with, first, so that the editable install below finds it satisfied and keeps it.
   .venv/bin/pip install -q "torch==$TORCH_VERSION" 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
+  # torch is named again here: with moto, boto3 and s3fs together pip's resolver backtracks and, left free,
+  # takes the newest torch the range allows (a CUDA build) over the one just installed.
+  .venv/bin/pip install -q -e ".[$EXTRAS]" "torch==$TORCH_VERSION" 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import torch, simplejpeg, redis, psutil" \
     || { echo "setup: the install failed (see above)" >&2; exit 1; }
   echo "$EXTRAS" > "$stamp"
