@@ -147,6 +147,17 @@ def pixel_check(raws: list[bytes], samples: int = 64) -> tuple[int, int, float]:
     return exact, worst, statistics.mean(means) if means else float("nan")
 
 
+def _alternate(timers: dict[str, Callable[[], float]], rounds: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Each timer once to warm up, then ``rounds`` rounds of all of them in turn: (seconds per round, median ms)."""
+    for timer in timers.values():
+        timer()
+    samples: dict[str, list[float]] = {k: [] for k in timers}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            samples[name].append(timer())
+    return samples, {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
 def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, Any]:
     """Print (and return) CPU ms per sample of each recipe, coordl and DALI, at both image sizes."""
     import torch
@@ -165,13 +176,7 @@ def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, 
         if dali:
             timers["dali_resize_first"] = _dali_timer("resize_first", raws)
             timers["dali_standard"] = _dali_timer("standard", raws)
-        for timer in timers.values():  # warm up
-            timer()
-        samples: dict[str, list[float]] = {k: [] for k in timers}
-        for _ in range(rounds):
-            for name, timer in timers.items():
-                samples[name].append(timer())
-        med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        samples, med = _alternate(timers, rounds)
         exact, worst, mean = pixel_check(raws)
         results[f"{width}x{height}"] = {"ms": med, "runs_ms": samples, "pixels": (exact, worst, mean)}
         cells = [f"{med[r]:.3f}" for r in RECIPES]
@@ -255,13 +260,7 @@ def held_out_table(rounds: int = 5, count: int = 64) -> dict[str, Any]:
     for label, *spec in HELD_OUT:
         raws = _held_out_images(*spec, count=count)
         timers = {r: _coordl_timer(r, raws) for r in RECIPES}
-        for timer in timers.values():  # warm up
-            timer()
-        samples: dict[str, list[float]] = {k: [] for k in timers}
-        for _ in range(rounds):
-            for name, timer in timers.items():
-                samples[name].append(timer())
-        med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+        samples, med = _alternate(timers, rounds)
         exact, _worst, _mean = pixel_check(raws)
         height, width = cropdecode.jpeg_size(raws[0]) or (0, 0)
         rrc = RandomResizedCrop(CROP, generator=torch.Generator().manual_seed(0))
