@@ -42,9 +42,11 @@ __all__ = [
 ]
 
 DEFAULT_DIR = "/dev/shm"
-# coordl-<kind>-<owner pid>-<owner start ticks>-<token>: a stale segment names its dead owner.
+# coordl-<kind>-<owner pid>-<owner start ticks>[-for-<reader pid>-<reader start ticks>]-<token>: a stale
+# segment names its dead owner, and the reader it was made for (when there is one) is dead too.
 SEGMENT_NAME_RE = re.compile(
-    r"^coordl-(?P<kind>[a-z0-9_]+)-(?P<pid>\d+)-(?P<start>\d+)-(?P<token>[0-9a-f]+)$"
+    r"^coordl-(?P<kind>[a-z0-9_]+)-(?P<pid>\d+)-(?P<start>\d+)(?:-for-(?P<rpid>\d+)-(?P<rstart>\d+))?"
+    r"-(?P<token>[0-9a-f]+)$"
 )
 
 
@@ -126,6 +128,8 @@ def reclaim_stale(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:
         m = SEGMENT_NAME_RE.match(name)
         if m is None or owner_alive(int(m["pid"]), int(m["start"])):
             continue
+        if m["rpid"] is not None and owner_alive(int(m["rpid"]), int(m["rstart"])):
+            continue  # its reader may still map it (a batch its dead writer sent, still in a queue)
         path = os.path.join(directory, name)
         try:
             os.unlink(path)
@@ -166,14 +170,21 @@ class Segment:
             atexit.register(self._finalizer)
 
     @classmethod
-    def create(cls, kind: str, size: int, directory: str | os.PathLike = DEFAULT_DIR) -> Segment:
-        """Create a sparse segment of ``size`` bytes. Reclaims stale segments in ``directory`` first."""
+    def create(
+        cls, kind: str, size: int, directory: str | os.PathLike = DEFAULT_DIR, *, reader: str | None = None
+    ) -> Segment:
+        """Create a sparse segment of ``size`` bytes. Reclaims stale segments in ``directory`` first.
+
+        ``reader``: the :func:`owner_tag` of the process that will map it after this one may have died
+        (a loader worker's batch ring, read by the main process): the segment is stale only once both are gone.
+        """
         if not re.fullmatch(r"[a-z0-9_]+", kind):
             raise ValueError(f"segment kind must be lowercase alphanumeric, got {kind!r}")
         directory = os.fspath(directory)
         Path(directory).mkdir(parents=True, exist_ok=True)
         reclaim_stale(directory)
-        path = os.path.join(directory, f"coordl-{kind}-{owner_tag()}-{secrets.token_hex(4)}")
+        for_reader = f"-for-{reader}" if reader is not None else ""
+        path = os.path.join(directory, f"coordl-{kind}-{owner_tag()}{for_reader}-{secrets.token_hex(4)}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, max(size, 1))

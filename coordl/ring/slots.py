@@ -129,12 +129,15 @@ class WorkerRing:
         directory: str,
         segment: Segment | None = None,
         receiver: int = 0,
+        reader: str | None = None,
     ) -> None:
         self.spec, self.slot_bytes, self.num_slots = spec, slot_bytes, num_slots
         self.receiver = receiver  # the main process's BatchRing, as a key of RECEIVERS
         self.adopted = segment is not None
         if segment is None:
-            segment = Segment.create("ring", HEADER_BYTES + num_slots * slot_bytes, directory)
+            # Named for the main process too: killed, this worker may have batches in torch's queue still
+            # to be mapped; another process's reclaim must leave the segment while the main process lives.
+            segment = Segment.create("ring", HEADER_BYTES + num_slots * slot_bytes, directory, reader=reader)
             # The worker exits through multiprocessing, which skips atexit: unlink there if never mapped.
             multiprocessing.util.Finalize(None, segment.unlink, exitpriority=0)
         self.segment = segment

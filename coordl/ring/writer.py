@@ -20,7 +20,7 @@ from torch.utils.data.dataloader import default_collate
 from coordl.ring.layout import ALIGN, align, gather, has_ring_leaf, leaf_layout, spec_of
 from coordl.ring.slots import HEADER_BYTES, PAGE_BYTES, Stacked, WorkerRing
 from coordl.ring.stacker import Stacker
-from shmem.segment import DEFAULT_DIR, Segment
+from shmem.segment import DEFAULT_DIR, Segment, owner_tag
 
 __all__ = ["RingCollate"]
 
@@ -39,10 +39,16 @@ class RingCollate:
     """
 
     def __init__(
-        self, num_slots: int, batch_size: int | None, directory: str = DEFAULT_DIR, receiver: int = 0
+        self,
+        num_slots: int,
+        batch_size: int | None,
+        directory: str = DEFAULT_DIR,
+        receiver: int = 0,
+        reader: str | None = None,
     ) -> None:
         self.num_slots, self.batch_size, self.directory = int(num_slots), batch_size, directory
         self.receiver = receiver  # the main process's BatchRing (its key in coordl.ring.slots.RECEIVERS)
+        self.reader = owner_tag() if reader is None else reader  # the main process, which maps the segments
         # Set by the main process just before it forks an epoch's workers: worker id -> a segment of
         # the previous epoch's workers (path, fd, mapping) to stack into instead of a new one.
         self.adopt: dict[int, tuple[str, int, mmap.mmap]] = {}
@@ -53,7 +59,7 @@ class RingCollate:
     def __getstate__(self) -> dict:
         return {
             "num_slots": self.num_slots, "batch_size": self.batch_size, "directory": self.directory,
-            "receiver": self.receiver,
+            "receiver": self.receiver, "reader": self.reader,
         }  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
@@ -115,8 +121,9 @@ class RingCollate:
         slot_bytes = align(max(slot_bytes, 1), PAGE_BYTES)
         try:
             ring = WorkerRing(
-                spec, slot_bytes, self.num_slots, self.directory, self._adoptable(slot_bytes), self.receiver
-            )
+                spec, slot_bytes, self.num_slots, self.directory, self._adoptable(slot_bytes), self.receiver,
+                self.reader,
+            )  # fmt: skip
         except OSError:
             return None
         if ring.capped:  # not even the header fits: no ring in this worker
