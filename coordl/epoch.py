@@ -138,14 +138,17 @@ class EpochIterator:
         while True:
             try:
                 batch = next(self._it)
+                if isinstance(batch, EmptyBatch):
+                    continue
+                self._on_batch()
+                # inside the try too: torch's SIGCHLD handler raises a worker's death wherever this
+                # process is, and here it is still coordl's to translate
+                return self._unwrap(batch)
             except StopIteration:
                 self._on_end()
                 raise
             except Exception as e:
                 self._raise(e)
-            if not isinstance(batch, EmptyBatch):
-                self._on_batch()
-                return self._unwrap(batch)
 
     def _raise(self, error: Exception) -> None:
         """Raise ``error`` (or coordl's translation of a RuntimeError), leaving no cycle.

@@ -1,10 +1,14 @@
-"""Starting torch's loader workers: whether they are forked, forking them with a frozen heap, and showing
-them the user's dataset as ``get_worker_info().dataset``."""
+"""Starting torch's loader workers: whether they are forked, forking them with a frozen heap, showing
+them the user's dataset as ``get_worker_info().dataset``, and making sure each forked worker got past
+the fork (:mod:`coordl.workers.stuck`)."""
 
 from __future__ import annotations
 
 import gc
+import mmap
 import multiprocessing
+import os
+import struct
 from typing import Any
 
 # torch's worker loop imports both at every worker's start (to seed NumPy, and to seed datapipes):
@@ -16,12 +20,14 @@ import torch.utils.data.graph_settings  # noqa: F401
 
 from coordl.fetch.pipeline import LoaderSource
 from coordl.resume.workers import ResumableStream
+from coordl.workers.stuck import KEEP_ARGS, StartWatch
 
 __all__ = ["ShowUserDataset", "forks_workers", "start_workers"]
 
 
 def start_workers(torch_loader: torch.utils.data.DataLoader) -> Any:
-    """``iter(torch_loader)`` (which starts its workers), with the collector's objects frozen meanwhile.
+    """``iter(torch_loader)`` (which starts its workers), with the collector's objects frozen meanwhile,
+    and, for forked workers, a worker stuck inside the fork replaced (:mod:`coordl.workers.stuck`).
 
     A forked worker shares the main process's heap copy-on-write. Its first full collection writes to
     the header of every object it inherited, so the worker copies all those pages (measured: ~20 page
@@ -31,35 +37,68 @@ def start_workers(torch_loader: torch.utils.data.DataLoader) -> Any:
     """
     if torch_loader.num_workers == 0:
         return iter(torch_loader)
-    user_init = torch_loader.worker_init_fn
-    torch_loader.worker_init_fn = ShowUserDataset(user_init)
+    user_init, user_context = torch_loader.worker_init_fn, torch_loader.multiprocessing_context
+    forked = forks_workers(torch_loader)
+    show = ShowUserDataset(user_init, torch_loader.num_workers if forked else 0)
+    torch_loader.worker_init_fn = show
+    if forked and (user_context is None or type(user_context) is multiprocessing.context.ForkContext):
+        torch_loader.multiprocessing_context = KEEP_ARGS  # the same fork; a stuck worker can be replaced
+    running = {w.pid for w in getattr(getattr(torch_loader, "_iterator", None), "_workers", None) or ()}
     try:
-        if not forks_workers(torch_loader) or gc.get_freeze_count():
-            return iter(torch_loader)
-        gc.freeze()
-        try:
-            return iter(torch_loader)
-        finally:
-            gc.unfreeze()
+        with _frozen(forked):
+            it = iter(torch_loader)
+        if forked:  # a worker stuck inside the fork is replaced (coordl.workers.stuck)
+            StartWatch(it, show.started_pid, running)
+        return it
     finally:
-        torch_loader.worker_init_fn = user_init
+        torch_loader.worker_init_fn, torch_loader.multiprocessing_context = user_init, user_context
+
+
+class _frozen:
+    """``gc.freeze()`` around the fork (see :func:`start_workers`), unless the program froze objects itself."""
+
+    def __init__(self, forked: bool) -> None:
+        self.active = forked and not gc.get_freeze_count()
+
+    def __enter__(self) -> None:
+        if self.active:
+            gc.freeze()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            gc.unfreeze()
 
 
 class ShowUserDataset:
-    """A worker's first step: ``get_worker_info().dataset`` becomes the user's dataset, then the user's
-    ``worker_init_fn`` runs.
+    """A worker's first step: it reports that it started, then ``get_worker_info().dataset`` becomes the
+    user's dataset, then the user's ``worker_init_fn`` runs.
 
     torch sets it to the dataset its loader iterates, which for coordl is the fetch pipeline
     (:class:`coordl.fetch.pipeline.LoaderSource`), or for an ``IterableDataset`` the resumable stream
     around it (:class:`coordl.resume.workers.ResumableStream`). Code written for torch reads and configures the
     dataset there (``get_worker_info().dataset.open_files()``, ``isinstance`` checks): it gets the
     worker's copy of the user's dataset, the one its items are read from.
+
+    Args:
+        init_fn: the user's ``worker_init_fn``.
+        forked_workers: for forked workers, their number: each writes its pid into a slot of an anonymous
+            shared mapping (inherited at the fork) before anything else; 0 for spawned workers.
     """
 
-    def __init__(self, init_fn: Any) -> None:
+    def __init__(self, init_fn: Any, forked_workers: int = 0) -> None:
         self.init_fn = init_fn
+        self.started = mmap.mmap(-1, 8 * forked_workers) if forked_workers else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"init_fn": self.init_fn, "started": None}  # pickled for spawned workers: no mapping
+
+    def started_pid(self, worker_id: int) -> int:
+        """The pid the worker ``worker_id`` reported (0: none yet)."""
+        return struct.unpack_from("q", self.started, 8 * worker_id)[0] if self.started is not None else 0
 
     def __call__(self, worker_id: int) -> None:
+        if self.started is not None and worker_id < len(self.started) // 8:
+            struct.pack_into("q", self.started, 8 * worker_id, os.getpid())
         info = torch.utils.data.get_worker_info()
         dataset = getattr(info, "dataset", None)
         user = (

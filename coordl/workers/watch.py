@@ -132,13 +132,19 @@ def translate_torch_error(
 
     A worker killed while the main process unpickles its batch (torch's file-descriptor sharing asks the
     worker for the fd) surfaces as a ``ConnectionError`` or ``EOFError`` from the data queue: that is a
-    death too when a worker has exited (waited for briefly: the reset may arrive before the exit is seen).
+    death too when a worker has exited (waited for briefly: the reset may arrive before the exit is seen;
+    torch's SIGCHLD handler may raise its own report of the death inside that wait).
     """
     if isinstance(error, (ConnectionError, EOFError)):
         workers = list(getattr(torch_iter, "_workers", []))
         deadline = time.monotonic() + 1.0
-        while workers and all(w.is_alive() for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        try:
+            while workers and all(w.is_alive() for w in workers) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        except RuntimeError as death:  # torch's SIGCHLD handler reported the death meanwhile, in this wait
+            if not is_worker_death(death):
+                raise
+            return worker_died_error(death, watch, source, {w.pid: w.exitcode for w in workers})
         dead = {w.pid: w.exitcode for w in workers if not w.is_alive()}
         if not dead:
             return None

@@ -1,0 +1,42 @@
+"""``translate_torch_error`` when torch's SIGCHLD handler reports the death inside coordl's own wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordl.errors import WorkerDiedError
+from coordl.workers.watch import translate_torch_error
+
+
+class _Worker:
+    """A worker process as torch's iterator lists it; asking whether it lives runs the signal handler."""
+
+    pid, exitcode = 4321, -9
+
+    def is_alive(self) -> bool:
+        # what torch's SIGCHLD handler raises in the main thread, wherever it is at that moment
+        raise RuntimeError("DataLoader worker (pid 4321) is killed by signal: Killed. ")
+
+
+class _Iterator:
+    _workers = [_Worker()]
+
+
+@pytest.mark.parametrize("queue_error", [EOFError(), ConnectionResetError(104, "Connection reset by peer")])
+def test_a_death_reported_during_the_wait_becomes_worker_died_error(queue_error: Exception) -> None:
+    out = translate_torch_error(queue_error, _Iterator(), None, None)
+    assert isinstance(out, WorkerDiedError)
+    assert str(out).startswith("DataLoader worker (pid 4321) is killed by signal: Killed")
+    assert "worker pid 4321 was killed by signal SIGKILL" in str(out)
+
+
+def test_another_runtime_error_in_the_wait_is_not_swallowed() -> None:
+    class Broken(_Worker):
+        def is_alive(self) -> bool:
+            raise RuntimeError("something else")
+
+    class It:
+        _workers = [Broken()]
+
+    with pytest.raises(RuntimeError, match="something else"):
+        translate_torch_error(EOFError(), It(), None, None)
