@@ -97,7 +97,7 @@ class StartWatch:
                 if self.started_pid(i) == worker.pid:
                     self.pending.discard(i)
                 elif time.monotonic() - since[i] >= STUCK_AFTER_S and self._stuck(i, worker.pid, looks):
-                    if restarts[i] == MAX_RESTARTS or worker.start_args is None:
+                    if restarts[i] == MAX_RESTARTS or getattr(worker, "start_args", None) is None:
                         self.pending.discard(i)
                         self._give_up(i, worker, restarts[i])
                         continue

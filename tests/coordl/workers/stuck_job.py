@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument("--busy", type=float, default=0.0)
     p.add_argument("--stuck-after", type=float)
     p.add_argument("--fork-context", action="store_true")
+    p.add_argument("--custom-context", action="store_true", help="a ForkContext subclass of the program's own")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
     if args.stuck_after is not None:
@@ -65,6 +66,8 @@ def main() -> None:
 
     os.register_at_fork(after_in_child=in_child)
     extra = {"multiprocessing_context": multiprocessing.get_context("fork")} if args.fork_context else {}
+    if args.custom_context:
+        extra = {"multiprocessing_context": OwnForkContext()}
     def same_arguments(kind: type) -> torch.utils.data.DataLoader:
         return kind(
             Items(), batch_size=8, shuffle=True, num_workers=args.workers, persistent_workers=args.persistent,
@@ -89,6 +92,10 @@ def main() -> None:
         print(json.dumps({
             "epoch": epoch, "same": same, "seconds": time.monotonic() - t0, "stuck": stuck, "context_kept": context_kept,
         }), flush=True)  # fmt: skip
+
+
+class OwnForkContext(multiprocessing.context.ForkContext):
+    """A program's own fork context: coordl cannot start its processes itself."""
 
 
 class Items(torch.utils.data.Dataset):

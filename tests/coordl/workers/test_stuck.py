@@ -76,6 +76,14 @@ def test_a_worker_that_stays_stuck_fails_the_epoch_after_three_replacements(tmp_
     assert_gone(stuck)
 
 
+def test_with_the_programs_own_context_a_stuck_worker_fails_the_epoch(tmp_path: Path) -> None:
+    # its processes are made by the program's context class: none can be started in the stuck one's place
+    epochs, stderr = run(tmp_path, 1, "--custom-context", "--workers", "1", "--stuck-after", "0.5")
+    assert [(e["epoch"], e["error"]) for e in epochs] == [(0, "WorkerDiedError")]
+    assert "cannot be replaced (the loader's multiprocessing_context is the program's own)" in stderr
+    assert "Traceback" not in stderr
+
+
 def test_a_slow_start_that_uses_cpu_is_not_taken_for_stuck(tmp_path: Path) -> None:
     # every child spends 1.5 s of CPU inside the fork: slower than the 0.5 s limit, but it makes progress
     epochs, stderr = run(tmp_path, 0, "--busy", "1.5", "--stuck-after", "0.5", "--workers", "1")
