@@ -96,7 +96,11 @@ class StartWatch:
                 worker = it._workers[i]
                 if self.started_pid(i) == worker.pid:
                     self.pending.discard(i)
-                elif time.monotonic() - since[i] >= STUCK_AFTER_S and self._stuck(i, worker.pid, looks):
+                elif time.monotonic() - since[i] < STUCK_AFTER_S:
+                    continue
+                elif (stuck := self._stuck(i, worker.pid, looks)) is None:
+                    self.pending.discard(i)  # it died: torch reports that in next()
+                elif stuck:
                     if restarts[i] == MAX_RESTARTS or getattr(worker, "start_args", None) is None:
                         self.pending.discard(i)
                         self._give_up(i, worker, restarts[i])
@@ -107,9 +111,10 @@ class StartWatch:
                     looks.pop(i, None)
             del it
 
-    def _stuck(self, i: int, pid: int, looks: dict[int, tuple[float, float]]) -> bool:
+    def _stuck(self, i: int, pid: int, looks: dict[int, tuple[float, float]]) -> bool | None:
         """Worker ``i`` sleeps and used no CPU since a look at least :data:`LOOK_EVERY_S` ago; confirmed
-        with it stopped, so that it cannot take its first step between this look and the kill."""
+        with it stopped, so that it cannot take its first step between this look and the kill. None: it
+        has exited."""
         now = time.monotonic()
         last = looks.get(i)
         if last is not None and now - last[0] < LOOK_EVERY_S:
@@ -119,7 +124,9 @@ class StartWatch:
             used = sum(proc.cpu_times()[:2])
             status = proc.status()
         except psutil.Error:
-            return False  # gone: torch reports a dead worker itself
+            return None
+        if status == psutil.STATUS_ZOMBIE:
+            return None
         looks[i] = (now, used)
         if last is None or used != last[1] or status != psutil.STATUS_SLEEPING:
             return False

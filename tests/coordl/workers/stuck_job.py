@@ -17,6 +17,8 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +40,7 @@ def main() -> None:
     p.add_argument("--stuck-after", type=float)
     p.add_argument("--fork-context", action="store_true")
     p.add_argument("--custom-context", action="store_true", help="a ForkContext subclass of the program's own")
+    p.add_argument("--die", action="store_true", help="a child that takes a token is killed instead of stuck")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
     if args.stuck_after is not None:
@@ -61,6 +64,8 @@ def main() -> None:
                 continue
             with open(stuck_log, "a") as f:
                 f.write(f"{os.getpid()}\n")
+            if args.die:
+                os.kill(os.getpid(), signal.SIGKILL)
             while True:
                 time.sleep(1000)
 
@@ -79,6 +84,15 @@ def main() -> None:
     del torch_loader
     armed = True
     loader = same_arguments(coordl.DataLoader)
+    if args.die:  # hold the epoch's iterator past the stuck limit without asking for a batch
+        it = iter(loader)
+        time.sleep(coordl.workers.stuck.STUCK_AFTER_S + 2 * coordl.workers.stuck.LOOK_EVERY_S + 0.5)
+        watching = any(t.name == "coordl-worker-start" for t in threading.enumerate())
+        try:
+            next(it)
+        except coordl.WorkerDiedError as e:
+            print(json.dumps({"epoch": 0, "error": type(e).__name__, "watching": watching}), flush=True)
+        return
     for epoch in range(args.epochs):
         t0 = time.monotonic()
         try:

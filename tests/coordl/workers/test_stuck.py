@@ -84,6 +84,13 @@ def test_with_the_programs_own_context_a_stuck_worker_fails_the_epoch(tmp_path: 
     assert "Traceback" not in stderr
 
 
+def test_a_worker_that_dies_at_its_start_is_left_to_torch(tmp_path: Path) -> None:
+    # killed inside the fork: not stuck, gone; the watch stops following it, torch reports the death
+    epochs, stderr = run(tmp_path, 1, "--die", "--stuck-after", "0.5")
+    assert epochs == [{"epoch": 0, "error": "WorkerDiedError", "watching": False}]
+    assert "was stuck" not in stderr
+
+
 def test_a_slow_start_that_uses_cpu_is_not_taken_for_stuck(tmp_path: Path) -> None:
     # every child spends 1.5 s of CPU inside the fork: slower than the 0.5 s limit, but it makes progress
     epochs, stderr = run(tmp_path, 0, "--busy", "1.5", "--stuck-after", "0.5", "--workers", "1")
