@@ -280,9 +280,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             self._follow_settings()
             if self._ring is not None and forks_workers(self._torch):
                 self._ring.offer_segments(self._torch.num_workers)
-            it = start_workers(self._torch) if self._resume is None else self._resume.start(
-                self._torch, start_workers, release=self._ring.unwrap if self._ring is not None else None
-            )  # fmt: skip
+            try:
+                it = start_workers(self._torch) if self._resume is None else self._resume.start(
+                    self._torch, start_workers, release=self._ring.unwrap if self._ring is not None else None
+                )  # fmt: skip
+            except RuntimeError as error:  # a worker died at its start: torch's SIGCHLD handler raised it here
+                translated = self._translate(error, None)
+                if translated is None:
+                    raise
+                raise translated from error
             if self._ring is not None:
                 self._ring.start_epoch(torch_iterator(it))
             if self._resume is not None:  # a resumed pass hands out the batches that were left

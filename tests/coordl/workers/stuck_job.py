@@ -64,7 +64,8 @@ def main() -> None:
                 continue
             with open(stuck_log, "a") as f:
                 f.write(f"{os.getpid()}\n")
-            if args.die:
+            if args.die:  # after iter() has returned, before the watch could take it for stuck
+                time.sleep(0.3)
                 os.kill(os.getpid(), signal.SIGKILL)
             while True:
                 time.sleep(1000)
@@ -85,13 +86,24 @@ def main() -> None:
     armed = True
     loader = same_arguments(coordl.DataLoader)
     if args.die:  # hold the epoch's iterator past the stuck limit without asking for a batch
-        it = iter(loader)
-        time.sleep(coordl.workers.stuck.STUCK_AFTER_S + 2 * coordl.workers.stuck.LOOK_EVERY_S + 0.5)
+        try:
+            it = iter(loader)
+        except coordl.WorkerDiedError:  # it died before iter() returned: torch's handler raised it there
+            print(json.dumps({"epoch": 0, "reported": ["iter"], "watching": False}), flush=True)
+            return
+        deadline = time.monotonic() + coordl.workers.stuck.STUCK_AFTER_S + 2 * coordl.workers.stuck.LOOK_EVERY_S + 0.5
+        reported = []
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                time.sleep(left)
+            except RuntimeError as e:  # torch's SIGCHLD handler reports the death wherever this process is
+                reported.append("sleep" if "killed by signal" in str(e) else repr(e))
         watching = any(t.name == "coordl-worker-start" for t in threading.enumerate())
         try:
             next(it)
-        except coordl.WorkerDiedError as e:
-            print(json.dumps({"epoch": 0, "error": type(e).__name__, "watching": watching}), flush=True)
+        except coordl.WorkerDiedError:
+            reported.append("next")
+        print(json.dumps({"epoch": 0, "reported": reported, "watching": watching}), flush=True)
         return
     for epoch in range(args.epochs):
         t0 = time.monotonic()

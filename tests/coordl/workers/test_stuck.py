@@ -87,7 +87,9 @@ def test_with_the_programs_own_context_a_stuck_worker_fails_the_epoch(tmp_path: 
 def test_a_worker_that_dies_at_its_start_is_left_to_torch(tmp_path: Path) -> None:
     # killed inside the fork: not stuck, gone; the watch stops following it, torch reports the death
     epochs, stderr = run(tmp_path, 1, "--die", "--stuck-after", "0.5")
-    assert epochs == [{"epoch": 0, "error": "WorkerDiedError", "watching": False}]
+    assert len(epochs) == 1 and epochs[0]["watching"] is False
+    # torch's SIGCHLD handler reports the death wherever the main process is: in iter(), in a sleep, or in next()
+    assert set(epochs[0]["reported"]) <= {"iter", "sleep", "next"} and epochs[0]["reported"], epochs
     assert "was stuck" not in stderr
 
 
