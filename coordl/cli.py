@@ -1,4 +1,4 @@
-"""The ``coordl`` command: ``coordl synth``, ``demo``, ``stage``, ``pack`` and ``graph``.
+"""The ``coordl`` command: ``coordl synth``, ``crop-index``, ``demo``, ``stage``, ``pack`` and ``graph``.
 
 Each subcommand lives in the module that owns the feature and registers itself through an
 ``add_parser(subparsers)`` function that sets ``func`` on its parser. Only the module of the
@@ -24,6 +24,12 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:
     from coordl.data import synth
 
     synth.add_parser(sub)
+
+
+def _add_crop_index(sub: argparse._SubParsersAction) -> None:
+    from coordl.data import cropindex
+
+    cropindex.add_parser(sub)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +59,7 @@ def _add_graph(sub: argparse._SubParsersAction) -> None:
 # subcommand -> registers it (imports only that subcommand's module)
 _SUBCOMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "synth": _add_synth,
+    "crop-index": _add_crop_index,
     "demo": _add_demo,
     "stage": _add_stage,
     "pack": _add_pack,

@@ -40,7 +40,7 @@ stamp=.venv/.coordl-installed
 # every extra asked for now (the editable install compiles the extension in place).
 have_extras() {
   [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] && [ ! setup.py -nt "$stamp" ] \
-    && [ ! coordl/data/_jpeg/cropjpeg.c -nt "$stamp" ] || return 1
+    && [ -z "$(find coordl/data/_jpeg -newer "$stamp" -print -quit)" ] || return 1
   local e
   for e in ${EXTRAS//,/ }; do
     grep -qx "$e" <(tr ',' '\n' < "$stamp") || return 1

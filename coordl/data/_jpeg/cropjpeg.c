@@ -20,6 +20,9 @@
  *   Any libjpeg error or warning (corrupt or truncated data, CMYK, unsupported
  *   conversion) raises _cropjpeg.Error: the caller falls back to its full decode, which decides
  *   whether the file is corrupt.
+ *   A restart-segmented file (coordl.data.cropindex) is first cut down to the segments around the box
+ *   (window.c), so that only they are entropy decoded; the pixels are the same.
+ * add_restarts(data, segment_px) -> bytes: the lossless rewrite that makes such files (restarts.c).
  * The GIL is released while libjpeg works.
  */
 #define PY_SSIZE_T_CLEAN
@@ -28,11 +31,15 @@
 #include <setjmp.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
 
-static PyObject *CropJpegError;
+#include "restarts.h"
+#include "window.h"
+
+PyObject *CropJpegError;
 
 #define READ_ROWS 16 /* rows asked of jpeg_read_scanlines at a time */
 
@@ -83,6 +90,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
     unsigned char *volatile row = NULL;
     PyThreadState *volatile ts = NULL;
     JDIMENSION rows = 0, cols = 0;
+    struct window win = {NULL, 0, 0, 0};
 
     cinfo.err = jpeg_std_error(&jerr.pub);
     jerr.pub.error_exit = on_error;
@@ -96,6 +104,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
             PyEval_RestoreThread(ts);
         jpeg_destroy_decompress(&cinfo);
         PyMem_RawFree(row);
+        free(win.data);
         Py_XDECREF(out);
         PyBuffer_Release(&view);
         PyErr_SetString(CropJpegError, jerr.message);
@@ -103,7 +112,16 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
     }
 
     ts = PyEval_SaveThread();
-    jpeg_mem_src(&cinfo, (const unsigned char *)view.buf, (unsigned long)view.len);
+    /* Fancy upsampling reads one chroma sample beyond a window's edge: keep 2 chroma samples (at the
+     * decoded scale) between the box and the window's cut edges, so the box's pixels are the original's. */
+    if (restart_window((const unsigned char *)view.buf, (size_t)view.len, (unsigned)top, (unsigned)left,
+                       (unsigned)height, (unsigned)width, 8 * (unsigned)denom, &win)) {
+        top -= (int)win.top;
+        left -= (int)win.left;
+        jpeg_mem_src(&cinfo, win.data, (unsigned long)win.len);
+    } else {
+        jpeg_mem_src(&cinfo, (const unsigned char *)view.buf, (unsigned long)view.len);
+    }
     jpeg_read_header(&cinfo, TRUE);
     cinfo.out_color_space = JCS_RGB;
     cinfo.scale_num = 1;
@@ -149,6 +167,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
     if (out == NULL || row == NULL) {
         jpeg_destroy_decompress(&cinfo);
         PyMem_RawFree(row);
+        free(win.data);
         Py_XDECREF(out);
         PyBuffer_Release(&view);
         return out == NULL ? NULL : PyErr_NoMemory();
@@ -186,6 +205,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
 
     jpeg_destroy_decompress(&cinfo);
     PyMem_RawFree(row);
+    free(win.data);
     PyBuffer_Release(&view);
     return Py_BuildValue("(NII)", out, (unsigned int)rows, (unsigned int)cols);
 }
@@ -346,6 +366,10 @@ static PyMethodDef methods[] = {
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, top, left, height, width, denom, fastdct) -> (bytearray, rows, cols)\n\n"
      "The RGB pixels of a box of a JPEG (full-resolution coordinates) at scale 1/denom."},
+    {"add_restarts", add_restarts, METH_VARARGS,
+     "add_restarts(data, segment_px) -> bytes\n\n"
+     "The same JPEG, losslessly, as a baseline file whose restart segments form a grid of at most\n"
+     "segment_px-wide cells (what decode_crop cuts a box's segments from)."},
     {"to_chw_float", to_chw_float, METH_VARARGS,
      "to_chw_float(src, height, width, out, scale0, scale1, scale2, shift0, shift1, shift2, flip) -> None\n\n"
      "HWC uint8 RGB -> CHW float32 x * scale + shift per channel, mirrored left-right when flip."},
