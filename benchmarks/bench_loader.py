@@ -3,11 +3,12 @@
     sudo .venv/bin/python benchmarks/bench_loader.py              # ~10 min on the 2-core VM
     sudo .venv/bin/python benchmarks/bench_loader.py --runs 1 --n 1000   # quick look
     sudo .venv/bin/python benchmarks/bench_loader.py --n 2000 --skip-fetch-bound --prep-configs bcdh \
-        --recipes resize_first,standard_full,standard    # the prep recipes side by side (issue 27)
+        --recipes resize_first,standard_full,standard,standard_indexed    # the recipes side by side (issue 27)
 
 Same dataset (synthetic ImageFolder, 500x375 JPEGs of ~90 KB), same transform (``--recipe``, default
 ``standard``: decode, random-resized-crop 224 of the full image, flip, normalize to float CHW; see
-``prep_recipes.py`` for ``resize_first`` and ``standard_full``), same batch size and worker count
+``prep_recipes.py`` for ``resize_first``, ``standard_full`` and ``standard_indexed``, which reads a copy
+of the dataset rewritten by ``coordl crop-index``, with a cache of the same share of its bytes), same batch size and worker count
 (= cores), 3 epochs, shuffled:
 
 (a) ``torch.utils.data.DataLoader`` over a Pillow ImageFolder-style dataset: what users run today
@@ -504,13 +505,15 @@ def print_recipe_summary(prep: dict, args: argparse.Namespace) -> None:
             )
 
 
-def run_prep_bound(store, args: argparse.Namespace, root: str, cache_bytes: int) -> dict:
-    """``{recipe: {"limit": [...], config: [...]}}``: each loader right after a limit measurement."""
+def run_prep_bound(store, args: argparse.Namespace, roots: dict[str, tuple[str, int]]) -> dict:
+    """``{recipe: {"limit": [...], config: [...]}}``: each loader right after a limit measurement.
+    ``roots``: recipe -> (the dataset it reads, its cache budget in bytes)."""
     configs = args.prep_configs
     prep: dict[str, dict[str, list]] = {r: {"limit": [], **{c: [] for c in configs}} for r in args.recipes}
     store.set_read_bps(None)
     for run in range(args.runs):
         for recipe in args.recipes:
+            root, cache_bytes = roots[recipe]
             order = configs[run % len(configs) :] + configs[: run % len(configs)]
             for cfg in order:
                 # The limit is measured right before each loader (the machine's load drifts), in the
@@ -585,6 +588,13 @@ def main() -> None:
     )
     dataset_bytes = sum(f.stat().st_size for f in src.glob("class_*/*.jpg"))
     cache_bytes = int(dataset_bytes * args.cache_fraction)
+    indexed_src = None
+    if any(r in prep_recipes.INDEXED for r in args.recipes):  # the same images, rewritten by coordl crop-index
+        from coordl.data.cropindex import index_tree
+
+        indexed_src = Path(args.data_dir) / f"synth-{args.n}-{args.classes}-crop-indexed"
+        index_tree(src, indexed_src)
+    indexed_bytes = sum(f.stat().st_size for f in indexed_src.glob("class_*/*.jpg")) if indexed_src else 0
     notes: list[str] = []
     configs = list(args.configs)
     dali = _dali_available()
@@ -593,7 +603,7 @@ def main() -> None:
         args.prep_configs = args.prep_configs.replace("c", "")
         notes.append("(c) DALI skipped: nvidia-dali-cuda130 is not installed (pip install -e '.[dali]').")
     cpu = None if args.skip_cpu_table else prep_recipes.cpu_table(dali=dali)
-    image_bytes = int(dataset_bytes * 1.6) + (128 << 20)
+    image_bytes = int((dataset_bytes + indexed_bytes) * 1.6) + (128 << 20)
     results: dict[str, list[dict]] = {c: [] for c in configs}
     prep: dict = {}
     with SlowStore(
@@ -601,6 +611,12 @@ def main() -> None:
     ) as store:
         root = os.path.join(store.mount, "data")
         copy_tree(src, root)
+        # Each recipe's loaders get the same share of their own dataset's bytes as cache.
+        roots = {r: (root, cache_bytes) for r in args.recipes}
+        if indexed_src is not None:
+            copy_tree(indexed_src, os.path.join(store.mount, "data-indexed"))
+            indexed = (os.path.join(store.mount, "data-indexed"), int(indexed_bytes * args.cache_fraction))
+            roots.update({r: indexed for r in args.recipes if r in prep_recipes.INDEXED})
         for run in range(0 if args.skip_fetch_bound else args.runs):
             order = configs[run % len(configs) :] + configs[: run % len(configs)]  # spread load drift
             for cfg in order:
@@ -609,7 +625,7 @@ def main() -> None:
                 rates = [round(e["items"] / e["time_s"]) for e in res["epochs"]]
                 print(f"run {run} ({cfg}) samples/s per epoch {rates}", flush=True)
         if not args.skip_prep_bound:
-            prep = run_prep_bound(store, args, root, cache_bytes)
+            prep = run_prep_bound(store, args, roots)
     if args.json:
         args.json.write_text(
             json.dumps({"fetch": results, "prep": prep, "cpu": cpu, "dataset_bytes": dataset_bytes}, indent=1)

@@ -6,7 +6,9 @@ Recipes (all end in a 224x224 random-resized crop, flip, normalize to float CHW)
   to 256, then the random crop (coordl's default before issue 27; what a sample cache keeps);
 - ``standard_full``: the standard recipe (the crop of the full-resolution image) with a full decode:
   ``Compose(train_transform(224), crop_decode=False)``;
-- ``standard``: ``train_transform(224)``: the standard recipe decoding only the crop's box.
+- ``standard``: ``train_transform(224)``: the standard recipe decoding only the crop's box;
+- ``standard_indexed``: the same transform on the same images rewritten by ``coordl crop-index``
+  (lossless, restart segments of 32 px): the crop decoder entropy-decodes only the box's segments.
 
 ``cpu_table`` times each, one process and one thread, on JPEG bytes held in memory (500x375 and
 1000x750, quality 90, 4:2:0, the synthetic dataset's images), against DALI's CPU pipeline for the
@@ -30,7 +32,9 @@ RECIPES = {
     "resize_first": "resize-first (decode, resize 256, crop)",
     "standard_full": "standard recipe, full decode",
     "standard": "standard recipe, crop decode",
+    "standard_indexed": "standard recipe, crop decode, crop-indexed JPEGs",
 }
+INDEXED = {"standard_indexed"}  # recipes that read the crop-indexed copy of the images
 SIZES = ((500, 375), (1000, 750))
 
 
@@ -42,7 +46,7 @@ def make_transform(recipe: str, size: int = CROP) -> Any:
         return train_transform(size, recipe="resize_first")
     if recipe == "standard_full":
         return Compose(list(train_transform(size)), crop_decode=False)
-    if recipe == "standard":
+    if recipe in ("standard", "standard_indexed"):
         return train_transform(size)
     raise ValueError(f"unknown recipe {recipe!r}; one of {sorted(RECIPES)}")
 
@@ -76,10 +80,20 @@ def _images(width: int, height: int, count: int) -> list[bytes]:
     ]
 
 
+def recipe_bytes(recipe: str, raws: list[bytes]) -> list[bytes]:
+    """The JPEG bytes ``recipe`` reads: ``raws``, or their crop-indexed rewrite."""
+    if recipe not in INDEXED:
+        return raws
+    from coordl.data.cropindex import add_restarts
+
+    return [add_restarts(r) for r in raws]
+
+
 def _coordl_timer(recipe: str, raws: list[bytes]) -> Callable[[], float]:
     import torch
 
     tf = make_transform(recipe)
+    raws = recipe_bytes(recipe, raws)
 
     def run() -> float:
         torch.manual_seed(0)
@@ -168,6 +182,7 @@ def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, 
     header = "| image | " + " | ".join(RECIPES.values())
     header += " | DALI CPU, resize-first | DALI CPU, standard (fused crop decode) | full / crop decode |"
     header += " resize-first / crop decode | DALI standard / crop decode | crop vs full decode pixels |"
+    header += " full / crop-indexed | resize-first / crop-indexed | indexed bytes |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for width, height in SIZES:
@@ -185,6 +200,12 @@ def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, 
         cells.append(f"{med['resize_first'] / med['standard']:.2f}x")
         cells.append(f"{med['dali_standard'] / med['standard']:.2f}x" if "dali_standard" in med else "-")
         cells.append(f"max {exact} (scale 1), max {worst} / mean {mean:.2f} (with DCT scaling)")
+        indexed = recipe_bytes("standard_indexed", raws)
+        exact_i, _worst_i, _mean_i = pixel_check(indexed)  # the crop of the rewrite vs a full decode of it
+        results[f"{width}x{height}"]["pixels_indexed"] = exact_i
+        cells.append(f"**{med['standard_full'] / med['standard_indexed']:.2f}x**")
+        cells.append(f"**{med['resize_first'] / med['standard_indexed']:.2f}x**")
+        cells.append(f"{sum(map(len, indexed)) / sum(map(len, raws)):.3f}x (scale-1 pixels: max {exact_i})")
         print(f"| {width}x{height} q90 | " + " | ".join(cells) + " |")
     return results
 
@@ -253,7 +274,8 @@ def held_out_table(rounds: int = 5, count: int = 64) -> dict[str, Any]:
     torch.set_num_threads(1)
     print(f"\n### Held-out images, one process, CPU per sample (ms, median of {rounds} rounds of {count} images)\n")
     header = "| images | KB per image | " + " | ".join(RECIPES.values())
-    header += " | full / crop decode | resize-first / crop decode | boxes DCT-scaled | crop vs full pixels (scale 1) |"
+    header += " | full / crop decode | resize-first / crop decode | full / crop-indexed | boxes DCT-scaled |"
+    header += " crop vs full pixels (scale 1) |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     results: dict[str, Any] = {}
@@ -270,6 +292,7 @@ def held_out_table(rounds: int = 5, count: int = 64) -> dict[str, Any]:
         cells = [f"{statistics.mean(map(len, raws)) / 1024:.0f}", *(f"{med[r]:.3f}" for r in RECIPES)]
         cells.append(f"**{med['standard_full'] / med['standard']:.3f}x**")
         cells.append(f"{med['resize_first'] / med['standard']:.2f}x")
+        cells.append(f"{med['standard_full'] / med['standard_indexed']:.2f}x")
         cells += [f"{scaled:.0%}", f"max {exact}"]
         print(f"| {label} | " + " | ".join(cells) + " |")
     return results
