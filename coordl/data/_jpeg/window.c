@@ -70,7 +70,7 @@ static int read_frame(const unsigned char *p, size_t n, struct frame *f)
                 return 0;
             f->interval = be16(p + i + 4);
         } else if (m == 0xDA) {
-            if (!f->sof || f->height == 0 || f->width == 0 || p[i + 4] != components)
+            if (!f->sof || f->height == 0 || f->width == 0 || len < 6 || p[i + 4] != components)
                 return 0; /* a scan without every component: more than one scan */
             f->head_end = i + 2 + len;
             break;
@@ -94,7 +94,8 @@ int restart_window(const unsigned char *p, size_t n, unsigned top, unsigned left
                    unsigned width, unsigned margin, struct window *out)
 {
     struct frame f;
-    if (!read_frame(p, n, &f) || top + height > f.height || left + width > f.width)
+    if (!read_frame(p, n, &f) || top > f.height || height > f.height - top || left > f.width ||
+        width > f.width - left)
         return 0;
     unsigned seg_w = f.interval * f.mcu_w;
     unsigned mcu_rows = (f.height + f.mcu_h - 1) / f.mcu_h;

@@ -261,3 +261,35 @@ def test_the_command_reports_what_it_did_and_refuses_bad_folders(tmp_path):
     assert missing.returncode == 1 and "is not a directory" in missing.stderr
     small = _cli(str(tmp_path / "src"), str(tmp_path / "y"), "--segment-px", "4")
     assert small.returncode == 2 and "--segment-px" in small.stderr
+
+
+def test_damaged_crop_indexed_files_never_crash_the_decoder():
+    """The window is cut from untrusted bytes in C: flipped bytes, stray markers, truncations and bad
+    header lengths give a box of the right size or None (the full decode then judges), never a crash
+    (this test was also run once under AddressSanitizer; see reports/bench_loader.md)."""
+    rng = np.random.default_rng(7)
+    clean = [cropindex.add_restarts(FLAVOURS[k], 16) for k in ("500x375", "420", "444", "grey")]
+    for trial in range(1500):
+        raw = bytearray(clean[trial % len(clean)])
+        kind = trial % 5
+        if kind == 0:  # random bytes anywhere (headers included)
+            for at in rng.integers(2, len(raw) - 2, size=int(rng.integers(1, 8))):
+                raw[at] = int(rng.integers(0, 256))
+        elif kind == 1:  # a stray marker in the entropy-coded data
+            at = int(rng.integers(raw.index(b"\xff\xda") + 10, len(raw) - 4))
+            raw[at : at + 2] = bytes((0xFF, int(rng.choice([0xD0, 0xD3, 0xD7, 0xD9, 0xC4, 0xDA, 0xDD]))))
+        elif kind == 2:  # cut short, with or without an EOI after the cut
+            raw = raw[: int(rng.integers(4, len(raw)))] + (b"\xff\xd9" if trial % 2 else b"")
+        elif kind == 3:  # a segment length in the headers
+            at = int(rng.integers(2, raw.index(b"\xff\xda")))
+            raw[at] = int(rng.integers(0, 256))
+        else:  # the frame's size
+            sof = raw.index(b"\xff\xc0")
+            raw[sof + 5 + int(rng.integers(0, 4))] = int(rng.integers(0, 256))
+        raw = bytes(raw)
+        size = cropdecode.jpeg_size(raw)
+        height, width = size if size is not None else (141, 203)
+        h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+        top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+        box = cropdecode.decode_crop(raw, top, left, h, w, (h, w))
+        assert box is None or box.shape == (h, w, 3)
