@@ -38,7 +38,7 @@ from coordl.errors import CorruptItemError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SEGMENT_PX", "IndexReport", "add_restarts", "index_tree"]
+__all__ = ["SEGMENT_PX", "IndexReport", "add_restarts", "index_tree", "rewrite_or_keep"]
 
 # Segments at most this many pixels wide (2 MCUs of a 4:2:0 image). Narrower segments cut closer to the
 # box but add a marker and byte padding each: at 500x375 q90, 32 px decoded a crop in 0.417 ms and 16 px
@@ -71,6 +71,16 @@ def add_restarts(raw: Any, segment_px: int = SEGMENT_PX, name: str | None = None
     except cropdecode._cropjpeg.Error as e:
         where = name if name is not None else "JPEG data"
         raise CorruptItemError(f"{where}: cannot rewrite with restart markers: {e}", path=name) from None
+
+
+def rewrite_or_keep(raw: bytes, index: int | None = None, segment_px: int = SEGMENT_PX) -> bytes:
+    """:func:`add_restarts` of a JPEG; anything else, or a JPEG libjpeg reports damaged, as it is."""
+    if raw[:2] != b"\xff\xd8":
+        return raw
+    try:
+        return add_restarts(raw, segment_px)
+    except CorruptItemError:
+        return raw
 
 
 @dataclass

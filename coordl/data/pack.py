@@ -1,7 +1,8 @@
 """``coordl pack SRC DST --format lmdb|tar``: convert a dataset into an LMDB environment or tar shards.
 
 Each record is the source item's stored bytes (``fetch``; nothing is decoded or re-encoded) and its
-label. The pack is
+label; with ``--crop-index`` each JPEG is first rewritten losslessly with restart segments
+(:mod:`coordl.data.cropindex`: same pixels, crop decode entropy-decodes only the crop). The pack is
 
 * **resumable**: an LMDB pack commits every few MB and knows how far it got from the record count; a
   tar pack writes each shard as ``*.partial``, renames it when complete and records it in
@@ -97,7 +98,7 @@ def _identity(source: Any) -> str:
 
 
 def pack(source: Any, dst: str | os.PathLike, format: str = "lmdb", *,
-         shard_mb: float = DEFAULT_SHARD_MB, progress: bool = True) -> PackResult:  # fmt: skip
+         shard_mb: float = DEFAULT_SHARD_MB, progress: bool = True, crop_index: bool = False) -> PackResult:  # fmt: skip
     """Write every item of ``source`` into ``dst`` (``format`` "lmdb" or "tar"), then read each one back.
 
     Args:
@@ -105,6 +106,9 @@ def pack(source: Any, dst: str | os.PathLike, format: str = "lmdb", *,
         dst: the LMDB environment directory, or the directory of the tar shards.
         shard_mb: target shard size for ``tar`` (a shard closes after the item that reaches it).
         progress: show progress on stderr.
+        crop_index: store each JPEG rewritten by :func:`coordl.data.cropindex.add_restarts` (a JPEG
+            libjpeg reports damaged, and anything not a JPEG, is stored as it is); verification then
+            compares the records with the rewritten bytes. A pack is resumed only with the same choice.
 
     Returns:
         A :class:`PackResult`; ``result.ok`` is True when every record was read back intact.
@@ -114,8 +118,13 @@ def pack(source: Any, dst: str | os.PathLike, format: str = "lmdb", *,
     if shard_mb <= 0:
         raise ValueError(f"coordl pack: --shard-mb must be > 0, got {shard_mb}")
     dst = os.fspath(dst)
-    items = SourceItems(source)
-    identity = _identity(source)
+    rewrite = None
+    if crop_index:
+        from coordl.data.cropindex import rewrite_or_keep
+
+        rewrite = rewrite_or_keep
+    items = SourceItems(source, rewrite)
+    identity = _identity(source) + ("+crop-index" if crop_index else "")
     if not len(source):
         raise ValueError(f"coordl pack: the source {identity} has no items")
     if format == "lmdb":
@@ -167,7 +176,10 @@ def _report(result: PackResult, dst: str, fmt: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     try:
         source = open_dataset(args.src)
-        result = pack(source, args.dst, args.format, shard_mb=args.shard_mb, progress=not args.quiet)
+        result = pack(
+            source, args.dst, args.format, shard_mb=args.shard_mb, progress=not args.quiet,
+            crop_index=args.crop_index,
+        )  # fmt: skip
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"coordl pack: {e}", file=sys.stderr)
         return 2
@@ -188,6 +200,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB,
                    help=f"tar shard size in MB (default {DEFAULT_SHARD_MB})")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--crop-index", action="store_true",
+                   help="store JPEGs rewritten losslessly with restart segments (coordl crop-index)")  # fmt: skip
     p.set_defaults(func=_run)
 
 

@@ -29,8 +29,9 @@ class Verification:
 class SourceItems:
     """(payload, label or None, name) of each source item, from ``fetch`` and ``targets``."""
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, rewrite: Callable[[bytes, int], bytes] | None = None) -> None:
         self.source = source
+        self.rewrite = rewrite  # payload, index -> the bytes to store (coordl pack --crop-index)
         targets = getattr(source, "targets", None)
         self.labels = list(targets) if targets is not None else None
         self.payload = getattr(source, "payload", None)  # an LMDB record holds a header before the bytes
@@ -43,6 +44,8 @@ class SourceItems:
     def get(self, i: int) -> tuple[bytes, int | None]:
         raw = self.source.fetch(i)
         data = bytes(self.payload(raw, i)) if callable(self.payload) else bytes(raw)
+        if self.rewrite is not None:
+            data = self.rewrite(data, i)
         return data, self.label(i)
 
     def name(self, i: int) -> tuple[str, str]:

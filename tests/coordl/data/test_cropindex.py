@@ -293,3 +293,37 @@ def test_damaged_crop_indexed_files_never_crash_the_decoder():
         top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
         box = cropdecode.decode_crop(raw, top, left, h, w, (h, w))
         assert box is None or box.shape == (h, w, 3)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_pack_with_crop_index_stores_rewritten_jpegs_that_train_the_same(image_root, tmp_path, fmt):
+    from coordl.data.pack import pack
+
+    result = pack(
+        coordl.ImageFolder(image_root), tmp_path / "p", fmt, shard_mb=0.02, progress=False, crop_index=True
+    )
+    assert result.ok
+    packed = (
+        coordl.LMDBDataset(str(tmp_path / "p")) if fmt == "lmdb" else coordl.TarShards(str(tmp_path / "p"))
+    )
+    folder = coordl.ImageFolder(image_root)
+    assert len(packed) == len(folder)
+    for i in range(len(folder)):
+        raw = (
+            bytes(packed.payload(packed.fetch(i), i))
+            if hasattr(packed, "payload")
+            else bytes(packed.fetch(i))
+        )
+        assert b"\xff\xdd" in raw[: raw.index(b"\xff\xda")]
+        assert np.array_equal(_decode(raw), _decode(folder.fetch(i)))
+    # torch's own DataLoader over the original folder, coordl's over the pack: the same batches
+    packed.transform = T.train_transform(32)
+    original = coordl.ImageFolder(image_root, transform=T.train_transform(32))
+    torch.manual_seed(5)
+    ref = list(torch.utils.data.DataLoader(original, batch_size=4, num_workers=2))
+    torch.manual_seed(5)
+    with coordl.DataLoader(packed, batch_size=4, num_workers=2) as loader:
+        got = list(loader)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ref, got, strict=True))
+    with pytest.raises(FileExistsError):  # the same DST, without the rewrite: another pack
+        pack(coordl.ImageFolder(image_root), tmp_path / "p", fmt, shard_mb=0.02, progress=False)
