@@ -187,6 +187,8 @@ def index_tree(
         raise ValueError(f"crop-index: segment_px must be at least 8 (one block), got {segment_px}")
     names = [str(p) for p in _files(src)]
     dst.mkdir(parents=True, exist_ok=True)
+    for stale in dst.rglob(f"*{_TMP}-*"):  # left by a run that was killed mid-write
+        stale.unlink(missing_ok=True)
     workers = max(1, min(workers or os.cpu_count() or 1, len(names) or 1))
     chunks = [names[i : i + 64] for i in range(0, len(names), 64)]
     report = IndexReport()

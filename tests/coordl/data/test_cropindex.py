@@ -209,7 +209,10 @@ def test_index_tree_rewrites_jpegs_copies_the_rest_and_reruns(tmp_path, caplog):
         else:
             assert b"\xff\xdd" in new and np.array_equal(_decode(new), _decode(data))
     assert not [p for p in (tmp_path / "dst").rglob("*") if ".coordl-tmp" in p.name]
+    stale = tmp_path / "dst" / "a" / "0.jpg.coordl-tmp-999999"  # a run killed mid-write
+    stale.write_bytes(b"half")
     again = cropindex.index_tree(tmp_path / "src", tmp_path / "dst", workers=1)
+    assert not stale.exists()
     assert (again.rewritten, again.copied, again.skipped) == (0, 0, 6)
 
 
