@@ -11,7 +11,7 @@ setup(
     ext_modules=[
         Extension(
             "coordl.data._cropjpeg",
-            ["coordl/data/_jpeg/cropjpeg.c", "coordl/data/_jpeg/restarts.c", "coordl/data/_jpeg/window.c"],
+            [f"coordl/data/_jpeg/{name}.c" for name in ("cropjpeg", "header", "restarts", "window")],
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,

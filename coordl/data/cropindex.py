@@ -39,7 +39,7 @@ from coordl.errors import CorruptItemError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SEGMENT_PX", "IndexReport", "add_restarts", "index_tree", "rewrite_or_keep"]
+__all__ = ["SEGMENT_PX", "IndexReport", "add_restarts", "index_tree", "is_crop_indexed", "rewrite_or_keep"]
 
 # Segments at most this many pixels wide (2 MCUs of a 4:2:0 image). Narrower segments cut closer to the
 # box but add a marker and byte padding each: at 500x375 q90, 32 px decoded a crop in 0.417 ms and 16 px
@@ -74,9 +74,17 @@ def add_restarts(raw: Any, segment_px: int = SEGMENT_PX, name: str | None = None
         raise CorruptItemError(f"{where}: cannot rewrite with restart markers: {e}", path=name) from None
 
 
+def is_crop_indexed(raw: Any) -> bool:
+    """Whether the crop decoder can cut a box's segments out of ``raw`` (a file :func:`add_restarts` wrote,
+    or any baseline JPEG whose restart interval divides its rows). False without the extension."""
+    check = getattr(cropdecode._cropjpeg, "has_restart_grid", None)
+    return bool(check(raw)) if check is not None else False
+
+
 def rewrite_or_keep(raw: bytes, index: int | None = None, segment_px: int = SEGMENT_PX) -> bytes:
-    """:func:`add_restarts` of a JPEG; anything else, or a JPEG libjpeg reports damaged, as it is."""
-    if raw[:2] != b"\xff\xd8":
+    """:func:`add_restarts` of a JPEG; anything else, a JPEG already crop-indexed, or a JPEG libjpeg
+    reports damaged, as it is."""
+    if raw[:2] != b"\xff\xd8" or is_crop_indexed(raw):
         return raw
     try:
         return add_restarts(raw, segment_px)
@@ -91,6 +99,7 @@ class IndexReport:
     rewritten: int = 0
     copied: int = 0
     skipped: int = 0
+    already: int = 0  # JPEGs that were crop-indexed already (copied, or left alone in place)
     bytes_in: int = 0
     bytes_out: int = 0
     damaged: list[str] = field(default_factory=list)
@@ -99,6 +108,7 @@ class IndexReport:
         self.rewritten += other.rewritten
         self.copied += other.copied
         self.skipped += other.skipped
+        self.already += other.already
         self.bytes_in += other.bytes_in
         self.bytes_out += other.bytes_out
         self.damaged += other.damaged
@@ -126,36 +136,43 @@ def _write_atomically(path: Path, data: bytes, like: Path) -> None:
 
 def _check_same_pixels(name: str, original: bytes, rewritten: bytes) -> None:
     import numpy as np
-    import simplejpeg
 
-    if not np.array_equal(simplejpeg.decode_jpeg(original), simplejpeg.decode_jpeg(rewritten)):
+    from coordl.data.decode import decode_image  # simplejpeg, Pillow for what it refuses (CMYK)
+
+    if not np.array_equal(decode_image(original), decode_image(rewritten)):
         raise RuntimeError(
             f"{name}: the rewritten JPEG decodes to other pixels (a coordl bug: please report it)"
         )
 
 
 def _index_some(src: str, dst: str, names: list[str], segment_px: int, verify: bool) -> IndexReport:
+    """Rewrite ``names`` from ``src`` into ``dst`` (the same folder: in place, only what changes)."""
     report = IndexReport()
+    in_place = src == dst
     for name in names:
         source, target = Path(src, name), Path(dst, name)
-        if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+        if not in_place and target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
             report.skipped += 1
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
         raw = source.read_bytes()
         out = raw
         if name.lower().endswith(_JPEG_SUFFIXES) or raw[:2] == b"\xff\xd8":
-            try:
-                out = add_restarts(raw, segment_px, name=str(source))
-            except CorruptItemError:
-                report.damaged.append(name)
+            if is_crop_indexed(raw):
+                report.already += 1
+            else:
+                try:
+                    out = add_restarts(raw, segment_px, name=str(source))
+                except CorruptItemError:
+                    report.damaged.append(name)
         if out is raw:
-            report.copied += 1
+            report.copied += 0 if in_place else 1
         else:
             if verify:
                 _check_same_pixels(str(source), raw, out)
             report.rewritten += 1
-        _write_atomically(target, out, source)
+        if out is not raw or not in_place:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomically(target, out, source)
         report.bytes_in += len(raw)
         report.bytes_out += len(out)
     return report
@@ -163,22 +180,30 @@ def _index_some(src: str, dst: str, names: list[str], segment_px: int, verify: b
 
 def index_tree(
     src: str | os.PathLike,
-    dst: str | os.PathLike,
+    dst: str | os.PathLike | None,
     segment_px: int = SEGMENT_PX,
     workers: int | None = None,
     verify: bool = False,
     progress: bool = False,
+    in_place: bool = False,
 ) -> IndexReport:
     """Write every file under ``src`` to the same path under ``dst``, JPEGs rewritten by :func:`add_restarts`.
 
     ``workers`` processes (default: all cores); ``verify`` decodes every rewritten file and its original
     and compares the pixels (twice the work; the rewrite is lossless by construction). Files already in
-    ``dst`` and not older than their source are skipped, so an interrupted run can be re-run.
+    ``dst`` and not older than their source are skipped, so an interrupted run can be re-run. JPEGs
+    already crop-indexed are copied as they are. ``in_place`` (``dst`` None or ``src``): each JPEG is
+    replaced where it is, atomically, and files already crop-indexed (a re-run) are left alone.
     """
-    src, dst = Path(src).resolve(), Path(dst).resolve()
+    src = Path(src).resolve()
     if not src.is_dir():
         raise NotADirectoryError(f"crop-index: source {src} is not a directory")
-    if dst == src or dst.is_relative_to(src) or src.is_relative_to(dst):
+    if in_place and dst is not None and Path(dst).resolve() != src:
+        raise ValueError(f"crop-index: in place rewrites the source {src}: give no destination")
+    if dst is None and not in_place:
+        raise ValueError("crop-index: give a destination, or rewrite in place")
+    dst = src if in_place else Path(dst).resolve()
+    if not in_place and (dst == src or dst.is_relative_to(src) or src.is_relative_to(dst)):
         raise ValueError(
             f"crop-index: destination {dst} must be outside the source {src} (and not contain it)"
         )
@@ -196,7 +221,10 @@ def index_tree(
     from nfs_cache.progress import Progress
 
     with Progress(
-        len(names), f"rewriting {len(names)} files into {dst}", unit="files", enabled=progress
+        len(names),
+        f"rewriting {len(names)} files {'in place in' if in_place else 'into'} {dst}",
+        unit="files",
+        enabled=progress,
     ) as bar:
         if workers == 1:
             for chunk in chunks:
@@ -211,40 +239,57 @@ def index_tree(
                     report.merge(fut.result())
                     bar.update(len(chunk))
     for name in report.damaged:
-        log.warning("crop-index: %s could not be read whole by libjpeg; copied unchanged", Path(src, name))
+        log.warning("crop-index: %s could not be read whole by libjpeg; left as it was", Path(src, name))
     return report
 
 
 def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
-        report = index_tree(args.src, args.dst, args.segment_px, args.workers, args.verify, progress=True)
+        report = index_tree(
+            args.src,
+            args.dst,
+            args.segment_px,
+            args.workers,
+            args.verify,
+            progress=True,
+            in_place=args.in_place,
+        )
     except (NotADirectoryError, ValueError) as e:
         raise ValueError(str(e).removeprefix("crop-index: ")) from e
     ratio = report.bytes_out / report.bytes_in if report.bytes_in else 1.0
+    where = args.src if args.in_place else args.dst
+    copied = "" if args.in_place else f", {report.copied} files copied as they were"
     print(
-        f"{args.dst}: {report.rewritten} JPEGs rewritten, {report.copied} files copied as they were"
-        f" ({len(report.damaged)} damaged JPEGs among them), {report.skipped} already done;"
+        f"{where}: {report.rewritten} JPEGs rewritten{copied} ({len(report.damaged)} damaged JPEGs"
+        f" left as they were), {report.already} crop-indexed already, {report.skipped} already done;"
         f" {report.bytes_in / 1e6:.1f} MB -> {report.bytes_out / 1e6:.1f} MB ({ratio:.3f}x),"
         f" {time.perf_counter() - start:.1f} s",
         file=sys.stdout,
     )
     for name in report.damaged[:10]:
-        print(f"  damaged, copied unchanged: {name}", file=sys.stdout)
+        print(f"  damaged, left unchanged: {name}", file=sys.stdout)
     return 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``coordl crop-index SRC DST [--segment-px N] [--workers N] [--verify]``."""
+    """Register ``coordl crop-index SRC [DST | --in-place] [--segment-px N] [--workers N] [--verify]``."""
     from coordl.argtypes import int_between, positive_int
 
     p = subparsers.add_parser(
         "crop-index",
         help="rewrite a folder's JPEGs losslessly so that random crops decode only their box (restart markers)",
     )
-    p.add_argument("src", help="dataset folder to read (left unchanged)")
+    p.add_argument("src", help="dataset folder to read (left unchanged, unless --in-place)")
     p.add_argument(
-        "dst", help="folder to write (same relative paths; re-running skips files already written)"
+        "dst",
+        nargs="?",
+        help="folder to write (same relative paths; re-running skips files already written)",
+    )
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="rewrite SRC's JPEGs where they are (each replaced atomically; crop-indexed ones left alone)",
     )
     p.add_argument(
         "--segment-px",

@@ -13,7 +13,7 @@
  * decompression in 3.0 (Debian 12 ships 2.1.5), so this is a small extension against the libjpeg
  * API of Debian's libjpeg62-turbo.
  *
- * jpeg_size(data) -> (height, width) or None: the frame header's size (below).
+ * jpeg_size(data) -> (height, width) or None: the frame header's size (header.c).
  * decode_crop(data, top, left, height, width, denom, fastdct) -> (bytearray, rows, cols)
  *   The box (top, left, height, width) is in full-resolution pixels; the result is the box's pixels
  *   at scale 1/denom (HWC RGB uint8), the box edges rounded outwards to whole scaled pixels.
@@ -36,6 +36,7 @@
 
 #include <jpeglib.h>
 
+#include "header.h"
 #include "restarts.h"
 #include "window.h"
 
@@ -210,68 +211,6 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
     return Py_BuildValue("(NII)", out, (unsigned int)rows, (unsigned int)cols);
 }
 
-/* ---- The JPEG header's size, for drawing the crop box before decoding. ----
- *
- * jpeg_size(data) -> (height, width) or None
- *   None unless the data start with SOI, end with EOI (a truncated file does not), and have an 8-bit
- *   SOF0/1/2/9/10 frame (sequential or progressive, Huffman or arithmetic) with 1 or 3 components and a
- *   non-zero size before the first scan. Four components (CMYK, YCCK: libjpeg cannot give them as RGB),
- *   lossless and hierarchical frames, and anything malformed are None: the full decode takes them.
- * Why not simplejpeg.decode_jpeg_header: it sets up a whole libjpeg decompressor per call (~1.6 us in a
- * loop, ~5 us inside the recipe, where that memory is cold); this reads a few marker lengths.
- */
-static int sof_marker(unsigned m)
-{
-    return m == 0xC0 || m == 0xC1 || m == 0xC2 || m == 0xC9 || m == 0xCA;
-}
-
-static int other_frame(unsigned m)
-{
-    return m >= 0xC3 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC && !sof_marker(m);
-}
-
-static PyObject *jpeg_size(PyObject *self, PyObject *arg)
-{
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const unsigned char *p = view.buf;
-    size_t n = (size_t)view.len, i = 2;
-    long height = 0, width = 0;
-    if (n < 4 || p[0] != 0xFF || p[1] != 0xD8 || p[n - 2] != 0xFF || p[n - 1] != 0xD9)
-        goto done;
-    while (i + 4 <= n && p[i] == 0xFF) {
-        unsigned m = p[i + 1];
-        if (m == 0xFF) { /* fill byte */
-            i++;
-            continue;
-        }
-        if ((m >= 0xD0 && m <= 0xD7) || m == 0x01) { /* RSTn, TEM: no length */
-            i += 2;
-            continue;
-        }
-        if (m == 0xD8 || m == 0xD9 || m == 0xDA || other_frame(m))
-            break; /* a scan (or the end) before any frame we take */
-        size_t len = (size_t)p[i + 2] << 8 | p[i + 3];
-        if (len < 2 || i + 2 + len > n)
-            break;
-        if (sof_marker(m)) {
-            unsigned components = len >= 8 ? p[i + 9] : 0;
-            if (len >= 8 && p[i + 4] == 8 && (components == 1 || components == 3)) {
-                height = (long)p[i + 5] << 8 | p[i + 6];
-                width = (long)p[i + 7] << 8 | p[i + 8];
-            }
-            break;
-        }
-        i += 2 + len;
-    }
-done:
-    PyBuffer_Release(&view);
-    if (height <= 0 || width <= 0)
-        Py_RETURN_NONE;
-    return Py_BuildValue("(ll)", height, width);
-}
-
 /* ---- The last stages of the training recipe: [flip +] ToTensor + Normalize in one pass. ----
  *
  * to_chw_float(src, height, width, out, scale0, scale1, scale2, shift0, shift1, shift2, flip) -> None
@@ -359,6 +298,16 @@ static PyObject *to_chw_float(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *has_restart_grid(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int yes = restart_grid((const unsigned char *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(yes);
+}
+
 static PyMethodDef methods[] = {
     {"jpeg_size", jpeg_size, METH_O,
      "jpeg_size(data) -> (height, width) or None\n\n"
@@ -370,6 +319,9 @@ static PyMethodDef methods[] = {
      "add_restarts(data, segment_px) -> bytes\n\n"
      "The same JPEG, losslessly, as a baseline file whose restart segments form a grid of at most\n"
      "segment_px-wide cells (what decode_crop cuts a box's segments from)."},
+    {"has_restart_grid", has_restart_grid, METH_O,
+     "has_restart_grid(data) -> bool\n\n"
+     "Whether decode_crop can cut a box's restart segments out of this JPEG (a crop-indexed file)."},
     {"to_chw_float", to_chw_float, METH_VARARGS,
      "to_chw_float(src, height, width, out, scale0, scale1, scale2, shift0, shift1, shift2, flip) -> None\n\n"
      "HWC uint8 RGB -> CHW float32 x * scale + shift per channel, mirrored left-right when flip."},

@@ -11,8 +11,9 @@
  * the original's: the same coefficients, the same IDCT. Nothing outside the window is entropy
  * decoded; the rows below it are not even scanned.
  *
- * Taken: 8-bit Huffman sequential frames (SOF0/SOF1), one scan holding every component, a DRI whose
- * interval divides the MCUs per row, RST markers in sequence. Anything else returns 0 and the caller
+ * Taken: 8-bit Huffman sequential frames (SOF0/SOF1) of 1, 3 or 4 components (4: CMYK, which the crop
+ * decoder's caller never sends, but coordl crop-index asks has_restart_grid about), one scan holding every
+ * component, a DRI whose interval divides the MCUs per row, RST markers in sequence. Anything else returns 0 and the caller
  * decodes the original (which judges corrupt data as before).
  */
 #include "window.h"
@@ -51,7 +52,7 @@ static int read_frame(const unsigned char *p, size_t n, struct frame *f)
             if (len < 8 || p[i + 4] != 8 || f->sof)
                 return 0;
             components = p[i + 9];
-            if ((components != 1 && components != 3) || len != 8 + 3 * components)
+            if ((components != 1 && components != 3 && components != 4) || len != 8 + 3 * components)
                 return 0;
             f->sof = i;
             f->height = be16(p + i + 5);
@@ -89,6 +90,12 @@ static int read_frame(const unsigned char *p, size_t n, struct frame *f)
 }
 
 static unsigned min_u(unsigned a, unsigned b) { return a < b ? a : b; }
+
+int restart_grid(const unsigned char *p, size_t n)
+{
+    struct frame f;
+    return read_frame(p, n, &f);
+}
 
 int restart_window(const unsigned char *p, size_t n, unsigned top, unsigned left, unsigned height,
                    unsigned width, unsigned margin, struct window *out)

@@ -16,4 +16,7 @@ struct window {
 int restart_window(const unsigned char *p, size_t n, unsigned top, unsigned left, unsigned height,
                    unsigned width, unsigned margin, struct window *out);
 
+/* 1 when the data are a JPEG the window can be cut from (a crop-indexed file), else 0. */
+int restart_grid(const unsigned char *p, size_t n);
+
 #endif

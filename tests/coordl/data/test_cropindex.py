@@ -190,6 +190,7 @@ def _tree(root) -> dict[str, bytes]:
         "b/notes.txt": b"labels",
         "b/bad.jpg": FLAVOURS["420"][:500],
         "b/png-named.jpg": b"\x89PNG\r\n\x1a\n not really",
+        "b/cmyk.jpg": _pil(PIXELS, "CMYK"),  # simplejpeg refuses it: --verify compares through Pillow
     }
     for name, data in files.items():
         (root / name).write_bytes(data)
@@ -199,7 +200,7 @@ def _tree(root) -> dict[str, bytes]:
 def test_index_tree_rewrites_jpegs_copies_the_rest_and_reruns(tmp_path, caplog):
     files = _tree(tmp_path / "src")
     report = cropindex.index_tree(tmp_path / "src", tmp_path / "dst", workers=2, verify=True)
-    assert (report.rewritten, report.copied, report.skipped) == (3, 3, 0)
+    assert (report.rewritten, report.copied, report.skipped) == (4, 3, 0)
     assert sorted(report.damaged) == ["b/bad.jpg", "b/png-named.jpg"]
     assert "b/bad.jpg" in caplog.text
     for name, data in files.items():
@@ -213,7 +214,27 @@ def test_index_tree_rewrites_jpegs_copies_the_rest_and_reruns(tmp_path, caplog):
     stale.write_bytes(b"half")
     again = cropindex.index_tree(tmp_path / "src", tmp_path / "dst", workers=1)
     assert not stale.exists()
-    assert (again.rewritten, again.copied, again.skipped) == (0, 0, 6)
+    assert (again.rewritten, again.copied, again.skipped) == (0, 0, 7)
+
+
+def test_in_place_replaces_jpegs_and_leaves_the_rest(tmp_path):
+    files = _tree(tmp_path / "src")
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "src").rglob("*") if p.is_file()}
+    report = cropindex.index_tree(tmp_path / "src", None, workers=2, in_place=True)
+    assert (report.rewritten, report.copied, report.already) == (4, 0, 0)
+    for name, data in files.items():
+        now = (tmp_path / "src" / name).read_bytes()
+        if name in ("b/notes.txt", "b/bad.jpg", "b/png-named.jpg"):
+            assert (
+                now == data
+                and (tmp_path / "src" / name).stat().st_mtime_ns == before[tmp_path / "src" / name]
+            )
+        else:
+            assert cropindex.is_crop_indexed(now) and np.array_equal(_decode(now), _decode(data))
+    again = cropindex.index_tree(tmp_path / "src", tmp_path / "src", workers=1, in_place=True)
+    assert (again.rewritten, again.already) == (0, 4)
+    with pytest.raises(ValueError, match="give no destination"):
+        cropindex.index_tree(tmp_path / "src", tmp_path / "elsewhere", in_place=True)
 
 
 def test_an_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
@@ -257,7 +278,15 @@ def test_the_command_reports_what_it_did_and_refuses_bad_folders(tmp_path):
     _tree(tmp_path / "src")
     done = _cli(str(tmp_path / "src"), str(tmp_path / "dst"), "--workers", "1", "--verify")
     assert done.returncode == 0, done.stderr
-    assert "3 JPEGs rewritten, 3 files copied as they were (2 damaged JPEGs among them)" in done.stdout
+    assert (
+        "4 JPEGs rewritten, 3 files copied as they were (2 damaged JPEGs left as they were), "
+        "0 crop-indexed already, 0 already done" in done.stdout
+    )
+    again = _cli(str(tmp_path / "dst"), "--in-place", "--workers", "1")  # already crop-indexed: nothing to do
+    assert again.returncode == 0 and "0 JPEGs rewritten (2 damaged" in again.stdout, again.stdout
+    assert "4 crop-indexed already" in again.stdout
+    neither = _cli(str(tmp_path / "src"))
+    assert neither.returncode == 1 and "give a destination, or rewrite in place" in neither.stderr
     inside = _cli(str(tmp_path / "src"), str(tmp_path / "src" / "out"))
     assert inside.returncode == 1 and "must be outside the source" in inside.stderr
     missing = _cli(str(tmp_path / "nope"), str(tmp_path / "x"))
