@@ -122,11 +122,15 @@ def _files(src: Path) -> Iterator[Path]:
                 yield Path(dirpath, name).relative_to(src)
 
 
-def _write_atomically(path: Path, data: bytes, like: Path) -> None:
+def _write_atomically(path: Path, data: bytes | None, like: Path) -> None:
+    """``data`` (None: a copy of ``like``) at ``path``, through a temporary name, with ``like``'s times."""
     tmp = path.with_name(f"{path.name}{_TMP}-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        if data is None:
+            shutil.copyfile(like, tmp)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(data)
         shutil.copystat(like, tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -154,16 +158,26 @@ def _index_some(src: str, dst: str, names: list[str], segment_px: int, verify: b
         if not in_place and target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
             report.skipped += 1
             continue
+        with open(source, "rb") as f:
+            head = f.read(2)
+        if not name.lower().endswith(_JPEG_SUFFIXES) and head != b"\xff\xd8":  # not a JPEG: streamed
+            if not in_place:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _write_atomically(target, None, source)
+                report.copied += 1
+            size = source.stat().st_size
+            report.bytes_in += size
+            report.bytes_out += size
+            continue
         raw = source.read_bytes()
         out = raw
-        if name.lower().endswith(_JPEG_SUFFIXES) or raw[:2] == b"\xff\xd8":
-            if is_crop_indexed(raw):
-                report.already += 1
-            else:
-                try:
-                    out = add_restarts(raw, segment_px, name=str(source))
-                except CorruptItemError:
-                    report.damaged.append(name)
+        if is_crop_indexed(raw):
+            report.already += 1
+        else:
+            try:
+                out = add_restarts(raw, segment_px, name=str(source))
+            except CorruptItemError:
+                report.damaged.append(name)
         if out is raw:
             report.copied += 0 if in_place else 1
         else:
