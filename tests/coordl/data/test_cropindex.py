@@ -359,3 +359,24 @@ def test_pack_with_crop_index_stores_rewritten_jpegs_that_train_the_same(image_r
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ref, got, strict=True))
     with pytest.raises(FileExistsError):  # the same DST, without the rewrite: another pack
         pack(coordl.ImageFolder(image_root), tmp_path / "p", fmt, shard_mb=0.02, progress=False)
+
+
+def test_a_real_photograph_and_foreign_restart_intervals():
+    """matplotlib's sample photograph (an encoder nobody here wrote), and a file whose restart interval
+    does not divide its rows (Pillow's restart_marker_blocks): the latter is not crop-indexed, decodes
+    the old way with the same pixels, and the rewrite gives it a grid."""
+    import matplotlib
+
+    with open(f"{matplotlib.get_data_path()}/sample_data/grace_hopper.jpg", "rb") as f:
+        photo = f.read()
+    foreign = _pil(PIXELS, subsampling=2, restart_marker_blocks=5)  # 13 MCUs per row: 5 does not divide it
+    for raw in (photo, foreign):
+        assert not cropindex.is_crop_indexed(raw)
+        out = cropindex.add_restarts(raw)
+        assert cropindex.is_crop_indexed(out) and np.array_equal(_decode(out), _decode(raw))
+        full = simplejpeg.decode_jpeg(raw, colorspace="RGB")
+        height, width = full.shape[:2]
+        for top, left, h, w in _boxes(height, width, 40, seed=3):
+            for data in (raw, out):
+                box = cropdecode.decode_crop(data, top, left, h, w, (h, w))
+                assert box is not None and np.array_equal(box, full[top : top + h, left : left + w])
