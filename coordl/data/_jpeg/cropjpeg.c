@@ -37,36 +37,13 @@
 #include <jpeglib.h>
 
 #include "header.h"
+#include "jpegerr.h"
 #include "restarts.h"
 #include "window.h"
 
 PyObject *CropJpegError;
 
 #define READ_ROWS 16 /* rows asked of jpeg_read_scanlines at a time */
-
-struct error_mgr {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-    int warned;
-    char message[JMSG_LENGTH_MAX];
-};
-
-static void on_error(j_common_ptr cinfo)
-{
-    struct error_mgr *err = (struct error_mgr *)cinfo->err;
-    (*cinfo->err->format_message)(cinfo, err->message);
-    longjmp(err->jump, 1);
-}
-
-/* A warning (corrupt data, premature end of data) is an error here: the full decode judges the file. */
-static void on_message(j_common_ptr cinfo, int level)
-{
-    struct error_mgr *err = (struct error_mgr *)cinfo->err;
-    if (level < 0 && !err->warned) {
-        err->warned = 1;
-        (*cinfo->err->format_message)(cinfo, err->message);
-    }
-}
 
 static PyObject *decode_crop(PyObject *self, PyObject *args)
 {
@@ -93,11 +70,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
     JDIMENSION rows = 0, cols = 0;
     struct window win = {NULL, 0, 0, 0};
 
-    cinfo.err = jpeg_std_error(&jerr.pub);
-    jerr.pub.error_exit = on_error;
-    jerr.pub.emit_message = on_message;
-    jerr.warned = 0;
-    jerr.message[0] = '\0';
+    error_mgr_init(&jerr, (j_common_ptr)&cinfo);
     jpeg_create_decompress(&cinfo);
 
     if (setjmp(jerr.jump)) {

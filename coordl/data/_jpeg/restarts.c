@@ -22,30 +22,8 @@
 
 #include <jpeglib.h>
 
+#include "jpegerr.h"
 #include "restarts.h"
-
-struct restart_err {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-    int warned;
-    char message[JMSG_LENGTH_MAX];
-};
-
-static void restart_on_error(j_common_ptr cinfo)
-{
-    struct restart_err *err = (struct restart_err *)cinfo->err;
-    (*cinfo->err->format_message)(cinfo, err->message);
-    longjmp(err->jump, 1);
-}
-
-static void restart_on_message(j_common_ptr cinfo, int level)
-{
-    struct restart_err *err = (struct restart_err *)cinfo->err;
-    if (level < 0 && !err->warned) { /* corrupt data: an error here, never a silently damaged copy */
-        err->warned = 1;
-        (*cinfo->err->format_message)(cinfo, err->message);
-    }
-}
 
 static int is_written_by_libjpeg(const struct jpeg_marker_struct *m, const struct jpeg_compress_struct *c)
 {
@@ -76,16 +54,13 @@ PyObject *add_restarts(PyObject *self, PyObject *args)
 
     struct jpeg_decompress_struct d;
     struct jpeg_compress_struct c;
-    struct restart_err err; /* shared by both structs, as they are used one at a time */
+    struct error_mgr err; /* shared by both structs, as they are used one at a time */
     unsigned char *volatile buf = NULL;
     unsigned long size = 0;
     PyThreadState *volatile ts = NULL;
 
-    d.err = c.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = restart_on_error;
-    err.pub.emit_message = restart_on_message;
-    err.warned = 0;
-    err.message[0] = '\0';
+    error_mgr_init(&err, (j_common_ptr)&d);
+    c.err = d.err;
     jpeg_create_decompress(&d);
     jpeg_create_compress(&c);
     if (setjmp(err.jump)) {
