@@ -22,25 +22,14 @@ from coordl.data import cropdecode
 from coordl.data import transforms as T
 from coordl.data.synth import make_image
 from coordl.errors import CorruptItemError
+from tests.coordl.data.conftest import jpeg_flavours, pil_jpeg
 
 needs_ext = pytest.mark.skipif(not cropdecode.AVAILABLE, reason="coordl.data._cropjpeg is not built")
 
 
-def _pil_jpeg(arr: np.ndarray, mode: str = "RGB", **options) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(arr).convert(mode).save(buf, format="JPEG", quality=90, **options)
-    return buf.getvalue()
-
-
+_pil_jpeg = pil_jpeg
 PIXELS = make_image(3, classes=10, width=203, height=141, seed=0)  # odd sizes: partial MCUs at the edges
-FLAVOURS = {
-    "420": _pil_jpeg(PIXELS, subsampling=2),
-    "422": _pil_jpeg(PIXELS, subsampling=1),
-    "444": _pil_jpeg(PIXELS, subsampling=0),
-    "grey": _pil_jpeg(PIXELS, "L"),
-    "progressive": _pil_jpeg(PIXELS, subsampling=2, progressive=True),
-    "restart": _pil_jpeg(PIXELS, subsampling=2, restart_marker_rows=1),
-}
+FLAVOURS = jpeg_flavours(PIXELS)
 
 
 def _boxes(height: int, width: int, n: int, seed: int = 0) -> list[tuple[int, int, int, int]]:
@@ -80,7 +69,9 @@ def test_dct_scaled_box_rounds_outwards_and_looks_like_the_downscaled_image(deno
     assert box.shape == (rows, cols, 3)
     full = simplejpeg.decode_jpeg(raw, colorspace="RGB").astype(np.float32)
     t0, l0 = (top // denom) * denom, (left // denom) * denom
-    ref = full[t0 : t0 + rows * denom, l0 : l0 + cols * denom].reshape(rows, denom, cols, denom, 3).mean((1, 3))
+    ref = (
+        full[t0 : t0 + rows * denom, l0 : l0 + cols * denom].reshape(rows, denom, cols, denom, 3).mean((1, 3))
+    )
     assert np.abs(box - ref).mean() < 4  # a DCT-domain downscale is close to a box filter
 
 

@@ -25,6 +25,7 @@ from coordl.data import cropdecode, cropindex
 from coordl.data import transforms as T
 from coordl.data.synth import make_image
 from coordl.errors import CorruptItemError
+from tests.coordl.data.conftest import jpeg_flavours, pil_jpeg
 
 pytestmark = pytest.mark.skipif(
     not cropdecode.AVAILABLE or not hasattr(cropdecode._cropjpeg, "add_restarts"),
@@ -32,21 +33,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _pil(arr: np.ndarray, mode: str = "RGB", **options) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(arr).convert(mode).save(buf, format="JPEG", quality=90, **options)
-    return buf.getvalue()
-
-
+_pil = pil_jpeg
 PIXELS = make_image(5, classes=10, width=203, height=141, seed=0)  # partial MCUs at the right and bottom
 WIDE = make_image(6, classes=10, width=1000, height=750, seed=0)
 FLAVOURS = {
-    "420": _pil(PIXELS, subsampling=2),
-    "422": _pil(PIXELS, subsampling=1),
-    "444": _pil(PIXELS, subsampling=0),
-    "grey": _pil(PIXELS, "L"),
-    "progressive": _pil(PIXELS, subsampling=2, progressive=True),
-    "restart-rows": _pil(PIXELS, subsampling=2, restart_marker_rows=1),
+    **jpeg_flavours(PIXELS),
     "500x375": simplejpeg.encode_jpeg(make_image(1, 10, 500, 375, 0), quality=90, colorsubsampling="420"),
 }
 
