@@ -79,6 +79,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             :data:`DEFAULT_FETCH_AHEAD` for sources that declare ``thread_safe_fetch = True``
             (``coordl.ImageFolder``, ``FileListDataset``), else 0 (fetch and prep in turn). Set it
             only for a source whose ``fetch`` may run in several threads at once.
+        page_cache: whether storage reads go through the OS page cache. ``"auto"`` (default): past it
+            (``O_DIRECT``) when the dataset's bytes outside the MinIO cache exceed the memory left for
+            the page cache, so that reads the page cache could not keep until the next epoch cost no
+            insertion and reclaim; ``"use"``: always through it (torch's behaviour); ``"bypass"``:
+            always past it. Needs a source with ``fetch_uncached`` (``coordl.ImageFolder``,
+            ``FileListDataset``, torchvision's ImageFolder); see :mod:`coordl.fetch.pagecache`.
         snapshot_every_n_steps: accepted as torchdata's ``StatefulDataLoader`` takes it; coordl keeps
             the state of every batch handed out at no cost, so a state never needs replaying and any
             value behaves as 1 (``state_dict()`` is exact at every step).
@@ -112,22 +118,24 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         coordinate: Any = None,
         batch_ring: bool | str = True,
         fetch_ahead: int | None = None,
+        page_cache: str = "auto",
         snapshot_every_n_steps: int | None = 1,
     ) -> None:
-        """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 8;
+        """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 9;
         the body composes the parts in order, one statement per part, each complete when built."""
         given = dataset
         self.snapshot_every_n_steps = snapshot_every_n_steps  # torchdata's argument (see Args)
         dataset, options = unwrap_view(dataset, {  # a framework rebuilding a loader from its attributes
             "cache_bytes": cache_bytes, "cache_dir": cache_dir, "on_error": on_error, "sample_cache": sample_cache,
             "partitioned": partitioned, "coordinate": coordinate, "batch_ring": batch_ring, "fetch_ahead": fetch_ahead,
+            "page_cache": page_cache,
         })  # fmt: skip
         cache_bytes, cache_dir, on_error = options["cache_bytes"], options["cache_dir"], options["on_error"]
         sample_cache, partitioned, coordinate = options["sample_cache"], options["partitioned"], options["coordinate"]
-        batch_ring, fetch_ahead = options["batch_ring"], options["fetch_ahead"]
+        batch_ring, fetch_ahead, page_cache = options["batch_ring"], options["fetch_ahead"], options["page_cache"]
         self._closed = False
         self._final_stats: dict[str, Any] | None = None
-        validate_options(cache_bytes, on_error, batch_size, batch_sampler, timeout, batch_ring, fetch_ahead)
+        validate_options(cache_bytes, on_error, batch_size, batch_sampler, timeout, batch_ring, fetch_ahead, page_cache)
         # coordl's own arguments, public like torch's: frameworks rebuild a loader from its attributes
         self.cache_bytes = int(cache_bytes)
         self.cache_dir = cache_dir
@@ -137,6 +145,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         self.sample_cache = sample_cache
         self.batch_ring = batch_ring
         self.fetch_ahead = fetch_ahead
+        self.page_cache = page_cache
         self._iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         self._epoch_stats = EpochStats(BASE_COUNTERS)
         # A framework rebuilding a loader hands the old one's view, as dataset or in the sampler it made on it.
@@ -147,7 +156,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         else:
             self._build_fetch_side(dataset, options)
         self._watch = WorkerWatch(num_workers) if num_workers > 0 and not self._iterable else None
-        reads = {"on_error": on_error, "sample_cache_tier": self._sample_cache_tier, "fetch_ahead": self._fetch_ahead(fetch_ahead)}
+        reads = {
+            "on_error": on_error, "sample_cache_tier": self._sample_cache_tier,
+            "fetch_ahead": self._fetch_ahead(fetch_ahead), "page_cache": page_cache,
+        }  # fmt: skip
         self._ring = self._inner = self._member = self._resume = self._torch = None
         self._unsharded: dict[str, Any] | None = {  # checked at the first epoch (coordl.sharding)
             "user_sampler": sampler, "user_batch_sampler": batch_sampler, "partitioned": partitioned,
@@ -229,6 +241,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         self._view = DatasetView(
             dataset, self.source, self._chain.tiers, self._counters, on_error=on_error,
             sample_cache_tier=self._sample_cache_tier, fetch_ahead=self._fetch_ahead(options["fetch_ahead"]),
+            page_cache=options["page_cache"],
         )  # fmt: skip
         self._view.loader_options, self._view.chain, self._view.owner = options, self._chain, weakref.ref(self)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from coordl.data.decode import decode_image
+from coordl.data.fileread import read_file
 from coordl.data.source import is_item_source
 from coordl.errors import CorruptItemError
 
@@ -53,6 +54,11 @@ class TorchvisionStyleSource:
     def fetch(self, index: int) -> bytes:
         with open(self.dataset.samples[index][0], "rb") as f:
             return f.read()
+
+    def fetch_uncached(self, index: int) -> bytes:
+        """As :meth:`fetch`, past the OS page cache where the file system allows (see
+        :mod:`coordl.fetch.pagecache`)."""
+        return read_file(self.dataset.samples[index][0], cached=False)
 
     def _load(self, raw: bytes, index: int) -> Any:
         path = self.describe(index)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from coordl.data.fileread import read_file
 from coordl.data.transforms import Compose, Decode
 from coordl.errors import CorruptItemError
 
@@ -162,6 +163,14 @@ class FileListDataset(_FileSource):
             return self._urls.read(path)
         with open(path, "rb") as f:
             return f.read()
+
+    def fetch_uncached(self, index: int) -> bytes:
+        """As :meth:`fetch`, past the OS page cache where the file system allows (``O_DIRECT``): how a
+        loader reads the items its MinIO cache does not keep (:mod:`coordl.fetch.pagecache`)."""
+        path = self.paths[index]
+        if self._urls is not None and _is_s3(path):
+            return self._urls.read(path)
+        return read_file(path, cached=False)
 
     def describe(self, index: int) -> str:
         return self.paths[index]
@@ -317,6 +326,14 @@ class ImageFolder(_FileSource):
             return self._bucket.read(rel)
         with open(os.path.join(self.root, rel), "rb") as f:
             return f.read()
+
+    def fetch_uncached(self, index: int) -> bytes:
+        """As :meth:`fetch`, past the OS page cache where the file system allows (``O_DIRECT``): how a
+        loader reads the items its MinIO cache does not keep (:mod:`coordl.fetch.pagecache`). A staged
+        or bucket root reads as :meth:`fetch` does."""
+        if self._staged is not None or self._bucket is not None:
+            return self._read(index)
+        return read_file(os.path.join(self.root, self.items[index][0]), cached=False)
 
     def describe(self, index: int) -> str:
         rel = self.items[index][0]

@@ -33,6 +33,7 @@ from coordl.errors import CorruptItemError
 from coordl.fetch.keys import DatasetKeys, is_index
 from coordl.fetch.minio import MinioCache
 from coordl.fetch.pace import ReadPace
+from coordl.fetch.pagecache import PAGE_CACHE_MODES, PageCachePolicy
 from coordl.ring.output_buffers import lend
 from coordl.workers.watch import WorkerWatch
 from shmem.counters import SharedCounters
@@ -101,6 +102,8 @@ class LoaderSource(torch.utils.data.Dataset):
             the worker preps (0: fetch and prep in turn). ``source.fetch`` must be thread-safe.
         ring: the batch ring's collate (:class:`coordl.ring.writer.RingCollate`), or None: with it,
             samples are stacked into a ring slot as they are made.
+        page_cache: whether storage reads go through the OS page cache: ``"auto"``, ``"use"`` or
+            ``"bypass"`` (:mod:`coordl.fetch.pagecache`; only for sources with ``fetch_uncached``).
     """
 
     def __init__(
@@ -114,7 +117,10 @@ class LoaderSource(torch.utils.data.Dataset):
         watch: WorkerWatch | None = None,
         fetch_ahead: int = 0,
         ring: Any = None,
+        page_cache: str = "auto",
     ) -> None:
+        if page_cache not in PAGE_CACHE_MODES:
+            raise ValueError(f"page_cache must be one of {PAGE_CACHE_MODES}, got {page_cache!r}")
         self.source = source
         self.tiers = list(tiers)
         self.counters = counters
@@ -129,6 +135,8 @@ class LoaderSource(torch.utils.data.Dataset):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_pid = -1
         self._pace: tuple[int, ReadPace] | None = None  # (pid, this process's pace)
+        self.page_cache = page_cache
+        self._page_policy: tuple[int, PageCachePolicy] | None = None  # (pid, this process's policy)
         self._keys = DatasetKeys(source, counters, on_error)  # keys that are not indices; __getitems__
         # One flag byte per item, shared by all workers: a bad file is logged once, not once per
         # worker or epoch (non-persistent workers are new processes every epoch).
@@ -232,11 +240,23 @@ class LoaderSource(torch.utils.data.Dataset):
         """Ask ``tiers[start:]``, then storage; offer the bytes to every tier that missed."""
         raw = self._ask(index, self.tiers[start:], missed)
         if raw is None:
-            raw = self.source.fetch(index)
+            raw = self._read_storage(index)
             self.counters.add_many({"storage_bytes_read": len(raw), "storage_items_read": 1})
         for tier in missed:
             tier.offer(index, raw)
         return _as_bytes(raw)
+
+    def _read_storage(self, index: int) -> bytes:
+        """``source.fetch``, or ``source.fetch_uncached`` when this process's page-cache policy says so."""
+        uncached = getattr(self.source, "fetch_uncached", None)
+        if uncached is None or self.page_cache == "use":
+            return self.source.fetch(index)
+        pid = os.getpid()
+        if self._page_policy is None or self._page_policy[0] != pid:
+            tier = self.tiers[0] if len(self.tiers) == 1 else None  # MinIO alone (partitioned: peers serve misses)
+            minio = tier.cache if isinstance(tier, MinioTier) else None
+            self._page_policy = (pid, PageCachePolicy(self.page_cache, minio, len(self.source)))
+        return uncached(index) if self._page_policy[1].bypass() else self.source.fetch(index)
 
     def _ask(self, index: int, tiers: Sequence[FetchTier], missed: list[FetchTier]) -> bytes | memoryview | None:
         """The first of ``tiers`` to have ``index``'s bytes; each tier that missed is appended to ``missed``.
@@ -395,6 +415,7 @@ class LoaderSource(torch.utils.data.Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_pool"], state["_pool_pid"], state["_pace"] = None, -1, None  # threads do not cross into a spawned worker
+        state["_page_policy"] = None
         return state
 
     def close(self) -> None:

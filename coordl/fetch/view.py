@@ -31,7 +31,7 @@ __all__ = ["COORDL_OPTIONS", "DatasetView", "unwrap_view"]
 # coordl.DataLoader's own arguments and their defaults.
 COORDL_OPTIONS: dict[str, Any] = {
     "cache_bytes": 0, "cache_dir": None, "on_error": "raise", "sample_cache": None, "partitioned": False,
-    "coordinate": None, "batch_ring": True, "fetch_ahead": None,
+    "coordinate": None, "batch_ring": True, "fetch_ahead": None, "page_cache": "auto",
 }  # fmt: skip
 
 
