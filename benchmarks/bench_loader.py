@@ -38,7 +38,8 @@ process, coordl's transforms and DALI's CPU pipeline, at 500x375 and 1000x750.
 
 Then the prep-bound check, once per recipe of ``--recipes``: storage unthrottled; (b), (d), and coordl with its batch ring off (e),
 copying out of it (f), without its worker heap setting (g), with persistent workers (h), or reading
-every storage miss ahead in threads as before :mod:`coordl.fetch.pace` (i), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
+every storage miss ahead in threads as before :mod:`coordl.fetch.pace` (i), or (h) with its misses read
+through the page cache as before ``page_cache=`` (j), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
 bytes in memory, at once, rates summed; measured alternately in the same run (``--prep-configs``),
 in the same cgroups and under the same page-cache controller as the loaders (which costs CPU too).
 On a machine shared with other work the wall rates depend on the load, so CPU seconds per sample
@@ -73,8 +74,9 @@ CONFIGS = {
     "g": "coordl.DataLoader, cache 50%, ring without the workers' heap setting",
     "h": "coordl.DataLoader, cache 50%, persistent_workers=True",
     "i": "coordl.DataLoader, cache 50%, every storage read ahead in threads (before ReadPace)",
+    "j": "coordl.DataLoader, cache 50%, persistent_workers=True, page_cache='use' (misses through the page cache)",
 }
-COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True}  # config -> batch_ring
+COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True, "j": True}  # config -> batch_ring
 RESIZE, CROP = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 TODAY = "resize_first"  # coordl's train_transform before issue 27: the baseline of the recipe table
@@ -220,10 +222,12 @@ def child(args: argparse.Namespace) -> None:
             from coordl.fetch.pace import ReadPace
 
             coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=0.0)
-        ring, persistent = COORDL[args.child], args.child == "h"
+        ring, persistent = COORDL[args.child], args.child in ("h", "j")
+        page_cache = "use" if args.child == "j" else "auto"  # j: attribution of page_cache= (before it)
         loader = coordl.DataLoader(
-            ds, cache_bytes=args.cache_bytes, batch_ring=ring, persistent_workers=persistent, **common
-        )
+            ds, cache_bytes=args.cache_bytes, batch_ring=ring, persistent_workers=persistent,
+            page_cache=page_cache, **common,
+        )  # fmt: skip
     epochs = []
     for _ in range(args.epochs):
         read0, use0, t0 = _blkio_read(args.blkio, args.device), _usage(), time.perf_counter()
