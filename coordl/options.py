@@ -7,7 +7,7 @@ from typing import Any
 import torch.utils.data
 
 from coordl.data.source import has_split_prep
-from coordl.fetch.pagecache import PAGE_CACHE_MODES
+from coordl.fetch.pagecache import check_mode
 
 __all__ = ["check_dataset_options", "validate_options"]
 
@@ -35,8 +35,7 @@ def validate_options(
         raise ValueError(f"batch_ring must be True, False or 'copy', got {batch_ring!r}")
     if fetch_ahead is not None and (not isinstance(fetch_ahead, int) or fetch_ahead < 0):
         raise ValueError(f"fetch_ahead must be an int >= 0 or None, got {fetch_ahead!r}")
-    if page_cache not in PAGE_CACHE_MODES:
-        raise ValueError(f"page_cache must be one of {', '.join(map(repr, PAGE_CACHE_MODES))}, got {page_cache!r}")
+    check_mode(page_cache)
 
 
 def check_dataset_options(dataset: Any, source: Any, *, cache_bytes: int, sample_cache: Any, on_error: str) -> None:

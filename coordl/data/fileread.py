@@ -72,7 +72,7 @@ def _read_direct(fd: int, size: int) -> bytes:
         while True:
             n = os.preadv(fd, [view[got:want]], got)
             got += n
-            if got < want or n == 0:
+            if got < want:  # a short read (0 included): the end of the file
                 return bytes(view[:got])
             if want >= DIRECT_MAX_BYTES:
                 raise OSError(errno.EINVAL, "file grew past the direct-read limit while read")

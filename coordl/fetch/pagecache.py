@@ -28,10 +28,16 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PAGE_CACHE_MODES", "RECHECK_READS", "PageCachePolicy", "page_cache_room"]
+__all__ = ["PAGE_CACHE_MODES", "RECHECK_READS", "PageCachePolicy", "check_mode", "page_cache_room"]
 
 PAGE_CACHE_MODES = ("auto", "use", "bypass")
 RECHECK_READS = 512  # storage reads between two looks at the memory (each look reads 3-4 small files)
+
+
+def check_mode(mode: object) -> None:
+    """Refuse a ``page_cache`` value that is not one of :data:`PAGE_CACHE_MODES`, naming the option."""
+    if mode not in PAGE_CACHE_MODES:
+        raise ValueError(f"page_cache must be one of {', '.join(map(repr, PAGE_CACHE_MODES))}, got {mode!r}")
 
 
 def page_cache_room(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> int:
@@ -116,8 +122,7 @@ class PageCachePolicy:
     """
 
     def __init__(self, mode: str, minio: Any, num_items: int, room: Callable[[], int] | None = None) -> None:
-        if mode not in PAGE_CACHE_MODES:
-            raise ValueError(f"page_cache must be one of {PAGE_CACHE_MODES}, got {mode!r}")
+        check_mode(mode)
         self.mode = mode
         self.minio = minio
         self.num_items = num_items

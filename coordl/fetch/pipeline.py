@@ -33,7 +33,7 @@ from coordl.errors import CorruptItemError
 from coordl.fetch.keys import DatasetKeys, is_index
 from coordl.fetch.minio import MinioCache
 from coordl.fetch.pace import ReadPace
-from coordl.fetch.pagecache import PAGE_CACHE_MODES, PageCachePolicy
+from coordl.fetch.pagecache import PageCachePolicy, check_mode
 from coordl.ring.output_buffers import lend
 from coordl.workers.watch import WorkerWatch
 from shmem.counters import SharedCounters
@@ -119,8 +119,7 @@ class LoaderSource(torch.utils.data.Dataset):
         ring: Any = None,
         page_cache: str = "auto",
     ) -> None:
-        if page_cache not in PAGE_CACHE_MODES:
-            raise ValueError(f"page_cache must be one of {PAGE_CACHE_MODES}, got {page_cache!r}")
+        check_mode(page_cache)
         self.source = source
         self.tiers = list(tiers)
         self.counters = counters
