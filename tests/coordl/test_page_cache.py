@@ -4,6 +4,7 @@ outside the MinIO cache exceed the memory left for the page cache; batches uncha
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import coordl
 from coordl.data.transforms import CenterCrop, Compose, Decode, ToTensor
 from coordl.fetch import pagecache
 from coordl.fetch.pagecache import RECHECK_READS, PageCachePolicy, page_cache_room
-from tests.coordl.data.test_fileread import _direct_dir, _drop, _resident_pages
+from tests.coordl.pagecache_files import direct_dir, drop, resident_pages
 
 # -- the room: /proc/meminfo and the memory cgroups, from fake trees ---------------------------------
 
@@ -113,12 +114,13 @@ def test_loader_refuses_a_bad_mode_naming_the_option(tmp_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def disk_root(tmp_path_factory) -> str:
+def disk_root(tmp_path_factory) -> Iterator[str]:
     from coordl.data.synth import make_dataset
 
-    root = os.path.join(_direct_dir(tmp_path_factory), "folder")
-    make_dataset(root, 48, classes=3, width=96, height=72, seed=1, workers=1)
-    return root
+    with direct_dir(tmp_path_factory) as d:
+        root = os.path.join(d, "folder")
+        make_dataset(root, 48, classes=3, width=96, height=72, seed=1, workers=1)
+        yield root
 
 
 def _files(root: str) -> list[str]:
@@ -137,8 +139,8 @@ def test_batches_equal_torch_and_bypass_leaves_misses_out_of_the_page_cache(disk
     plain = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
     wants = [_batches(plain) for _ in range(2)]  # two epochs
     for p in _files(disk_root):
-        _drop(p)
-    if any(_resident_pages(p) for p in _files(disk_root)):
+        drop(p)
+    if any(resident_pages(p) for p in _files(disk_root)):
         pytest.skip("the kernel kept pages after POSIX_FADV_DONTNEED")
     with coordl.DataLoader(
         ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3), num_workers=2,
@@ -150,30 +152,30 @@ def test_batches_equal_torch_and_bypass_leaves_misses_out_of_the_page_cache(disk
             assert all(np.array_equal(a, b) for (a, _), (b, _) in zip(got, want, strict=True))
         stats = dl.stats()
     assert 0 < stats["cached_items"] < len(ds) and stats["storage_items_read"] > len(ds)  # misses re-read
-    resident = sum(1 for p in _files(disk_root) if _resident_pages(p))
+    resident = sum(1 for p in _files(disk_root) if resident_pages(p))
     assert (resident == 0) if mode == "bypass" else (resident == len(ds))
 
 
 def test_auto_keeps_the_page_cache_when_memory_has_room(disk_root) -> None:
     ds = coordl.ImageFolder(disk_root, Compose([Decode(), CenterCrop(64), ToTensor()]))
     for p in _files(disk_root):
-        _drop(p)
+        drop(p)
     assert page_cache_room() > 10 * sum(os.path.getsize(p) for p in _files(disk_root))  # a few hundred KB here
     with coordl.DataLoader(ds, batch_size=8, num_workers=2, cache_bytes=20_000) as dl:
         assert dl.page_cache == "auto"
         for _ in dl:
             pass
-    assert all(_resident_pages(p) for p in _files(disk_root))
+    assert all(resident_pages(p) for p in _files(disk_root))
 
 
 def test_auto_reads_past_the_page_cache_when_memory_is_short(disk_root, monkeypatch) -> None:
     monkeypatch.setattr(pagecache, "page_cache_room", lambda: 0)  # as if the memory cgroup were full
     ds = coordl.ImageFolder(disk_root, Compose([Decode(), CenterCrop(64), ToTensor()]))
     for p in _files(disk_root):
-        _drop(p)
+        drop(p)
     with coordl.DataLoader(ds, batch_size=8, num_workers=0, cache_bytes=20_000) as dl:
         for _ in range(2):
             for _ in dl:
                 pass
-    resident = sum(1 for p in _files(disk_root) if _resident_pages(p))
+    resident = sum(1 for p in _files(disk_root) if resident_pages(p))
     assert resident <= 1  # the first read: nothing cached yet to estimate the item size from
