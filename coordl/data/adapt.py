@@ -52,8 +52,7 @@ class TorchvisionStyleSource:
         return os.fspath(self.dataset.samples[index][0])
 
     def fetch(self, index: int) -> bytes:
-        with open(self.dataset.samples[index][0], "rb") as f:
-            return f.read()
+        return read_file(self.dataset.samples[index][0])
 
     def fetch_uncached(self, index: int) -> bytes:
         """As :meth:`fetch`, past the OS page cache where the file system allows (see

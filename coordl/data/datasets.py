@@ -157,20 +157,16 @@ class FileListDataset(_FileSource):
             zip(self.paths, targets if targets is not None else [None] * len(self.paths), strict=True)
         )
 
-    def _read(self, index: int) -> bytes:
+    def _read(self, index: int, cached: bool = True) -> bytes:
         path = self.paths[index]
         if self._urls is not None and _is_s3(path):
             return self._urls.read(path)
-        with open(path, "rb") as f:
-            return f.read()
+        return read_file(path, cached=cached)
 
     def fetch_uncached(self, index: int) -> bytes:
         """As :meth:`fetch`, past the OS page cache where the file system allows (``O_DIRECT``): how a
         loader reads the items its MinIO cache does not keep (:mod:`coordl.fetch.pagecache`)."""
-        path = self.paths[index]
-        if self._urls is not None and _is_s3(path):
-            return self._urls.read(path)
-        return read_file(path, cached=False)
+        return self._read(index, cached=False)
 
     def describe(self, index: int) -> str:
         return self.paths[index]
@@ -318,22 +314,19 @@ class ImageFolder(_FileSource):
     def targets(self) -> list[int]:
         return [t for _, t in self.items]
 
-    def _read(self, index: int) -> bytes:
+    def _read(self, index: int, cached: bool = True) -> bytes:
         rel = self.items[index][0]
         if self._staged is not None:
             return self._staged.read(rel)
         if self._bucket is not None:
             return self._bucket.read(rel)
-        with open(os.path.join(self.root, rel), "rb") as f:
-            return f.read()
+        return read_file(os.path.join(self.root, rel), cached=cached)
 
     def fetch_uncached(self, index: int) -> bytes:
         """As :meth:`fetch`, past the OS page cache where the file system allows (``O_DIRECT``): how a
         loader reads the items its MinIO cache does not keep (:mod:`coordl.fetch.pagecache`). A staged
         or bucket root reads as :meth:`fetch` does."""
-        if self._staged is not None or self._bucket is not None:
-            return self._read(index)
-        return read_file(os.path.join(self.root, self.items[index][0]), cached=False)
+        return self._read(index, cached=False)
 
     def describe(self, index: int) -> str:
         rel = self.items[index][0]
