@@ -40,7 +40,9 @@ Then the prep-bound check, once per recipe of ``--recipes``: storage unthrottled
 copying out of it (f), without its worker heap setting (g), with persistent workers (h), or reading
 every storage miss ahead in threads as before :mod:`coordl.fetch.pace` (i), or (h) with its misses read
 through the page cache as before ``page_cache=`` (j), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
-bytes in memory, at once, rates summed; measured alternately in the same run (``--prep-configs``),
+bytes in memory, at once, rates summed, and (once a round) the bound: the same loops over the whole dataset
+making the storage reads that a 50% cache leaves every loader (``decode_limit.py``; what a loader with no
+cost of its own would reach here); measured alternately in the same run (``--prep-configs``),
 in the same cgroups and under the same page-cache controller as the loaders (which costs CPU too).
 On a machine shared with other work the wall rates depend on the load, so CPU seconds per sample
 are reported too: ``limit CPU / loader CPU`` is the fraction of the loader's CPU spent on the prep
@@ -63,6 +65,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prep_recipes  # noqa: E402  (the recipes and the one-process CPU table)
+from decode_limit import decode_limit, machine_cpu  # noqa: E402  (the prep-bound references)
 
 CONFIGS = {
     "a": "torch DataLoader + Pillow",
@@ -153,16 +156,6 @@ def _cpu_s() -> float:
     return u["main_cpu_s"] + u["workers_cpu_s"]
 
 
-def _machine_cpu() -> tuple[float, float]:
-    """(busy, steal) CPU seconds of the whole machine so far, from /proc/stat: busy counts every
-    process and kernel thread (the page-cache controller, the loop device's I/O), not only ours."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = v[:8]
-    return (user + nice + system + irq + softirq) / hz, steal / hz
-
-
 def _blkio_read(path: str, device: str) -> int:
     total = 0
     with open(path) as f:
@@ -231,13 +224,13 @@ def child(args: argparse.Namespace) -> None:
     epochs = []
     for _ in range(args.epochs):
         read0, use0, t0 = _blkio_read(args.blkio, args.device), _usage(), time.perf_counter()
-        machine0 = _machine_cpu()
+        machine0 = machine_cpu()
         n = 0
         for batch in loader:
             n += len(batch[0]["label"]) if args.child == "c" else len(batch[1])
         elapsed = time.perf_counter() - t0
         use = {k: v - use0[k] for k, v in _usage().items()}
-        machine = _machine_cpu()
+        machine = machine_cpu()
         use["machine_busy_s"], use["machine_steal_s"] = machine[0] - machine0[0], machine[1] - machine0[1]
         epochs.append(
             {
@@ -253,49 +246,6 @@ def child(args: argparse.Namespace) -> None:
             e["hit_ratio"] = st["hit_ratio"]
         loader.close()
     print(json.dumps({"epochs": epochs}))
-
-
-def _decode_worker(root: str, count: int, queue, recipe: str) -> None:
-    import torch
-
-    from coordl.data.datasets import ImageFolder
-
-    torch.set_num_threads(1)
-    ds = ImageFolder(root)
-    raws = [ds.fetch(i) for i in range(min(len(ds), 200))]
-    tf = prep_recipes.make_transform(recipe)
-    for r in raws[:20]:  # warm up (first-touch memory is slow on this VM)
-        tf(r)
-    t, cpu, machine = time.perf_counter(), time.process_time(), _machine_cpu()
-    minflt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for i in range(count):
-        tf(raws[i % len(raws)])
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - minflt) / count
-    wall = time.perf_counter() - t
-    busy, steal = (b - a for a, b in zip(machine, _machine_cpu(), strict=True))
-    queue.put((count / wall, (time.process_time() - cpu) / count, faults, busy / wall, steal / wall))
-
-
-def decode_limit(root: str, cores: int, count: int, recipe: str) -> tuple[float, ...]:
-    """(sum of the rates, mean CPU s/sample, mean minor faults/sample, machine cores busy, cores
-    stolen by the hypervisor) of ``cores`` simultaneous tight decode+augment loops."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_decode_worker, args=(root, count, q, recipe)) for _ in range(cores)]
-    for p in procs:
-        p.start()
-    results = [q.get(timeout=600) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
-    return (
-        sum(r[0] for r in results),
-        statistics.mean(r[1] for r in results),
-        statistics.mean(r[2] for r in results),
-        statistics.mean(r[3] for r in results),
-        statistics.mean(r[4] for r in results),
-    )
 
 
 # -- parent side -----------------------------------------------------------------------------------
@@ -330,20 +280,16 @@ def _run_child(
     return out
 
 
-def _run_limit(store, args: argparse.Namespace, root: str, page_budget: int, recipe: str) -> tuple[float, ...]:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        "limit",
-        "--root",
-        root,
-        "--workers",
-        str(os.cpu_count() or 1),
-        "--recipe",
-        recipe,
-    ]
-    store.set_page_cache_bytes(page_budget + METADATA_ALLOWANCE_BYTES)
+def _run_limit(
+    store, args: argparse.Namespace, root: str, page_budget: int, recipe: str, cache_bytes: int = 0, kind: str = "limit"
+) -> tuple[float, ...]:
+    """The decode limit (``kind="limit"``), or the bound with the storage reads (``"bound"``), whose
+    cached share is in its own memory like coordl's cache (so its page-cache budget is the rest)."""
+    cmd = [sys.executable, __file__, "--child", kind, "--root", root, "--workers", str(os.cpu_count() or 1)]
+    cmd += ["--recipe", recipe, "--cache-fraction", str(args.cache_fraction)]
+    store.set_page_cache_bytes(max(page_budget - cache_bytes, 0) + METADATA_ALLOWANCE_BYTES)
+    if kind == "bound":
+        store.evict()
     ctl0, t0 = store.controller_cpu_s, time.monotonic()
     out = json.loads(store.run(cmd).strip().splitlines()[-1])
     return (*out, (store.controller_cpu_s - ctl0) / (time.monotonic() - t0))
@@ -434,6 +380,14 @@ def print_prep_table(prep: dict, args: argparse.Namespace, recipe: str) -> None:
         f"| decode limit: {os.cpu_count()} processes x tight decode+augment loop | {lim_rate:.0f} ({runs}) | "
         f"100% | {lim_cpu * 1000:.2f} ms | 1.00 | {busy:.2f} |"
     )
+    if prep.get("bound"):
+        b, shares = prep["bound"], [r[0] / r[6] for r in prep["bound"]]
+        print(
+            f"| bound: the same loops + the storage reads of a {args.cache_fraction:.0%} cache (O_DIRECT) | "
+            f"{_med(r[0] for r in b):.0f} ({', '.join(f'{r[0]:.0f}' for r in b)}) | {_med(shares):.0%} "
+            f"({', '.join(f'{x:.0%}' for x in shares)}) | {_med(r[1] for r in b) * 1000:.2f} ms | "
+            f"{_med(r[7] / r[1] for r in b):.2f} | {_med(r[0] * r[1] for r in b):.2f} |"
+        )
     for cfg in args.prep_configs:
         rate, cpu = _med(r["rate"] for r in prep[cfg]), _med(r["cpu_s"] for r in prep[cfg])
         runs = ", ".join(f"{r['rate']:.0f}" for r in prep[cfg])
@@ -498,6 +452,13 @@ def print_recipe_summary(prep: dict, args: argparse.Namespace) -> None:
             f"| {prep_recipes.RECIPES[recipe]} | limit: {os.cpu_count()} x tight loop | {lim_rate:.0f} | 100% | "
             f"{lim_rate / today_rate:.2f}x | {lim_cpu * 1000:.2f} | {today_cpu / lim_cpu:.2f}x |"
         )
+        if res.get("bound"):
+            rate, cpu = _med(r[0] for r in res["bound"]), _med(r[1] for r in res["bound"])
+            print(
+                f"| | bound: limit loops + the storage reads | {rate:.0f} | "
+                f"{_med(r[0] / r[6] for r in res['bound']):.0%} | {rate / today_rate:.2f}x | {cpu * 1000:.2f} | "
+                f"{today_cpu / cpu:.2f}x |"
+            )
         for cfg in args.prep_configs:
             if not res.get(cfg):
                 continue
@@ -513,7 +474,7 @@ def run_prep_bound(store, args: argparse.Namespace, roots: dict[str, tuple[str, 
     """``{recipe: {"limit": [...], config: [...]}}``: each loader right after a limit measurement.
     ``roots``: recipe -> (the dataset it reads, its cache budget in bytes)."""
     configs = args.prep_configs
-    prep: dict[str, dict[str, list]] = {r: {"limit": [], **{c: [] for c in configs}} for r in args.recipes}
+    prep: dict[str, dict[str, list]] = {r: {"limit": [], "bound": [], **{c: [] for c in configs}} for r in args.recipes}
     store.set_read_bps(None)
     for run in range(args.runs):
         for recipe in args.recipes:
@@ -523,6 +484,9 @@ def run_prep_bound(store, args: argparse.Namespace, roots: dict[str, tuple[str, 
                 # The limit is measured right before each loader (the machine's load drifts), in the
                 # same cgroups under the same page-cache controller as the loaders.
                 prep[recipe]["limit"].append(_run_limit(store, args, root, cache_bytes, recipe))
+                if cfg == order[0]:  # once a round: the bound with this benchmark's storage reads
+                    bound = _run_limit(store, args, root, cache_bytes, recipe, cache_bytes, kind="bound")
+                    prep[recipe]["bound"].append((*bound, *prep[recipe]["limit"][-1][:2]))  # + that limit's rate, CPU
                 res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes, recipe)
                 summary = _prep_summary(res)
                 summary["limit_rate"], summary["limit_cpu_s"] = prep[recipe]["limit"][-1][:2]
@@ -537,7 +501,7 @@ def run_prep_bound(store, args: argparse.Namespace, roots: dict[str, tuple[str, 
 
 def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", choices=[*sorted(CONFIGS), "limit"])
+    p.add_argument("--child", choices=[*sorted(CONFIGS), "limit", "bound"])
     p.add_argument("--root", default="")
     p.add_argument("--device", default="")
     p.add_argument("--blkio", default="")
@@ -576,8 +540,10 @@ def _parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = _parse_args()
-    if args.child == "limit":
-        print(json.dumps(decode_limit(args.root, args.workers, 600, args.recipe)))
+    if args.child in ("limit", "bound"):
+        reads = args.child == "bound"
+        out = decode_limit(args.root, args.workers, 600, args.recipe, reads=reads, cache_fraction=args.cache_fraction)
+        print(json.dumps(out))
         return
     if args.child:
         child(args)
