@@ -238,9 +238,16 @@ class LoaderSource(torch.utils.data.Dataset):
     def _fetch_from(self, index: int, start: int, missed: list[FetchTier]) -> bytes:
         """Ask ``tiers[start:]``, then storage; offer the bytes to every tier that missed."""
         raw = self._ask(index, self.tiers[start:], missed)
+        return self._keep(index, raw, missed) if raw is None else self._offer(index, raw, missed)
+
+    def _keep(self, index: int, raw: bytes | None, missed: list[FetchTier]) -> bytes:
+        """A storage read of ``index`` (``raw``; None: read it now), counted and offered to ``missed``."""
         if raw is None:
             raw = self._read_storage(index)
-            self.counters.add_many({"storage_bytes_read": len(raw), "storage_items_read": 1})
+        self.counters.add_many({"storage_bytes_read": len(raw), "storage_items_read": 1})
+        return self._offer(index, raw, missed)
+
+    def _offer(self, index: int, raw: bytes | memoryview, missed: list[FetchTier]) -> bytes:
         for tier in missed:
             tier.offer(index, raw)
         return _as_bytes(raw)
@@ -332,7 +339,12 @@ class LoaderSource(torch.utils.data.Dataset):
             missed: list[FetchTier] = []
             raw = self._ask(index, self.tiers[:near], missed)
             if raw is None:
-                raw = _Inline(missed) if pace.inline() else self._fetch_pool().submit(self._fetch_from, index, near, missed)
+                if pace.inline():
+                    raw = _Inline(missed)
+                elif near == len(self.tiers):  # storage is next: the thread only reads, the rest is done here
+                    raw = _Reading(self._fetch_pool().submit(self._read_storage, index), missed)
+                else:
+                    raw = self._fetch_pool().submit(self._fetch_from, index, near, missed)
             pending.append((index, raw))
 
         for index in itertools.islice(todo, self.fetch_ahead):
@@ -348,6 +360,8 @@ class LoaderSource(torch.utils.data.Dataset):
                 try:
                     if type(raw) is _Inline:
                         data = pace.timed(lambda: self._fetch_from(index, near, raw.missed))  # noqa: B023 - called at once
+                    elif type(raw) is _Reading:
+                        data = self._keep(index, raw.read.result(), raw.missed)
                     else:
                         data = raw.result() if isinstance(raw, concurrent.futures.Future) else _as_bytes(raw)
                     self._seed(index)
@@ -356,6 +370,8 @@ class LoaderSource(torch.utils.data.Dataset):
                     yield self._skip_or_raise(e, index)
         finally:
             for _index, raw in pending:
+                if type(raw) is _Reading:
+                    raw = raw.read
                 if isinstance(raw, concurrent.futures.Future):
                     raw.cancel()  # an error or a closed generator: reads not started are dropped
 
@@ -439,6 +455,16 @@ class _Inline:
     __slots__ = ("missed",)
 
     def __init__(self, missed: list[FetchTier]) -> None:
+        self.missed = missed
+
+
+class _Reading:
+    """A storage read running in the pool; the prep thread counts it and offers it to the tiers that missed."""
+
+    __slots__ = ("read", "missed")
+
+    def __init__(self, read: concurrent.futures.Future, missed: list[FetchTier]) -> None:
+        self.read = read
         self.missed = missed
 
 

@@ -133,6 +133,7 @@ class _RecordingTier:
         self.name, self.have, self.in_memory = name, have, in_memory
         self.threads: list[str] = []
         self.offered: list[int] = []
+        self.offered_in: list[str] = []
 
     def get(self, index: int):
         self.threads.append(threading.current_thread().name)
@@ -140,6 +141,7 @@ class _RecordingTier:
 
     def offer(self, index: int, raw) -> None:
         self.offered.append(index)
+        self.offered_in.append(threading.current_thread().name)
 
     def stats(self) -> dict[str, int]:
         return {}
@@ -164,6 +166,54 @@ def test_in_memory_hits_are_taken_in_the_prep_thread_and_the_rest_in_read_thread
         assert len(stored) == 4 and all(t.startswith("coordl-fetch") for t in stored)
         assert sorted(near.offered) == list(range(4, 12)) and sorted(far.offered) == list(range(8, 12))
         assert counters.snapshot()["storage_items_read"] == 4
+    finally:
+        ls.close()
+        counters.close()
+
+
+def test_with_only_memory_tiers_a_read_thread_only_reads_storage() -> None:
+    # The thread's work is the read alone: counting it and offering its bytes to the cache are done
+    # when the prep thread takes the item (no Python beside the read in the thread, fewer GIL hand-offs).
+    near = _RecordingTier("near", set(range(0, 4)), in_memory=True)
+    src = SlowFetchSource(12, delay_s=0.0)
+    stored: list[str] = []
+    fetch = src.fetch
+    src.fetch = lambda i: stored.append(threading.current_thread().name) or fetch(i)
+    counters = SharedCounters(BASE_COUNTERS)
+    ls = LoaderSource(src, [near], counters, fetch_ahead=3)
+    try:
+        got = [int(t[0]) for t in ls._load_ahead(list(range(12)), None)]
+        assert got == list(range(12))
+        assert len(stored) == 8 and all(t.startswith("coordl-fetch") for t in stored)  # the pace starts pooled
+        assert sorted(near.offered) == list(range(4, 12))
+        assert set(near.offered_in) == {threading.current_thread().name}
+        assert counters.snapshot()["storage_items_read"] == 8
+        assert counters.snapshot()["storage_bytes_read"] == sum(len(item_bytes(i)) for i in range(4, 12))
+    finally:
+        ls.close()
+        counters.close()
+
+
+def test_a_read_thread_error_is_raised_for_its_item_and_later_reads_are_dropped() -> None:
+    near = _RecordingTier("near", set(), in_memory=True)
+    src = SlowFetchSource(12, delay_s=0.0)
+    fetch = src.fetch
+
+    def failing(i: int) -> bytes:
+        if i == 5:
+            raise OSError(f"disk error reading item {i}")
+        return fetch(i)
+
+    src.fetch = failing
+    counters = SharedCounters(BASE_COUNTERS)
+    ls = LoaderSource(src, [near], counters, fetch_ahead=3)
+    try:
+        got: list[int] = []
+        with pytest.raises(OSError, match="item 5"):
+            for t in ls._load_ahead(list(range(12)), None):
+                got.append(int(t[0]))
+        assert got == [0, 1, 2, 3, 4]
+        assert sorted(near.offered) == [0, 1, 2, 3, 4]  # nothing offered for the failed item
     finally:
         ls.close()
         counters.close()
