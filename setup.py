@@ -1,8 +1,11 @@
-"""Builds coordl's one optional C extension; everything else is in pyproject.toml.
+"""Builds coordl's two optional C extensions; everything else is in pyproject.toml.
 
 ``coordl.data._cropjpeg`` decodes only the region of a JPEG that a random crop keeps, against the system
 libjpeg-turbo (Debian: libjpeg62-turbo-dev, in scripts/setup.sh's APT_PACKAGES). It is optional: without a
 compiler or the headers the install succeeds and coordl falls back to full decodes (one warning at run time).
+
+``coordl.data._readahead`` reads whole files in native threads, for a loader worker's read-ahead (see
+coordl/data/fileread.py); without it the read-ahead uses Python threads.
 """
 
 from setuptools import Extension, setup
@@ -15,6 +18,13 @@ setup(
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,
-        )
+        ),
+        Extension(
+            "coordl.data._readahead",
+            ["coordl/data/_fileread/readahead.c"],
+            extra_compile_args=["-O2", "-pthread"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        ),
     ]
 )

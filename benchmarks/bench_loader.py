@@ -39,7 +39,8 @@ process, coordl's transforms and DALI's CPU pipeline, at 500x375 and 1000x750.
 Then the prep-bound check, once per recipe of ``--recipes``: storage unthrottled; (b), (d), and coordl with its batch ring off (e),
 copying out of it (f), without its worker heap setting (g), with persistent workers (h), or reading
 every storage miss ahead in threads as before :mod:`coordl.fetch.pace` (i), or (h) with its misses read
-through the page cache as before ``page_cache=`` (j), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
+through the page cache as before ``page_cache=`` (j), or (h) reading ahead in Python threads instead of native
+ones (k), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
 bytes in memory, at once, rates summed, and (once a round) the bound: the same loops over the whole dataset
 making the storage reads that a 50% cache leaves every loader (``decode_limit.py``; what a loader with no
 cost of its own would reach here); measured alternately in the same run (``--prep-configs``),
@@ -78,8 +79,9 @@ CONFIGS = {
     "h": "coordl.DataLoader, cache 50%, persistent_workers=True",
     "i": "coordl.DataLoader, cache 50%, every storage read ahead in threads (before ReadPace)",
     "j": "coordl.DataLoader, cache 50%, persistent_workers=True, page_cache='use' (misses through the page cache)",
+    "k": "coordl.DataLoader, cache 50%, persistent_workers=True, read-ahead in Python threads (before the native one)",
 }
-COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True, "j": True}  # config -> batch_ring
+COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True, "j": True, "k": True}  # -> batch_ring
 RESIZE, CROP = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 TODAY = "resize_first"  # coordl's train_transform before issue 27: the baseline of the recipe table
@@ -215,7 +217,11 @@ def child(args: argparse.Namespace) -> None:
             from coordl.fetch.pace import ReadPace
 
             coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=0.0)
-        ring, persistent = COORDL[args.child], args.child in ("h", "j")
+        if args.child == "k":  # attribution only: the read-ahead's Python threads, as without the extension
+            import coordl.data.fileread
+
+            coordl.data.fileread._readahead = None
+        ring, persistent = COORDL[args.child], args.child in ("h", "j", "k")
         page_cache = "use" if args.child == "j" else "auto"  # j: attribution of page_cache= (before it)
         loader = coordl.DataLoader(
             ds, cache_bytes=args.cache_bytes, batch_ring=ring, persistent_workers=persistent,

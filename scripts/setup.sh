@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# gcc, python3-dev and libjpeg62-turbo-dev build coordl's crop decoder (setup.py; optional: without them coordl
-# decodes whole images).
+# gcc, python3-dev and libjpeg62-turbo-dev build coordl's crop decoder and native read-ahead (setup.py; optional:
+# without them coordl decodes whole images and reads ahead in Python threads).
 APT_PACKAGES=(redis-server nfs-ganesha nfs-ganesha-vfs libnfs-dev libnfs-utils rpcbind iproute2 chromium
               gcc python3-dev libjpeg62-turbo-dev)
 EXTRAS="${COORDL_EXTRAS:-dev,nfs}"
@@ -36,11 +36,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.coordl-installed
-# Installed already when the stamp is newer than pyproject.toml, setup.py and the C extension's source and lists
-# every extra asked for now (the editable install compiles the extension in place).
+# Installed already when the stamp is newer than pyproject.toml, setup.py and the C extensions' sources and lists
+# every extra asked for now (the editable install compiles the extensions in place).
 have_extras() {
   [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] && [ ! setup.py -nt "$stamp" ] \
-    && [ -z "$(find coordl/data/_jpeg -newer "$stamp" -print -quit)" ] || return 1
+    && [ -z "$(find coordl/data/_jpeg coordl/data/_fileread -newer "$stamp" -print -quit)" ] || return 1
   local e
   for e in ${EXTRAS//,/ }; do
     grep -qx "$e" <(tr ',' '\n' < "$stamp") || return 1

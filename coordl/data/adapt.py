@@ -59,6 +59,10 @@ class TorchvisionStyleSource:
         :mod:`coordl.fetch.pagecache`)."""
         return read_file(self.dataset.samples[index][0], cached=False)
 
+    def local_file(self, index: int) -> str:
+        """The file :meth:`fetch` reads whole: a loader's read-ahead reads it (:class:`coordl.data.fileread.ReadAhead`)."""
+        return os.fspath(self.dataset.samples[index][0])
+
     def _load(self, raw: bytes, index: int) -> Any:
         path = self.describe(index)
         if self._fast_decode:

@@ -31,6 +31,11 @@ __all__ = ["ImageFolder", "FileListDataset", "IMG_EXTENSIONS"]
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+def _reads_its_own_way(source: Any, cls: type) -> bool:
+    """Whether ``source``'s class overrides how ``cls`` reads an item (then only its fetch knows how)."""
+    return any(getattr(type(source), name) is not getattr(cls, name) for name in ("fetch", "fetch_uncached", "_read"))
+
+
 class _FileSource:
     """Shared fetch/prep logic over a list of (relative name, target) items."""
 
@@ -167,6 +172,14 @@ class FileListDataset(_FileSource):
         """As :meth:`fetch`, past the OS page cache where the file system allows (``O_DIRECT``): how a
         loader reads the items its MinIO cache does not keep (:mod:`coordl.fetch.pagecache`)."""
         return self._read(index, cached=False)
+
+    def local_file(self, index: int) -> str | None:
+        """The local file :meth:`fetch` reads whole for ``index``, or None (an s3:// path, or a subclass
+        reading its own way): a loader's read-ahead reads it (:class:`coordl.data.fileread.ReadAhead`)."""
+        path = self.paths[index]
+        if (self._urls is not None and _is_s3(path)) or _reads_its_own_way(self, FileListDataset):
+            return None
+        return path
 
     def describe(self, index: int) -> str:
         return self.paths[index]
@@ -327,6 +340,13 @@ class ImageFolder(_FileSource):
         loader reads the items its MinIO cache does not keep (:mod:`coordl.fetch.pagecache`). A staged
         or bucket root reads as :meth:`fetch` does."""
         return self._read(index, cached=False)
+
+    def local_file(self, index: int) -> str | None:
+        """The local file :meth:`fetch` reads whole for ``index``, or None (a staged or bucket root, or a
+        subclass reading its own way): a loader's read-ahead reads it (:class:`coordl.data.fileread.ReadAhead`)."""
+        if self._staged is not None or self._bucket is not None or _reads_its_own_way(self, ImageFolder):
+            return None
+        return os.path.join(self.root, self.items[index][0])
 
     def describe(self, index: int) -> str:
         rel = self.items[index][0]

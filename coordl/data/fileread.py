@@ -16,12 +16,19 @@ ordinary way, so that no thread keeps a large buffer.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import mmap
 import os
 import threading
+from typing import Any
 
-__all__ = ["DIRECT_MAX_BYTES", "read_file"]
+try:
+    from coordl.data import _readahead
+except ImportError:  # built optionally (no C compiler at install time): ReadAhead uses Python threads
+    _readahead = None
+
+__all__ = ["DIRECT_MAX_BYTES", "ReadAhead", "read_file"]
 
 DIRECT_MAX_BYTES = 64 << 20
 _ALIGN = 4096  # a multiple of every block device's logical block size
@@ -91,3 +98,34 @@ def _buffer(size: int) -> mmap.mmap:
         buf = mmap.mmap(-1, max(size, _MIN_BUFFER))
         _local.buffer = buf
     return buf
+
+
+class ReadAhead:
+    """Whole files read ahead by ``threads`` threads of this process, as :func:`read_file` reads them.
+
+    ``submit(path, cached=...)`` starts a read and returns its handle: ``result()`` waits for the bytes
+    (or raises the read's ``OSError``, naming the file), ``cancel()`` drops it. A loader worker reads
+    the next items' files this way while it preps the current one.
+
+    With the extension ``coordl.data._readahead`` (``native``; coordl/data/_fileread/readahead.c) the
+    threads are native and never take the GIL: the bytes object is made by ``result()`` in the caller's
+    thread. Python threads reading for a thread that preps take the GIL back after every read and every
+    ``os`` call, and a prep thread that releases it around a C call (a torch op, the JPEG decoder) then
+    waits to get it back (``reports/bench_loader.md``, issue 27 session 7). Without the extension, a pool
+    of Python threads does the same reads.
+
+    One per process: a reader's threads do not survive a fork (the native one refuses a submit there).
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.native = _readahead is not None
+        if self.native:
+            self._reader: Any = _readahead.Reader(threads)
+        else:
+            self._reader = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="coordl-read")
+
+    def submit(self, path: str | os.PathLike, *, cached: bool = True) -> Any:
+        """Start reading ``path`` (past the page cache with ``cached=False``, as :func:`read_file`)."""
+        if self.native:
+            return self._reader.submit(os.fspath(path), not cached)
+        return self._reader.submit(read_file, path, cached=cached)

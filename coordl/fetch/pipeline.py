@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch.utils.data
 
+from coordl.data.fileread import ReadAhead
 from coordl.data.source import describe_item
 from coordl.errors import CorruptItemError
 from coordl.fetch.keys import DatasetKeys, is_index
@@ -134,6 +135,7 @@ class LoaderSource(torch.utils.data.Dataset):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_pid = -1
         self._pace: tuple[int, ReadPace] | None = None  # (pid, this process's pace)
+        self._reader: tuple[int, ReadAhead] | None = None  # (pid, this process's read-ahead of local files)
         self.page_cache = page_cache
         self._page_policy: tuple[int, PageCachePolicy] | None = None  # (pid, this process's policy)
         self._keys = DatasetKeys(source, counters, on_error)  # keys that are not indices; __getitems__
@@ -254,15 +256,34 @@ class LoaderSource(torch.utils.data.Dataset):
 
     def _read_storage(self, index: int) -> bytes:
         """``source.fetch``, or ``source.fetch_uncached`` when this process's page-cache policy says so."""
-        uncached = getattr(self.source, "fetch_uncached", None)
-        if uncached is None or self.page_cache == "use":
-            return self.source.fetch(index)
+        return self.source.fetch_uncached(index) if self._bypass() else self.source.fetch(index)
+
+    def _bypass(self) -> bool:
+        """Whether this process reads storage past the page cache (:mod:`coordl.fetch.pagecache`)."""
+        if self.page_cache == "use" or getattr(self.source, "fetch_uncached", None) is None:
+            return False
         pid = os.getpid()
         if self._page_policy is None or self._page_policy[0] != pid:
             tier = self.tiers[0] if len(self.tiers) == 1 else None  # MinIO alone (partitioned: peers serve misses)
             minio = tier.cache if isinstance(tier, MinioTier) else None
             self._page_policy = (pid, PageCachePolicy(self.page_cache, minio, len(self.source)))
-        return uncached(index) if self._page_policy[1].bypass() else self.source.fetch(index)
+        return self._page_policy[1].bypass()
+
+    def _read_ahead_storage(self, index: int) -> Any:
+        """The storage read of ``index`` started in a read-ahead thread: a handle with ``result()``.
+
+        A source naming the local file it reads (``local_file``) has it read by native threads that
+        never take the GIL (:class:`coordl.data.fileread.ReadAhead`); any other read runs its
+        ``fetch`` in the Python pool.
+        """
+        local_file = getattr(self.source, "local_file", None)
+        path = local_file(index) if local_file is not None else None
+        if path is None:
+            return self._fetch_pool().submit(self._read_storage, index)
+        pid = os.getpid()
+        if self._reader is None or self._reader[0] != pid:
+            self._reader = (pid, ReadAhead(self.fetch_ahead))  # one per process: threads do not survive a fork
+        return self._reader[1].submit(path, cached=not self._bypass())
 
     def _ask(self, index: int, tiers: Sequence[FetchTier], missed: list[FetchTier]) -> bytes | memoryview | None:
         """The first of ``tiers`` to have ``index``'s bytes; each tier that missed is appended to ``missed``.
@@ -342,7 +363,7 @@ class LoaderSource(torch.utils.data.Dataset):
                 if pace.inline():
                     raw = _Inline(missed)
                 elif near == len(self.tiers):  # storage is next: the thread only reads, the rest is done here
-                    raw = _Reading(self._fetch_pool().submit(self._read_storage, index), missed)
+                    raw = _Reading(self._read_ahead_storage(index), missed)
                 else:
                     raw = self._fetch_pool().submit(self._fetch_from, index, near, missed)
             pending.append((index, raw))
@@ -370,10 +391,8 @@ class LoaderSource(torch.utils.data.Dataset):
                     yield self._skip_or_raise(e, index)
         finally:
             for _index, raw in pending:
-                if type(raw) is _Reading:
-                    raw = raw.read
-                if isinstance(raw, concurrent.futures.Future):
-                    raw.cancel()  # an error or a closed generator: reads not started are dropped
+                if type(raw) is _Reading or isinstance(raw, concurrent.futures.Future):
+                    (raw.read if type(raw) is _Reading else raw).cancel()  # an error or a closed generator: reads not started are dropped
 
     def _fetch_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         pid = os.getpid()
@@ -430,7 +449,7 @@ class LoaderSource(torch.utils.data.Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_pool"], state["_pool_pid"], state["_pace"] = None, -1, None  # threads do not cross into a spawned worker
-        state["_page_policy"] = None
+        state["_page_policy"], state["_reader"] = None, None
         return state
 
     def close(self) -> None:
@@ -459,11 +478,12 @@ class _Inline:
 
 
 class _Reading:
-    """A storage read running in the pool; the prep thread counts it and offers it to the tiers that missed."""
+    """A storage read running ahead (a future or a ReadAhead handle); the prep thread counts it and offers
+    it to the tiers that missed."""
 
     __slots__ = ("read", "missed")
 
-    def __init__(self, read: concurrent.futures.Future, missed: list[FetchTier]) -> None:
+    def __init__(self, read: Any, missed: list[FetchTier]) -> None:
         self.read = read
         self.missed = missed
 
