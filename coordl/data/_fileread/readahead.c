@@ -16,6 +16,9 @@
  * reader is freed only when no handle is left. A reader copied into a forked child has no threads
  * there (and its mutex may be held by a parent thread): it is never used in the child (the Python
  * side makes one per process) and its dealloc leaks it instead of joining threads that do not exist.
+ *
+ * Why one file of ~430 lines: the read, the threads and the two Python types share one mutex and one
+ * request lifetime; split, each part would need the others' locking rules.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
