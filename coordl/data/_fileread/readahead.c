@@ -17,7 +17,7 @@
  * there (and its mutex may be held by a parent thread): it is never used in the child (the Python
  * side makes one per process) and its dealloc leaks it instead of joining threads that do not exist.
  *
- * Why one file of ~430 lines: the read, the threads and the two Python types share one mutex and one
+ * Why one file of ~420 lines: the read, the threads and the two Python types share one mutex and one
  * request lifetime; split, each part would need the others' locking rules.
  */
 #define PY_SSIZE_T_CLEAN
@@ -70,43 +70,49 @@ static PyTypeObject HandleType;
 
 /* -- the read (no GIL, no Python) ---------------------------------------------------------------- */
 
-static int read_buffered(Req *r) {
-    int fd = open(r->path, O_RDONLY | O_CLOEXEC);
+/* Close ``fd``, free ``buf`` (may be NULL) and return ``e``: every way out of a failed read. */
+static int give_up(int fd, char *buf, int e) {
+    free(buf);
+    close(fd);
+    return e;
+}
+
+/* ``path`` opened with ``flags`` and its size in ``*size``: the descriptor, or -errno. */
+static int open_sized(const char *path, int flags, size_t *size) {
+    int fd = open(path, flags | O_CLOEXEC);
     if (fd < 0)
-        return errno;
+        return -errno;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return e;
-    }
-    size_t cap = st.st_size > 0 ? (size_t)st.st_size + 1 : 4096;
+    if (fstat(fd, &st) != 0)
+        return -give_up(fd, NULL, errno);
+    *size = st.st_size > 0 ? (size_t)st.st_size : 0;
+    return fd;
+}
+
+static int read_buffered(Req *r) {
+    size_t size;
+    int fd = open_sized(r->path, O_RDONLY, &size);
+    if (fd < 0)
+        return -fd;
+    size_t cap = size > 0 ? size + 1 : 4096;
     char *buf = malloc(cap);
     size_t got = 0;
-    if (buf == NULL) {
-        close(fd);
-        return ENOMEM;
-    }
+    if (buf == NULL)
+        return give_up(fd, NULL, ENOMEM);
     for (;;) {
         ssize_t n = read(fd, buf + got, cap - got);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            int e = errno;
-            free(buf);
-            close(fd);
-            return e;
+            return give_up(fd, buf, errno);
         }
         if (n == 0)
             break;
         got += (size_t)n;
         if (got == cap) { /* it grew since fstat */
             char *more = realloc(buf, cap * 2);
-            if (more == NULL) {
-                free(buf);
-                close(fd);
-                return ENOMEM;
-            }
+            if (more == NULL)
+                return give_up(fd, buf, ENOMEM);
             buf = more;
             cap *= 2;
         }
@@ -119,50 +125,32 @@ static int read_buffered(Req *r) {
 
 /* 0 when read; EINVAL when the caller should read the ordinary way; another errno on failure. */
 static int read_direct(Req *r) {
-    int fd = open(r->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    size_t size;
+    int fd = open_sized(r->path, O_RDONLY | O_DIRECT, &size);
     if (fd < 0)
-        return errno; /* EINVAL: no O_DIRECT on this file system */
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return e;
-    }
-    if ((size_t)st.st_size > DIRECT_MAX_BYTES) {
-        close(fd);
-        return EINVAL;
-    }
-    size_t want = ((size_t)st.st_size / ALIGN + 1) * ALIGN; /* a block more: a short read ends it */
+        return -fd; /* EINVAL: no O_DIRECT on this file system */
+    if (size > DIRECT_MAX_BYTES)
+        return give_up(fd, NULL, EINVAL);
+    size_t want = (size / ALIGN + 1) * ALIGN; /* a block more: a short read ends it */
     char *buf = NULL;
     size_t got = 0;
-    if (posix_memalign((void **)&buf, ALIGN, want) != 0) {
-        close(fd);
-        return ENOMEM;
-    }
+    if (posix_memalign((void **)&buf, ALIGN, want) != 0)
+        return give_up(fd, NULL, ENOMEM);
     for (;;) {
         ssize_t n = pread(fd, buf + got, want - got, (off_t)got);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            int e = errno;
-            free(buf);
-            close(fd);
-            return e;
+            return give_up(fd, buf, errno);
         }
         got += (size_t)n;
         if (got < want)
             break; /* a short read (0 included): the end of the file */
-        if (want >= DIRECT_MAX_BYTES) {
-            free(buf);
-            close(fd);
-            return EINVAL;
-        }
+        if (want >= DIRECT_MAX_BYTES)
+            return give_up(fd, buf, EINVAL);
         char *more = NULL; /* it grew since fstat: read on into a buffer twice the size */
-        if (posix_memalign((void **)&more, ALIGN, want * 2) != 0) {
-            free(buf);
-            close(fd);
-            return ENOMEM;
-        }
+        if (posix_memalign((void **)&more, ALIGN, want * 2) != 0)
+            return give_up(fd, buf, ENOMEM);
         memcpy(more, buf, got);
         free(buf);
         buf = more;
