@@ -14,6 +14,13 @@ from collections.abc import Iterator
 import pytest
 
 
+def write_pattern(path, n: int, seed: int = 0) -> bytes:
+    """Write ``n`` bytes of a seeded pattern to ``path`` (a pathlib.Path) and return them."""
+    data = (bytes((i * 131 + seed) % 251 for i in range(4096)) * (n // 4096 + 1))[:n]
+    path.write_bytes(data)
+    return data
+
+
 @contextlib.contextmanager
 def direct_dir(tmp_path_factory) -> Iterator[str]:
     """A fresh directory on a file system with O_DIRECT (under the tests' tmp dir, else /var/tmp, removed

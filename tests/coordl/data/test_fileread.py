@@ -14,15 +14,9 @@ import pytest
 from coordl.data import fileread
 from coordl.data.fileread import read_file
 from tests.coordl.pagecache_files import direct_dir, drop, resident_pages
+from tests.coordl.pagecache_files import write_pattern as _write
 
 SIZES = [0, 1, 4095, 4096, 4097, 100_000, 3 << 20]
-
-
-def _write(path, n: int, seed: int = 0) -> bytes:
-    data = bytes((i * 131 + seed) % 251 for i in range(min(n, 4096))) * (n // 4096 + 1)
-    data = data[:n]
-    path.write_bytes(data)
-    return data
 
 
 @pytest.fixture(scope="module")

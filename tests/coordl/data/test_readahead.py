@@ -17,15 +17,10 @@ from coordl.data import fileread
 from coordl.data.datasets import FileListDataset, ImageFolder
 from coordl.data.fileread import ReadAhead, read_file
 from tests.coordl.pagecache_files import direct_dir, drop, resident_pages
+from tests.coordl.pagecache_files import write_pattern as _write
 
 SIZES = [0, 1, 4095, 4096, 4097, 100_000, 3 << 20]
 native_only = pytest.mark.skipif(fileread._readahead is None, reason="coordl.data._readahead is not built")
-
-
-def _write(path, n: int, seed: int = 0) -> bytes:
-    data = (bytes((i * 131 + seed) % 251 for i in range(4096)) * (n // 4096 + 1))[:n]
-    path.write_bytes(data)
-    return data
 
 
 @pytest.fixture(params=["native", "python"])
