@@ -235,6 +235,29 @@ class Control:
         """Whether the group's paths still name this block and its lock (it was not removed or re-made)."""
         return _names(self._lock_fd, self.base + ".lock") and _names(self._fd, self.base + ".ctl")
 
+    def claim(self, s: int, g: int, pid: int, ticks: int) -> None:
+        """Under the lock: slot ``s`` is being made into batch ``g`` by producer (pid, ticks).
+
+        The state is written before the batch number: a reader that sees the new number must never
+        pair it with the old READY state (that reads the slot's previous batch as batch ``g``).
+        """
+        row = self.slots[s]
+        row[1] = CLAIMED
+        row[2], row[3] = pid, ticks
+        row[0] = g
+
+    def ready_bytes(self, s: int, g: int) -> int | None:
+        """The encoded size of batch ``g`` if slot ``s`` holds it ready, else None.
+
+        Read under the lock, which every write to a slot row holds: a claim half written by a producer
+        is never seen. The slot cannot be reused while the reader's cursor is at ``g`` or before it.
+        """
+        with self.locked():
+            row = self.slots[s]
+            if int(row[0]) == g and int(row[1]) == READY:
+                return int(row[4])
+        return None
+
     def consumed_by_all(self, g: int) -> bool:
         m = self.members
         waiting = (m[:, 0] != 0) & (m[:, 2] <= g) & (m[:, 3] <= g)

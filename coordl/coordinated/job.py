@@ -315,8 +315,8 @@ class GroupMember:
         ctl, s = self._ctl, g % self.group.slots
         deadline = time.monotonic() + self.group.timeout_s
         while True:
-            if ctl.slots[s, 1] == gc.READY and ctl.slots[s, 0] == g:
-                n = int(ctl.slots[s, 4])
+            n = ctl.ready_bytes(s, g)
+            if n is not None:
                 return batchcodec.decode(
                     memoryview(self._data)[s * self._slot_bytes : s * self._slot_bytes + n]
                 )

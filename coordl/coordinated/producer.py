@@ -85,7 +85,7 @@ def producer_main(
                     if len(redo):
                         s = int(redo[0])
                         g = int(ctl.slots[s, 0])
-                        ctl.slots[s, :4] = (g, gc.CLAIMED, me, start)
+                        ctl.claim(s, g, me, start)
                     else:
                         g_next = int(ctl.hdr[gc.H_NEXT])
                         s = g_next % slots
@@ -94,7 +94,7 @@ def producer_main(
                             g = g_next
                             # The claim first: a SIGKILL between the two writes leaves a claim by a
                             # dead producer, which sweep() gives back (REDO), never a lost batch.
-                            ctl.slots[s, :4] = (g, gc.CLAIMED, me, start)
+                            ctl.claim(s, g, me, start)
                             ctl.hdr[gc.H_NEXT] = g_next + 1
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})

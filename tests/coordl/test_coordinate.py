@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -134,6 +135,39 @@ def test_late_joiner_starts_at_an_epoch_boundary(tmp_path):
     epochs = [seen[0][e * per_epoch : (e + 1) * per_epoch] for e in range(4)]
     # A whole epoch of the first job: epoch 1 if its batch 0 is still in the ring, else epoch 2.
     assert seen[1] in epochs[1:3]
+
+
+def test_a_half_written_claim_is_never_read_as_the_new_batch(tmp_path):
+    # CI once saw a job read batch 24 as a second copy of batch 20 (same slot of 4): the reader saw
+    # the producer's new batch number beside the slot's old READY state. A reader now looks under the
+    # lock that every slot write holds, so a claim caught half written is waited out, never read.
+    base = str(tmp_path / "coordl-grp-0123456789abcdef")
+    open(base + ".lock", "w").close()
+    with open(base + ".ctl", "wb") as f:
+        f.truncate(gc.ctl_size(4))
+    producer, reader = gc.Control(base, 4), gc.Control(base, 4)
+    producer.slots[0] = (20, gc.READY, 0, 0, 100)
+    assert reader.ready_bytes(0, 20) == 100
+    got = []
+    with producer.locked():
+        producer.slots[0, 0] = 24  # the claim of batch 24, caught half way: old state, new number
+        t = threading.Thread(target=lambda: got.append(reader.ready_bytes(0, 24)))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and not got  # waits for the claim to be whole
+        producer.slots[0, 1] = gc.CLAIMED
+    t.join(10)
+    assert got == [None]
+    with producer.locked():
+        producer.slots[0, 4], producer.slots[0, 1] = 7, gc.READY
+    assert reader.ready_bytes(0, 24) == 7 and reader.ready_bytes(0, 20) is None
+    # claim() writes the state before the number, so even an unlocked look never pairs them wrongly.
+    with producer.locked():
+        producer.claim(0, 28, os.getpid(), 1)
+    assert list(reader.slots[0, :4]) == [28, gc.CLAIMED, os.getpid(), 1]
+    assert reader.ready_bytes(0, 28) is None
+    producer.close()
+    reader.close()
 
 
 def _victim(tmp, counters, ready):
