@@ -137,7 +137,9 @@ def _print_model_notes(model: Model, gpu_speedup: float) -> None:
             f"cores: the data path costs {model.prep_cpu_s * 1e3:.2f} ms CPU per sample and the step "
             f"{(model.step_cpu_s or 0) * 1e3:.2f} ms per batch, on cores of which the job got "
             f"{model.cpu_share:.0%} while profiled"
-        )
+            + ("; the step runs on the GPU, and its CPU (CUDA's wait spins) scales with --gpu-speedup"
+               if not model.step_on_cpu else "")
+        )  # fmt: skip
 
 
 def _store_args(args: argparse.Namespace, model: Model) -> dict | None:

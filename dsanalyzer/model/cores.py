@@ -8,7 +8,9 @@ runs at most ``C = (a * c - spin) / cpu_per_sample`` samples/s, where
   together, CPU time over samples), so it carries what running beside the step costs the workers
   (caches, the receive path) and what reading the files costs (open, read: 0.1 ms a sample for the
   README's job, which the in-memory runs do not pay); a profile without it falls back to the
-  loader-alone run's CPU per sample plus the step's CPU over the batch;
+  loader-alone run's CPU per sample plus the step's CPU over the batch. A step on a GPU costs the main
+  process CPU for as long as it lasts (CUDA's wait for the kernels spins), so with a GPU ``S`` times
+  as fast that part is ``step_cpu_s / S`` (``Model.cpu_per_sample``);
 * ``spin`` is the cores torch's idle intra-op threads hold. With a CPU step and torch's default
   thread count, the main process runs ``T = c`` intra-op threads (the count follows the affinity
   mask). Between parallel regions OpenMP's idle threads spin before they sleep (measured here: about

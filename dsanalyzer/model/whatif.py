@@ -77,7 +77,7 @@ class Model:
         """JSON-ready model parameters (what report.json stores under ``model``)."""
         return {
             "formula": "min(1/(1/(G*gpu_speedup) + batch_overhead_s/(a*B)), 1/(h*s/membw + (1-h)*s/storage_bw), "
-            "w/(t_fetch + w/P(min(w,c))), (a*c - spin(c, w))/job_cpu_s)",
+            "w/(t_fetch + w/P(min(w,c))), (a*c - spin(c, w))/job_cpu_s(gpu_speedup))",
             "dataset_items": self.dataset_items,
             "epoch_items": self.epoch_items,
             "avg_item_bytes": self.avg_item_bytes,
@@ -113,21 +113,34 @@ class Model:
         own = self.batch_overhead_s / (self.cpu_share * self.batch_size)
         return 1.0 / (1.0 / (self.compute_per_s * gpu_speedup) + own)
 
-    def cpu_per_sample(self) -> float | None:
-        """CPU seconds per sample of the job's processes with one intra-op thread (None: not measured).
+    def cpu_per_sample(self, gpu_speedup: float = 1.0) -> float | None:
+        """CPU seconds per sample of the job's processes (None: not measured), with the GPU ``gpu_speedup``
+        times as fast.
 
-        The real run's measured CPU when it ran one thread and reads through the page cache (every read
-        costs its system calls, cached or not); with a MinIO cache or a bucket a miss's request costs CPU
-        that a hit does not, so the in-memory run's (no read charged, as the fetch stage has them); else
-        (a profile on more cores with torch's threads spinning in it) the loader alone's CPU per
-        sample plus the step's over the batch."""
-        if (self.torch_threads or 1) <= 1:
+        The real run's measured CPU when no idle intra-op thread of a CPU step inflated it (one thread,
+        or the step on a GPU) and it reads through the page cache (every read costs its system calls,
+        cached or not); with a MinIO cache or a bucket a miss's request costs CPU that a hit does not,
+        so the in-memory run's (no read charged, as the fetch stage has them); else (a CPU step on more
+        cores with torch's threads spinning in it) the loader alone's CPU per sample plus the step's
+        over the batch.
+
+        A step on a GPU costs the main process CPU for as long as it lasts: CUDA's wait for the
+        kernels spins (measured on an H200: 73.5 ms of CPU in a 72.6 ms step, 9.5 ms in a 9.6 ms one).
+        So that part scales with the step: a GPU ``S`` times as fast leaves ``step_cpu_s / S`` of it."""
+        if (self.torch_threads or 1) <= 1 or not self.step_on_cpu:
             measured = self.job_cpu_s if self.cache_policy == "pagecache" else self.in_memory_cpu_s
-            if measured:
-                return measured
-        if not self.prep_cpu_s:
-            return self.job_cpu_s
-        return self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
+        else:
+            measured = None
+        if measured:
+            base = measured
+        elif not self.prep_cpu_s:
+            base = self.job_cpu_s
+        else:
+            base = self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
+        if base and not self.step_on_cpu and self.step_cpu_s and gpu_speedup != 1.0:
+            step = self.step_cpu_s / self.batch_size
+            base = max(base - step * (1.0 - 1.0 / gpu_speedup), base * 1e-3)
+        return base
 
     def spin_cores(self, cpus: int, workers: int | None = None) -> float:
         """Cores torch's idle intra-op threads hold on ``cpus`` cores beside ``workers`` busy workers."""
@@ -135,13 +148,15 @@ class Model:
         w = cpus if workers is None else workers
         return cores.spin_cores(cpus, self.cpu_share, w, threads, self.step_on_cpu)
 
-    def cpu_rate(self, cpus: int, workers: int | None = None) -> float:
+    def cpu_rate(self, cpus: int, workers: int | None = None, gpu_speedup: float = 1.0) -> float:
         """Samples/s the job's CPU work fits in on ``cpus`` cores (infinite when it was not measured)."""
-        return cores.cpu_rate(cpus, self.cpu_share, self.cpu_per_sample(), self.spin_cores(cpus, workers))
+        per_sample = self.cpu_per_sample(gpu_speedup)
+        return cores.cpu_rate(cpus, self.cpu_share, per_sample, self.spin_cores(cpus, workers))
 
     def in_memory_rate(self, cpus: int, gpu_speedup: float = 1.0) -> float:
         """Samples/s with every item in memory and one worker per core: fetch free, prep and step left."""
-        return min(self.compute_rate(gpu_speedup), self.prep.rate(cpus), self.cpu_rate(cpus))
+        cpu = self.cpu_rate(cpus, gpu_speedup=gpu_speedup)
+        return min(self.compute_rate(gpu_speedup), self.prep.rate(cpus), cpu)
 
     def cores_for_rate(self, target: float, gpu_speedup: float = 1.0, max_cores: int = 4096) -> int | None:
         """Fewest cores whose in-memory rate reaches ``target`` (None: no core count does)."""
@@ -193,7 +208,7 @@ class Model:
             workers=w,
             batch_size=self.batch_size,
             dataset_items=self.epoch_items or self.dataset_items,
-            cpu_per_s=self.cpu_rate(cpus, w),
+            cpu_per_s=self.cpu_rate(cpus, w, gpu_speedup),
         )
 
     def _store_costs(
