@@ -176,7 +176,8 @@ def _deliver(report: Path, work: Path, results: list[dict]) -> list[str]:
         return []
     dest = Path(out)
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy(report, dest / report.name)
+    if report.resolve() != (dest / report.name).resolve():  # --report may already be under $OUT
+        shutil.copy(report, dest / report.name)
     (dest / "gpu-check-results.json").write_text(json.dumps(results, indent=1))
     logs = dest / "gpu-check-logs.tar.gz"
     with tarfile.open(logs, "w:gz") as tar:

@@ -30,14 +30,22 @@ def _version(dist: str) -> str:
 
 
 def tree_commit(root: Path) -> str:
-    """The commit the tree was at: git's, or what ``make gpu-wheels`` wrote into .whl/TREE for a copy without .git."""
+    """The commit the tree was at: git's, and what ``make gpu-wheels`` wrote into .whl/TREE where that differs.
+
+    A copy sent to the device machine may carry a .git of another commit than its files (seen: git said
+    c253521-dirty for a tree at db37202), so both are shown when they disagree."""
+    stamp_path = root / ".whl" / "TREE"
+    stamp = stamp_path.read_text().strip() if stamp_path.exists() else None
+    git = None
     if shutil.which("git") and (root / ".git").exists():
         res = subprocess.run(["git", "-C", str(root), "describe", "--always", "--dirty"], capture_output=True,
                              text=True, check=False)  # fmt: skip
-        if res.returncode == 0:
-            return res.stdout.strip()
-    stamp = root / ".whl" / "TREE"
-    return stamp.read_text().strip() + " (from .whl/TREE)" if stamp.exists() else "unknown"
+        git = res.stdout.strip() if res.returncode == 0 else None
+    if git and stamp and not git.startswith(stamp):
+        return f"{git} (git in this copy); {stamp} (.whl/TREE, written by make gpu-wheels)"
+    if git:
+        return git
+    return f"{stamp} (from .whl/TREE)" if stamp else "unknown"
 
 
 def _cpu_model() -> str:
