@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 from collections.abc import Iterable
 
 import numpy as np
 
+from shmem.forklock import ForkSafeLock
 from shmem.segment import DEFAULT_DIR, Segment, owner_alive, start_ticks
 
 __all__ = ["SharedCounters"]
@@ -46,7 +46,7 @@ class SharedCounters:
         self._table = self._segment.array(np.int64, 0, _ROWS * width).reshape(_ROWS, width)
         self._row: np.ndarray | None = None
         self._row_pid = -1
-        self._thread_lock = threading.Lock()
+        self._thread_lock = ForkSafeLock()  # a worker forked while a fetch thread counted gets it released
 
     def _my_row(self) -> np.ndarray:
         pid = os.getpid()

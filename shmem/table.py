@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 import zlib
 from collections.abc import Sequence
 
 import numpy as np
 
+from shmem.forklock import ForkSafeLock
 from shmem.segment import Segment
 
 __all__ = ["AppendTable", "HEADER_BYTES", "ROW_BYTES", "RESERVE_CHUNK_BYTES", "table_bytes"]
@@ -102,7 +102,7 @@ class AppendTable:
         self._mask = self.rows - 1
         self._lock_fd: int | None = None
         self._lock_pid = -1
-        self._thread_lock = threading.Lock()  # flock does not exclude threads sharing a descriptor
+        self._thread_lock = ForkSafeLock()  # flock does not exclude threads sharing a descriptor
         self.torn_reads = 0  # this process's reads refused by the check (a concurrent or dead writer)
         # Rows whose bytes this process has checked (or written): a value is never overwritten, so one
         # check per process and row is enough, and later reads cost a copy, not a CRC. Process-local on
@@ -272,12 +272,14 @@ class AppendTable:
 
     def _locked(self) -> _FileLock:
         pid = os.getpid()
-        if self._lock_fd is None or self._lock_pid != pid:
+        if self._lock_pid != pid:
             # One descriptor per process: flock locks belong to the open file, so a descriptor inherited
-            # across fork would be the parent's lock too.
-            self._lock_fd = os.open(self.segment.path, os.O_RDONLY)
-            self._lock_pid = pid
-            self._thread_lock = threading.Lock()
+            # across fork would be the parent's lock too. Several fetch threads of a new worker arrive
+            # here at once: one opens it, and the pid is set last, so no thread takes a half-made pair.
+            with self._thread_lock:
+                if self._lock_pid != pid:
+                    self._lock_fd = os.open(self.segment.path, os.O_RDONLY)
+                    self._lock_pid = pid
         return _FileLock(self._lock_fd, self._thread_lock)
 
     # -- bookkeeping ------------------------------------------------------------------------------
@@ -297,7 +299,7 @@ class AppendTable:
         """Drop this process's views and lock descriptor (the segment is the caller's to close)."""
         if self._lock_fd is not None and self._lock_pid == os.getpid():
             os.close(self._lock_fd)
-        self._lock_fd = None
+        self._lock_fd, self._lock_pid = None, -1
         if self._row_words is not None:
             self._row_words.release()
         self._row_words = self._header = self._buf = None
@@ -312,7 +314,7 @@ class AppendTable:
 class _FileLock:
     """``with`` block holding a thread lock and an exclusive flock on an open descriptor."""
 
-    def __init__(self, fd: int, thread_lock: threading.Lock) -> None:
+    def __init__(self, fd: int, thread_lock: ForkSafeLock) -> None:
         self._fd = fd
         self._thread_lock = thread_lock
 

@@ -239,11 +239,14 @@ class Control:
         """Under the lock: slot ``s`` is being made into batch ``g`` by producer (pid, ticks).
 
         The state is written before the batch number: a reader that sees the new number must never
-        pair it with the old READY state (that reads the slot's previous batch as batch ``g``).
+        pair it with the old READY state (that reads the slot's previous batch as batch ``g``). The
+        producer goes first: killed between two writes, it leaves an old state beside its own pid
+        (harmless: ``H_NEXT`` has not moved) or a claim by a dead producer, which :meth:`sweep`
+        gives back, never a claim in the name of a live producer that is not making it.
         """
         row = self.slots[s]
-        row[1] = CLAIMED
         row[2], row[3] = pid, ticks
+        row[1] = CLAIMED
         row[0] = g
 
     def ready_bytes(self, s: int, g: int) -> int | None:

@@ -25,9 +25,9 @@ from shmem.segment import Segment
 
 __all__ = ["EpochPlan", "BatchFeed", "item_labels"]
 
-# Plan header fields (int64): the DALI epoch the plan is for, its number of batches (lowered to stop
-# an epoch early), and the number of indices written.
-_H_EPOCH, _H_BATCHES, _H_ITEMS, _HEADER = 0, 1, 2, 4
+# Plan header fields (int64): the DALI epoch the plan is for (-1 while one is written), its number of
+# batches (lowered to stop an epoch early), the number of indices written, and the epoch being written.
+_H_EPOCH, _H_BATCHES, _H_ITEMS, _H_WRITING, _HEADER = 0, 1, 2, 3, 4
 
 
 class EpochPlan:
@@ -67,6 +67,7 @@ class EpochPlan:
             raise CoordlError(
                 f"DALILoader: the sampler gave {total} items in an epoch, more than {self.max_items}"
             )
+        self.header[_H_WRITING] = epoch
         self.header[_H_EPOCH] = -1  # invalid while being written
         self.offsets[0] = 0
         pos = 0
@@ -85,13 +86,16 @@ class EpochPlan:
     def batch(self, epoch: int, iteration: int) -> list[int] | None:
         """The indices of batch ``iteration`` of DALI epoch ``epoch``; None past the epoch's end."""
         current = int(self.header[_H_EPOCH])
-        if epoch < current:
-            return None  # a stale prefetch of an epoch that ended: DALI discards its result
+        if epoch < current or (current == -1 and epoch < int(self.header[_H_WRITING])):
+            return None  # a stale prefetch of an epoch that ended (or whose successor is being written)
         if epoch != current:
             raise CoordlError(f"DALILoader: DALI asked for epoch {epoch} but the plan holds epoch {current}")
         if iteration >= int(self.header[_H_BATCHES]):
             return None
-        return self.indices[self.offsets[iteration] : self.offsets[iteration + 1]].tolist()
+        batch = self.indices[self.offsets[iteration] : self.offsets[iteration + 1]].tolist()
+        # Read again after the copy: a stale prefetch still running while write() publishes the next
+        # epoch may have copied half of each; it is stale, and DALI discards it.
+        return batch if int(self.header[_H_EPOCH]) == epoch else None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"segment": self.segment, "max_batches": self.max_batches, "max_items": self.max_items}

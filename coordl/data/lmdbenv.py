@@ -20,12 +20,13 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import lmdb
 import numpy as np
+
+from shmem.forklock import ForkSafeLock
 
 __all__ = ["ProcessEnv", "process_env", "close_process_env"]
 
@@ -63,15 +64,7 @@ class ProcessEnv:
 
 
 _envs: dict[str, ProcessEnv] = {}
-_envs_lock = threading.Lock()
-
-
-def _new_envs_lock() -> None:  # a lock copied by fork may be held by one of the parent's threads
-    global _envs_lock
-    _envs_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_envs_lock)
+_envs_lock = ForkSafeLock()  # a lock copied by fork may be held by one of the parent's threads
 
 
 def process_env(data_path: str, subdir: bool, readahead: bool) -> ProcessEnv:

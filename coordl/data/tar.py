@@ -45,6 +45,7 @@ from coordl.data.shards import (
     save_index,
 )
 from coordl.errors import CorruptItemError
+from shmem.forklock import ForkSafeLock
 
 __all__ = ["TarShards", "TruncatedShardError"]
 
@@ -52,15 +53,7 @@ log = logging.getLogger("coordl.tar")
 
 # Guards the switch to a forked child's own descriptors: several fetch-ahead threads of a new worker
 # reach it at once. Made anew in each child (a lock copied by fork may be held by a parent's thread).
-_fork_lock = threading.Lock()
-
-
-def _new_fork_lock() -> None:
-    global _fork_lock
-    _fork_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_fork_lock)
+_fork_lock = ForkSafeLock()
 
 # Shards kept open per process; reads of further shards open and close their file each time
 # (never closing a descriptor another thread may be reading from).

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 
 from coordl.errors import CoordlError
 from coordl.objectstore.options import S3Url, client_settings, parse_s3_url
+from shmem.forklock import ForkSafeLock
 
 __all__ = ["ObjectStore", "ObjectInfo", "StoreUnavailableError", "STORE_COUNTERS"]
 
@@ -41,15 +41,7 @@ _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
 _RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
                 "ServiceUnavailable", "RequestTimeTooSkewed", "503", "500", "502", "504"}  # fmt: skip
 
-_client_lock = threading.Lock()
-
-
-def _new_client_lock() -> None:
-    global _client_lock
-    _client_lock = threading.Lock()  # a lock copied by fork may be held by a parent's thread
-
-
-os.register_at_fork(after_in_child=_new_client_lock)
+_client_lock = ForkSafeLock()  # a lock copied by fork may be held by a parent's thread
 
 
 class StoreUnavailableError(CoordlError, ConnectionError):
