@@ -117,26 +117,21 @@ class Model:
         """CPU seconds per sample of the job's processes (None: not measured), with the GPU ``gpu_speedup``
         times as fast.
 
-        The real run's measured CPU when no idle intra-op thread of a CPU step inflated it (one thread,
-        or the step on a GPU) and it reads through the page cache (every read costs its system calls,
-        cached or not); with a MinIO cache or a bucket a miss's request costs CPU that a hit does not,
-        so the in-memory run's (no read charged, as the fetch stage has them); else (a CPU step on more
-        cores with torch's threads spinning in it) the loader alone's CPU per sample plus the step's
-        over the batch.
+        The real run's measured CPU when it ran one intra-op thread and reads through the page cache
+        (every read costs its system calls, cached or not); with a MinIO cache or a bucket a miss's
+        request costs CPU that a hit does not, so the in-memory run's (no read charged, as the fetch
+        stage has them); else (a profile on more cores with torch's threads in it) the loader alone's
+        CPU per sample plus the step's over the batch.
 
         A step on a GPU costs the main process CPU for as long as it lasts: CUDA's wait for the
-        kernels spins (measured on an H200: 73.5 ms of CPU in a 72.6 ms step, 9.5 ms in a 9.6 ms one).
-        So that part scales with the step: a GPU ``S`` times as fast leaves ``step_cpu_s / S`` of it."""
-        if (self.torch_threads or 1) <= 1 or not self.step_on_cpu:
-            measured = self.job_cpu_s if self.cache_policy == "pagecache" else self.in_memory_cpu_s
-        else:
-            measured = None
-        if measured:
-            base = measured
-        elif not self.prep_cpu_s:
-            base = self.job_cpu_s
-        else:
-            base = self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
+        kernels spins (measured on an H200: 73.5 ms of CPU in a 72.6 ms step; 25.6 and 9.5 ms in the
+        25.8 and 9.6 ms steps of lighter models, what ``step_cpu_s / S`` gives). So a GPU ``S`` times as
+        fast leaves ``step_cpu_s / S`` of it."""
+        base: float | None = None
+        if (self.torch_threads or 1) <= 1:
+            base = self.job_cpu_s if self.cache_policy == "pagecache" else self.in_memory_cpu_s
+        if not base:
+            base = self.job_cpu_s if not self.prep_cpu_s else self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
         if base and not self.step_on_cpu and self.step_cpu_s and gpu_speedup != 1.0:
             step = self.step_cpu_s / self.batch_size
             base = max(base - step * (1.0 - 1.0 / gpu_speedup), base * 1e-3)

@@ -3,7 +3,12 @@
 ``gpu_whatif_h200.json`` holds three dsanalyzer profiles of ``scripts/gpu/train_job.py`` from one
 ``scripts/gpu_check.py --only whatif`` run: the same data and loader (4 workers on 4 cores) behind a
 CNN of width 512 (72.6 ms a step), 256 (25.8 ms) and 96 (9.6 ms). The heavy job's profile with
-``gpu_speedup = S`` (its step time over the lighter job's) must predict what the lighter jobs did.
+``gpu_speedup = S`` (its step time over the lighter job's) stands for the lighter jobs.
+
+What ``S`` changes is the step, and with it the main process's CPU in the step (CUDA's wait spins).
+The loader's rates are the same job's in all three, but measured at different times on a shared
+machine they differ (prep at 4 workers: 3,191, 2,730 and 2,331 samples/s), so the tests compare what
+``S`` moves, and leave the loader's measured rates as they are.
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ def _heavy_and(width: str) -> tuple[Model, Model, float]:
     return heavy, light, light.compute_per_s / heavy.compute_per_s
 
 
+def _predict(m: Model, s: float = 1.0):
+    return m.predict(m.cache_bytes, 4, m.storage_bytes_per_s, gpu_speedup=s, policy=m.cache_policy)
+
+
 def test_a_gpu_step_costs_the_main_process_cpu_for_as_long_as_it_lasts():
-    # CUDA's wait for the kernels spins: the main process's CPU in a step is about the step's time.
     for width in REPORTS:
         m = Model.from_report(REPORTS[width])
         assert not m.step_on_cpu
@@ -32,26 +40,25 @@ def test_a_gpu_step_costs_the_main_process_cpu_for_as_long_as_it_lasts():
 
 
 @pytest.mark.parametrize("width", ["256", "96"])
-def test_a_faster_gpu_shrinks_the_steps_cpu_as_the_lighter_jobs_measured(width):
+def test_a_faster_gpu_leaves_the_step_cpu_the_lighter_jobs_measured(width):
     heavy, light, s = _heavy_and(width)
     assert s > 2.5
-    # The lighter job's own real run: what the heavy job's CPU per sample becomes at S.
-    assert heavy.cpu_per_sample(s) == pytest.approx(light.job_cpu_s, rel=0.05)
-    # Before: the heavy step's 73.5 ms of spinning was charged at every S (2.09-2.70 ms a sample).
-    assert heavy.cpu_per_sample(s) < heavy.cpu_per_sample(1.0) - 0.6 * heavy.step_cpu_s / heavy.batch_size
-    # A slower GPU spins longer.
-    assert heavy.cpu_per_sample(0.5) > heavy.cpu_per_sample(1.0)
+    saved = (heavy.cpu_per_sample(1.0) - heavy.cpu_per_sample(s)) * heavy.batch_size
+    assert heavy.step_cpu_s - saved == pytest.approx(light.step_cpu_s, rel=0.05)  # 25.5 vs 25.6, 9.6 vs 9.5 ms
+    assert heavy.cpu_per_sample(0.5) > heavy.cpu_per_sample(1.0)  # a slower GPU spins longer
 
 
-def test_the_cores_no_longer_cap_a_faster_gpu_at_the_heavy_steps_spin():
-    heavy, _, s = _heavy_and("256")
-    measured = REPORTS["256"]["rates_per_s"]["observed"]
-    predict = heavy.predict(
-        heavy.cache_bytes, 4, heavy.storage_bytes_per_s, gpu_speedup=s, policy=heavy.cache_policy
-    )
-    assert predict.samples_per_s == pytest.approx(measured, rel=0.10)  # 1,702 vs 1,735/s (was 1,586)
-    # The bound follows S: two speed-ups past the CPU's cap no longer give one and the same rate.
-    fast = heavy.predict(
-        heavy.cache_bytes, 4, heavy.storage_bytes_per_s, gpu_speedup=7.6, policy=heavy.cache_policy
-    )
-    assert fast.samples_per_s > predict.samples_per_s * 1.1
+def test_the_heavy_profile_at_s_agrees_with_the_lighter_jobs_own_model_where_the_loader_does_not_bind():
+    heavy, medium, s = _heavy_and("256")
+    at_s, own = _predict(heavy, s), _predict(medium)
+    assert at_s.bound == own.bound == "compute"
+    assert at_s.samples_per_s == pytest.approx(own.samples_per_s, rel=0.05)  # 2,221 vs 2,184/s
+
+
+def test_a_faster_gpu_is_no_longer_capped_at_the_heavy_steps_spin():
+    # Before, the 73.5 ms of spinning was charged at every S: S = 2.88 and 7.63 both gave 1,586/s.
+    heavy, _, s = _heavy_and("96")
+    fast = _predict(heavy, s)
+    assert fast.bound == "prep"
+    assert fast.samples_per_s == pytest.approx(heavy.prep.rate(4), rel=0.02)
+    assert fast.samples_per_s > 1.2 * _predict(heavy, 2.88).samples_per_s
