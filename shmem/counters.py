@@ -53,7 +53,7 @@ class SharedCounters:
         if self._row is not None and self._row_pid == pid:
             return self._row
         start = start_ticks(pid)
-        with open(self._segment.path, "rb") as lock:
+        with os.fdopen(self._segment.reopen(), "rb") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             free = [r for r in range(1, _ROWS) if self._table[r, 0] == 0]
             if not free:

@@ -237,6 +237,15 @@ class Segment:
     def fileno(self) -> int:
         return self._fd
 
+    def reopen(self) -> int:
+        """A new read-only descriptor of this segment with an open file description of its own (flock
+        locks belong to one), opened through this process's descriptor, so it works after the owner
+        unlinked the name (a node's ranks keep using a cache its creator closed first)."""
+        try:
+            return os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY)
+        except FileNotFoundError:  # no /proc mounted
+            return os.open(self.path, os.O_RDONLY)
+
     def close(self) -> None:
         """Unmap (and, in the owner, unlink). Views handed out earlier must be dropped first."""
         if self._mmap is None:

@@ -278,7 +278,7 @@ class AppendTable:
             # here at once: one opens it, and the pid is set last, so no thread takes a half-made pair.
             with self._thread_lock:
                 if self._lock_pid != pid:
-                    self._lock_fd = os.open(self.segment.path, os.O_RDONLY)
+                    self._lock_fd = self.segment.reopen()
                     self._lock_pid = pid
         return _FileLock(self._lock_fd, self._thread_lock)
 

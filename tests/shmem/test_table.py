@@ -212,3 +212,28 @@ def test_bad_keys_and_foreign_bytes_are_named(tmp_path) -> None:
         AppendTable(other)
     other.close()
     seg.close()
+
+
+def test_a_forked_child_of_an_attached_process_puts_after_the_owner_unlinked_the_segment(tmp_path) -> None:
+    # A node's MinIO cache: the creator rank closes first (its name is unlinked), another rank's next
+    # epoch forks fresh workers, whose first put takes the table's lock. Opened by name, it was gone.
+    seg, table = _table(tmp_path)
+    attached = Segment.attach(seg.path)
+    theirs = AppendTable(attached)
+    assert theirs.put(1, 0, [_value(1)])
+    seg_path = seg.path
+    table.close()
+    seg.close()  # the owner: unmaps and unlinks
+    assert not os.path.exists(seg_path)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            code = 0 if theirs.put(2, 0, [_value(2)]) and bytes(theirs.get(1)) == _value(1) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert bytes(theirs.get(2)) == _value(2)  # the child's put is in the shared table
+    theirs.close()
+    attached.close()
