@@ -4,6 +4,10 @@
 shared-memory table once (under a file lock) and then adds to it without locking; a read sums the
 rows. A row whose owner died keeps its counts, and is folded into a reserve row when rows run out, so
 non-persistent workers that come and go every epoch never lose what they counted.
+
+Totals only grow. :meth:`SharedCounters.reset` does not write the rows (a worker adding to its row at
+that moment would write its old count back): it takes the totals as this object's zero, and a read
+subtracts them. A read holds the file lock, so that a row being folded is never counted twice.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class SharedCounters:
         self._segment = Segment.create("ctr", _ROWS * width * 8, directory)
         self._segment.reserve(0, self._segment.size)
         self._attach()
+        self._zero = np.zeros(len(self.names), dtype=np.int64)
 
     def _attach(self) -> None:
         width = _HEADER + len(self.names)
@@ -87,14 +92,19 @@ class SharedCounters:
             for name, amount in amounts.items():
                 row[_HEADER + self._index[name]] += amount
 
+    def _totals(self) -> np.ndarray:
+        with os.fdopen(self._segment.reopen(), "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # not while _my_row folds a dead row into the reserve
+            return self._table[:, _HEADER:].sum(axis=0)
+
     def snapshot(self) -> dict[str, int]:
-        """Current totals over all processes, by name."""
-        totals = self._table[:, _HEADER:].sum(axis=0)
+        """Current totals over all processes since the last :meth:`reset`, by name."""
+        totals = self._totals() - self._zero
         return {n: int(totals[i]) for i, n in enumerate(self.names)}
 
     def reset(self) -> None:
-        """Zero every counter (rows stay claimed)."""
-        self._table[:, _HEADER:] = 0
+        """Count from zero again: later snapshots leave out what was counted before (rows stay as they are)."""
+        self._zero = self._totals()
 
     def close(self) -> None:
         self._row = None
@@ -102,10 +112,11 @@ class SharedCounters:
         self._segment.close()
 
     def __getstate__(self) -> dict:
-        return {"names": self.names, "segment": self._segment}
+        return {"names": self.names, "segment": self._segment, "zero": self._zero.tolist()}
 
     def __setstate__(self, state: dict) -> None:
         self.names = state["names"]
         self._index = {n: i for i, n in enumerate(self.names)}
         self._segment = state["segment"]
         self._attach()
+        self._zero = np.array(state["zero"], dtype=np.int64)
