@@ -61,26 +61,29 @@ class ShardPlan:
     given to it with ``dataset.attach_shard_plan(plan)`` before any worker starts. As each epoch's iteration
     starts in the main process, the sampler writes that epoch's streams (one per worker: its shards in order)
     into a small shared-memory segment (``coordl-shardplan-*`` in /dev/shm, 8 bytes per shard; unlinked when
-    the plan is collected or at exit); a worker reads it when it reaches a shard. The epoch number is written
-    last and read first and last (a torn read is ignored), so a worker never follows half of two plans. A stale
+    the plan is collected or at exit); a worker reads it when it reaches a shard. A publish count, odd while a
+    plan is written, is read before and after the plan (a torn read is ignored, even of an epoch published
+    twice, as ``set_epoch`` with other local shards does), so a worker never follows half of two plans. A stale
     plan (a worker still finishing the last epoch) costs a shard fetched early, never a wrong sample.
     """
 
     def __init__(self, n_shards: int, num_workers: int, window: int = 1) -> None:
         self.n_shards, self.n_streams, self.window = n_shards, max(1, num_workers), window
-        self._segment = Segment.create("shardplan", 8 * (1 + self.n_streams + 1 + n_shards))
+        self._segment = Segment.create("shardplan", 8 * (1 + self.n_streams + 1 + n_shards + 1))
         self._attach()
         self._table[0] = -1
 
     def _attach(self) -> None:
-        self._table = self._segment.array(np.int64, 0, 1 + self.n_streams + 1 + self.n_shards)
-        self._cached_epoch = -2
+        words = 1 + self.n_streams + 1 + self.n_shards
+        self._table = self._segment.array(np.int64, 0, words)
+        self._count = self._segment.array(np.int64, 8 * words, 1)  # publishes begun + ended: odd while writing
+        self._cached, self._cached_epoch = -1, -1
         self._where: dict[int, tuple[int, int]] = {}
         self._streams: list[list[int]] = []
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for name in ("_table", "_cached_epoch", "_where", "_streams"):
+        for name in ("_table", "_count", "_cached", "_cached_epoch", "_where", "_streams"):
             state.pop(name)
         return state
 
@@ -91,36 +94,39 @@ class ShardPlan:
     def publish(self, epoch: int, streams: list[list[int]]) -> None:
         """Called by the sampler as an epoch's iteration starts (before the loader hands out its indices)."""
         t = self._table
-        t[0] = -1  # readers ignore the plan while it is rewritten
+        self._count[0] += 1  # odd: readers ignore the plan while it is rewritten
+        t[0] = -1
         bounds = np.cumsum([0] + [len(st) for st in streams])
         t[1 : 1 + len(bounds)] = bounds
         flat = [sh for st in streams for sh in st]
         t[2 + self.n_streams : 2 + self.n_streams + len(flat)] = flat
         t[0] = epoch
+        self._count[0] += 1
 
     @property
     def epoch(self) -> int:
         """The epoch last published (-1: none yet, or being rewritten)."""
         return int(self._table[0])
 
-    def _load(self, epoch: int) -> bool:
+    def _load(self, count: int) -> bool:
         t = self._table
         bounds = t[1 : 2 + self.n_streams].tolist()
-        flat = t[2 + self.n_streams : 2 + self.n_streams + bounds[-1]].tolist()
-        if int(t[0]) != epoch:
+        flat = t[2 + self.n_streams : 2 + self.n_streams + min(max(bounds[-1], 0), self.n_shards)].tolist()
+        epoch = int(t[0])
+        if int(self._count[0]) != count:
             return False  # rewritten meanwhile
         self._streams = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         self._where = {sh: (k, j) for k, st in enumerate(self._streams) for j, sh in enumerate(st)}
-        self._cached_epoch = epoch
+        self._cached, self._cached_epoch = count, epoch
         return True
 
     def locate(self, shard: int) -> tuple[int, int, int] | None:
         """(epoch, stream, position) of ``shard`` in the current epoch's streams; None before any epoch."""
-        epoch = self.epoch
-        if epoch < 0 or (epoch != self._cached_epoch and not self._load(epoch)):
-            return None
+        count = int(self._count[0])
+        if count == 0 or count % 2 or (count != self._cached and not self._load(count)):
+            return None  # nothing published yet, or a plan being written
         found = self._where.get(shard)
-        return None if found is None else (epoch, *found)
+        return None if found is None else (self._cached_epoch, *found)
 
     def ahead_of(self, stream: int, position: int) -> list[int]:
         """The shards of ``stream`` from the start of ``position``'s window on (as of the last :meth:`locate`):

@@ -352,3 +352,19 @@ def test_a_sample_of_another_workers_shard_is_one_ranged_get(s3, packed, monkeyp
         assert ds._buffer.holds(ds.shards[mine])
     finally:
         ds.close()
+
+
+def test_a_plan_republished_for_the_same_epoch_is_never_read_half_old():
+    from coordl.data.shard_sampler import ShardPlan
+
+    plan = ShardPlan(6, 2)
+    assert plan.locate(0) is None  # nothing published
+    plan.publish(3, [[0, 1, 2], [3, 4, 5]])
+    assert plan.locate(4) == (3, 1, 1)
+    # set_epoch(3) again with other local shards: the same epoch number, another plan.
+    plan._count[0] += 1  # a publish caught half way: the epoch word still says 3
+    plan._table[0] = 3
+    assert plan.locate(4) is None  # ignored while written, not the cached old plan
+    plan._count[0] += 1
+    plan.publish(3, [[5, 4], [3, 2, 1, 0]])
+    assert plan.locate(4) == (3, 0, 1) and plan.locate(0) == (3, 1, 3)
