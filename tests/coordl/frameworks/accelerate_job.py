@@ -84,6 +84,10 @@ def main() -> None:
         record["minio_paths"] = list(loader._chain.minio.paths)
     write_rank(args.out, accelerator.process_index, record)
     accelerator.end_training()
+    # As torch's docs ask: without it gloo's threads may still hold work while the interpreter is torn
+    # down, and a rank can die by SIGSEGV after its last line (seen once in CI; pytorch/pytorch#179291).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
