@@ -8,9 +8,16 @@ its hit ratio does not decay under random access the way the OS page cache's doe
 
 Layout of its one :class:`shmem.segment.Segment` (``coordl-gfeat-...``, reclaimed after ``kill -9``
 of its owner like every other segment): ``slot_of`` (int32 per node, -1 when not cached), one
-``filled`` byte per slot, then the rows. A slot is filled by whichever process first reads its node
-from the file (all processes write the same bytes, so a race is harmless) and flagged after its row
-is written; :meth:`fill` fills every slot up front instead, reading hot rows in file order.
+``check`` word per slot (uint32, 0 while empty), then the rows. A slot is filled by whichever process
+first reads its node from the file (all processes write the same bytes, so a race is harmless) and
+its check word written after its row; :meth:`fill` fills every slot up front instead, reading hot rows
+in file order.
+
+A reader serves a row only if the row's bytes give its check word (the row's 32-bit words summed,
+:func:`_check`). Written after the row is not enough on its own: another core may see the two stores
+in the other order (ARM does; x86 does not), and nothing in Python orders them. A slot is written once
+over zeros, so a row seen half written sums differently, and is read from the file instead. Rows are
+never rewritten, so each process checks a row once (``_verified``, its own) and then only copies it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,16 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def _check(rows: np.ndarray) -> np.ndarray:
+    """Per row, the check word of its bytes: the sum of its 32-bit words (mod 2**32 - 1), plus 1 (never 0)."""
+    flat = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8)
+    pad = (-flat.shape[1]) % 4
+    if pad:
+        flat = np.concatenate([flat, np.zeros((len(rows), pad), dtype=np.uint8)], axis=1)
+    sums = flat.view(np.uint32).sum(axis=1, dtype=np.uint64)  # summed in uint64 chunk by chunk, no copy
+    return (sums % np.uint64(0xFFFFFFFF) + np.uint64(1)).astype(np.uint32)
+
+
 def gather_from_file(features: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Rows ``features[ids]`` read in ascending id order (fewer, more sequential disk reads)."""
     order = np.argsort(ids, kind="stable")
@@ -48,7 +65,7 @@ class FeatureCache:
     Args:
         graph: the graph whose ``features`` (usually a ``np.memmap``) are cached; its nodes with the
             largest ``out_degree`` are the ones kept.
-        capacity_bytes: budget for feature rows; the index (5 bytes per node) comes on top.
+        capacity_bytes: budget for feature rows; the index (4 bytes per node and 4 per slot) comes on top.
         directory: where the segment lives (``/dev/shm`` by default).
 
     Raises:
@@ -90,19 +107,20 @@ class FeatureCache:
         self._slot_of[hot] = np.arange(slots, dtype=np.int32)
 
     def _rows_offset(self) -> int:
-        return _align(self.num_nodes * 4) + _align(self.slots)
+        return _align(self.num_nodes * 4) + _align(self.slots * 4)
 
     def _attach(self) -> None:
         if self._segment is None:
             self._slot_of = np.full(0, -1, dtype=np.int32)
-            self._filled = np.zeros(0, dtype=np.uint8)
+            self._filled = np.zeros(0, dtype=np.uint32)
             self._rows = None
             return
         seg, feats = self._segment, self.graph.features
         self._slot_of = seg.array(np.int32, 0, self.num_nodes)
-        self._filled = seg.array(np.uint8, _align(self.num_nodes * 4), self.slots)
+        self._filled = seg.array(np.uint32, _align(self.num_nodes * 4), self.slots)  # check words
         count = self.slots * (self.row_bytes // feats.dtype.itemsize)
         self._rows = seg.array(feats.dtype, self._rows_offset(), count).reshape((self.slots, *feats.shape[1:]))
+        self._verified = np.zeros(self.slots, dtype=bool)  # rows this process has seen whole
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -123,17 +141,24 @@ class FeatureCache:
         slots = self._slot_of[ids]
         cached = slots >= 0
         hit = cached.copy()
-        hit[cached] = self._filled[slots[cached]] == 1
+        hit[cached] = self._filled[slots[cached]] != 0
         feats = self.graph.features
         out = np.empty((ids.size, *feats.shape[1:]), dtype=feats.dtype)
         out[hit] = self._rows[slots[hit]]
+        got = np.flatnonzero(hit)
+        got = got[~self._verified[slots[got]]]
+        if got.size:  # only rows whose bytes give their check word (see the module's text)
+            whole = _check(out[got]) == self._filled[slots[got]]
+            hit[got[~whole]] = False
+            self._verified[slots[got[whole]]] = True
         miss = np.flatnonzero(~hit)
         if miss.size:
             out[miss] = gather_from_file(feats, ids[miss])
-            fill = miss[cached[miss]]
+            fill = miss[cached[miss] & (self._filled[np.maximum(slots[miss], 0)] == 0)]
             if fill.size:
                 self._rows[slots[fill]] = out[fill]
-                self._filled[slots[fill]] = 1  # after the row: a reader never sees a half-written row
+                self._filled[slots[fill]] = _check(out[fill])  # after the row
+                self._verified[slots[fill]] = True  # its own stores: this process sees them in order
         return out, int(hit.sum()), int(miss.size)
 
     def fill(self, chunk_rows: int = 1 << 14) -> None:
@@ -145,13 +170,15 @@ class FeatureCache:
             ids = hot[start : start + chunk_rows]
             ids = ids[self._filled[self._slot_of[ids]] == 0]
             if ids.size:
-                self._rows[self._slot_of[ids]] = self.graph.features[ids]
-                self._filled[self._slot_of[ids]] = 1
+                rows = np.asarray(self.graph.features[ids])
+                self._rows[self._slot_of[ids]] = rows
+                self._filled[self._slot_of[ids]] = _check(rows)
+                self._verified[self._slot_of[ids]] = True
 
     @property
     def filled(self) -> int:
         """Slots filled so far."""
-        return int(self._filled.sum(dtype=np.int64)) if self.slots else 0
+        return int(np.count_nonzero(self._filled)) if self.slots else 0
 
     @property
     def path(self) -> str | None:
@@ -167,8 +194,8 @@ class FeatureCache:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("_slot_of", "_filled", "_rows"):
-            state.pop(k)
+        for k in ("_slot_of", "_filled", "_rows", "_verified"):
+            state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -48,6 +49,30 @@ def test_hits_and_misses_are_counted(rmat, tmp_path):
         np.testing.assert_array_equal(rows, rmat.features[ids[::-1]])
         cache.fill()
         assert cache.filled == 50
+    finally:
+        cache.close()
+
+
+def test_a_row_seen_half_written_is_read_from_the_file(rmat, tmp_path):
+    # Its check word is written after the row, but another core may see the stores in the other order
+    # (ARM): a reader must not serve the row's old bytes (zeros) or half of the new ones.
+    cache = FeatureCache(rmat, 10 * rmat.feature_row_bytes, tmp_path)
+    try:
+        hot = np.flatnonzero(cache.slot_of(np.arange(rmat.num_nodes)) >= 0)
+        cache.fill()
+        reader = pickle.loads(pickle.dumps(cache))  # a worker's view: it has checked no row yet
+        slot = int(cache.slot_of(hot[:1])[0])
+        flat = cache._rows[slot].reshape(-1).view(np.uint8)
+        assert flat.any()
+        kept = flat.copy()
+        flat[len(flat) // 2 :] = 0  # what the reader sees: the check word, half of the row
+        rows, hits, misses = reader.gather(hot[:3])
+        np.testing.assert_array_equal(rows, rmat.features[hot[:3]])
+        assert (hits, misses) == (2, 1)
+        flat[:] = kept  # the rest of the row arrives: a hit again, then checked no more
+        assert reader.gather(hot[:3])[1:] == (3, 0)
+        assert reader._verified[cache.slot_of(hot[:3])].all()
+        reader.close()
     finally:
         cache.close()
 
