@@ -273,7 +273,15 @@ class Segment:
         return {"path": self.path}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], os.stat(state["path"]).st_size, owner=False)
+        path = state["path"]
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                2, f"shared-memory segment {path} is gone: the process that made it closed it or exited "
+                "before this process (a spawned worker) could attach", path,
+            ) from None
+        self.__init__(path, size, owner=False)
 
     def __repr__(self) -> str:
         return f"Segment({self.path!r}, size={self.size})"

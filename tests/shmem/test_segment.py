@@ -42,3 +42,13 @@ def test_reserve_on_tmpfs_beyond_available_memory_is_refused(monkeypatch):
         assert seg.reserve(0, 16 << 20)  # what fits is still backed
     finally:
         seg.close()
+
+
+def test_attaching_to_a_segment_its_owner_closed_names_it(tmp_path) -> None:
+    import pickle
+
+    seg = Segment.create("gone", 4096, tmp_path)
+    state = pickle.dumps(seg)  # what a spawned worker receives
+    seg.close()
+    with pytest.raises(FileNotFoundError, match=r"segment .*coordl-gone-.* is gone: the process that made it"):
+        pickle.loads(state)
