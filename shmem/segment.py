@@ -6,6 +6,12 @@ pid and process start time in the name let any later process tell a segment whos
 ``kill -9``) from one in use, so :func:`reclaim_stale` frees leftovers at the next start: leaked
 segments after crashes are the top complaint users have about shared-memory loaders.
 
+A pid means something only in its pid namespace. Containers started with ``--ipc=host`` (what PyTorch's
+docs advise for DataLoader workers) share ``/dev/shm`` but not their pids: there, another container's
+live owner looks dead (its pid is absent, or another process's). So the start value carries the
+owner's pid namespace (:func:`start_ticks`), and a process judges only owners of its own namespace:
+one from another namespace is taken as alive, and its files are left for its own namespace to reclaim.
+
 The file is created sparse and its pages are reserved with ``posix_fallocate`` before anything is
 written to them (:meth:`Segment.reserve`). On tmpfs, touching an unreserved page when the file system
 is full raises SIGBUS ("DataLoader worker is killed by signal: Bus error"); reserving first turns that
@@ -50,9 +56,25 @@ SEGMENT_NAME_RE = re.compile(
 )
 
 
+_TICK_BITS = 40  # centiseconds since 1970 fit in 40 bits until the 2310s
+_TICKS = (1 << _TICK_BITS) - 1
+
+
+def _pid_namespace() -> int:
+    """22 bits of this process's pid namespace inode (0 where /proc does not say): 62 bits in all."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino & 0x3FFFFF
+    except OSError:
+        return 0
+
+
+_NAMESPACE = _pid_namespace()
+
+
 def start_ticks(pid: int) -> int:
-    """Process start time in centiseconds: with the pid, it names a process uniquely."""
-    return int(psutil.Process(pid).create_time() * 100)
+    """Process start time in centiseconds, with this process's pid namespace above it (``pid`` is a pid
+    of that namespace): with the pid, it names a process uniquely, wherever it is read."""
+    return (_NAMESPACE << _TICK_BITS) | (int(psutil.Process(pid).create_time() * 100) & _TICKS)
 
 
 def owner_tag(pid: int | None = None) -> str:
@@ -65,12 +87,17 @@ def owner_alive(pid: int, start: int) -> bool:
     """Whether the process that had ``start_ticks`` == ``start`` under ``pid`` still runs (not a reuse).
 
     A zombie (exited, not yet reaped by its parent: a container's PID 1, a launcher) is not alive: its
-    ``/proc`` entry keeps the start time, but it will never use or free anything again.
+    ``/proc`` entry keeps the start time, but it will never use or free anything again. A process of
+    another pid namespace (another container sharing ``/dev/shm``) cannot be judged from here: alive.
     """
+    namespace = start >> _TICK_BITS
+    if namespace and namespace != _NAMESPACE:
+        return True
     try:
         proc = psutil.Process(pid)
         # Start times are rounded; allow one tick of slack.
-        return abs(int(proc.create_time() * 100) - start) <= 1 and proc.status() != psutil.STATUS_ZOMBIE
+        ticks = int(proc.create_time() * 100) & _TICKS
+        return abs(ticks - (start & _TICKS)) <= 1 and proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
         return False
 

@@ -56,3 +56,46 @@ def test_a_segment_whose_owner_and_reader_are_dead_is_reclaimed(tmp_path: Path) 
         reader.kill()
         reader.wait()
     assert reclaim_stale(tmp_path) == [str(path)]
+
+
+def _in_new_pid_namespace(code: str) -> subprocess.Popen | None:
+    """``code`` run by Python as pid 1 of a new pid namespace (``unshare``), or None where not allowed."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return None
+    return subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+
+
+def test_a_live_owner_in_another_pid_namespace_is_never_reclaimed(tmp_path) -> None:
+    # Containers run with --ipc=host share /dev/shm but not pids: seen from here, the other container's
+    # owner (pid 1 of its namespace) is another process, and its live segment looked stale.
+    import pytest
+
+    code = (
+        "import sys\n"
+        "from shmem.segment import Segment\n"
+        f"s = Segment.create('minio', 4096, {str(tmp_path)!r})\n"
+        "print(s.path, flush=True)\n"
+        "sys.stdin.read()\n"  # alive until the test closes its stdin
+    )
+    proc = _in_new_pid_namespace(code)
+    if proc is None:
+        pytest.skip("needs root and unshare --pid (a new pid namespace)")
+    try:
+        path = proc.stdout.readline().strip()
+        m = SEGMENT_NAME_RE.match(os.path.basename(path))
+        assert m is not None and int(m["pid"]) == 1  # its pid in its own namespace
+        assert reclaim_stale(tmp_path) == [] and os.path.exists(path)
+        Segment.create("minio", 4096, tmp_path).close()  # a create here reclaims first, too
+        assert os.path.exists(path)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    assert not os.path.exists(path)  # its owner closed it at exit, as ever
