@@ -49,6 +49,7 @@ from coordl.coordinated import batchcodec
 from coordl.coordinated import control as gc
 from coordl.coordinated.producer import epoch_order, producer_main
 from coordl.errors import CoordlError, CoordlTimeoutError
+from shmem.flag import SharedFlag
 from shmem.segment import DEFAULT_DIR, start_ticks
 
 __all__ = ["Group", "GroupMember"]
@@ -147,7 +148,7 @@ class GroupMember:
         ctx = mp_context or mp.get_context()
         # A lock-free flag, not an Event: a producer killed inside Event.is_set() (the SIGTERM that
         # multiprocessing sends daemons at exit) leaves its lock held and the job's close() hanging.
-        self._stop = ctx.RawValue("b", 0)
+        self._stop = SharedFlag(ctx)
         for i in range(max(1, num_producers)):
             p = ctx.Process(target=producer_main, daemon=True, name=f"coordl-producer-{i}",
                             args=(self.base, group.slots, make_batch, os.getpid(), self._stop))  # fmt: skip
@@ -342,7 +343,7 @@ class GroupMember:
             return  # a forked child's copy is not a member
         atexit.unregister(self._exit_hook)
         if self._stop is not None:
-            self._stop.value = 1
+            self._stop.set()
         ctl = self._ctl
         with ctl.locked():
             ctl.members[self._row] = 0

@@ -55,7 +55,7 @@ def _set_parent_death_signal() -> None:
 def producer_main(
     base: str, slots: int, make_batch: Callable[[list[int]], Any], member_pid: int, stop: Any
 ) -> None:
-    """Claim, prep and publish the group's batches until ``stop.value``, the job dies or the group empties."""
+    """Claim, prep and publish the group's batches until ``stop`` is set, the job dies or the group empties."""
     _set_parent_death_signal()
     # One core per producer, as torch does in its loader workers. It also keeps the producer off the
     # OpenMP thread pool it inherited from the job: a pool used before the fork (the probe batch that
@@ -71,7 +71,7 @@ def producer_main(
         ctl.producers[row] = (me, start, member_pid)
     perm_cache: dict[int, torch.Tensor] = {}
     try:
-        while not stop.value and os.getppid() == member_pid:
+        while not stop.is_set() and os.getppid() == member_pid:
             g = None
             # The job's exit terminates its producers (SIGTERM): hold that signal while a claim is
             # half written, or batch g_next is counted as taken while no slot says who has it, and

@@ -21,6 +21,7 @@ import torch.utils.data.graph_settings  # noqa: F401
 from coordl.fetch.pipeline import LoaderSource
 from coordl.resume.workers import ResumableStream
 from coordl.workers.stuck import KEEP_ARGS, StartWatch
+from shmem.flag import SharedFlag
 
 __all__ = ["ShowUserDataset", "forks_workers", "start_workers"]
 
@@ -43,6 +44,11 @@ def start_workers(torch_loader: torch.utils.data.DataLoader) -> Any:
     torch_loader.worker_init_fn = show
     if forked and (user_context is None or type(user_context) is multiprocessing.context.ForkContext):
         torch_loader.multiprocessing_context = KEEP_ARGS  # the same fork; a stuck worker can be replaced
+    else:  # the same start method, with a done event no killed worker can leave locked (shmem.flag)
+        context = user_context if user_context is not None else multiprocessing.get_context()
+        flagged = _FLAGGED.get(type(context))
+        if flagged is not None:
+            torch_loader.multiprocessing_context = flagged
     running = {w.pid for w in getattr(getattr(torch_loader, "_iterator", None), "_workers", None) or ()}
     try:
         with _frozen(forked):
@@ -52,6 +58,23 @@ def start_workers(torch_loader: torch.utils.data.DataLoader) -> Any:
         return it
     finally:
         torch_loader.worker_init_fn, torch_loader.multiprocessing_context = user_init, user_context
+
+
+class _SpawnContext(multiprocessing.context.SpawnContext):
+    def Event(self) -> SharedFlag:  # noqa: N802 - multiprocessing's name
+        return SharedFlag(self)
+
+
+class _ForkServerContext(multiprocessing.context.ForkServerContext):
+    def Event(self) -> SharedFlag:  # noqa: N802 - multiprocessing's name
+        return SharedFlag(self)
+
+
+# torch's ``_workers_done_event`` is ``multiprocessing_context.Event()``: these give a lock-free one.
+_FLAGGED = {
+    multiprocessing.context.SpawnContext: _SpawnContext(),
+    multiprocessing.context.ForkServerContext: _ForkServerContext(),
+}
 
 
 class _frozen:

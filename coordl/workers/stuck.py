@@ -33,6 +33,8 @@ from typing import Any
 import psutil
 from torch.utils.data import _utils as torch_data_utils
 
+from shmem.flag import SharedFlag
+
 __all__ = ["KEEP_ARGS", "LOOK_EVERY_S", "MAX_RESTARTS", "STUCK_AFTER_S", "StartWatch"]
 
 log = logging.getLogger("coordl")
@@ -57,6 +59,10 @@ class _KeepArgsProcess(multiprocessing.context.ForkProcess):
 
 class _KeepArgsContext(multiprocessing.context.ForkContext):
     Process = _KeepArgsProcess
+
+    def Event(self) -> SharedFlag:  # noqa: N802 - multiprocessing's name
+        """torch's ``_workers_done_event``: a flag no killed worker can leave locked (:mod:`shmem.flag`)."""
+        return SharedFlag(self)
 
 
 KEEP_ARGS = _KeepArgsContext()  # the fork context torch's loader is given while coordl forks its workers
