@@ -12,9 +12,10 @@ subtracts them. A read holds the file lock, so that a row being folded is never 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -58,8 +59,7 @@ class SharedCounters:
         if self._row is not None and self._row_pid == pid:
             return self._row
         start = start_ticks(pid)
-        with os.fdopen(self._segment.reopen(), "rb") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with self._file_locked():
             free = [r for r in range(1, _ROWS) if self._table[r, 0] == 0]
             if not free:
                 self._fold_dead_rows()
@@ -92,9 +92,15 @@ class SharedCounters:
             for name, amount in amounts.items():
                 row[_HEADER + self._index[name]] += amount
 
-    def _totals(self) -> np.ndarray:
+    @contextlib.contextmanager
+    def _file_locked(self) -> Iterator[None]:
+        """The table's file lock (claiming a row, folding dead rows, reading totals)."""
         with os.fdopen(self._segment.reopen(), "rb") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # not while _my_row folds a dead row into the reserve
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _totals(self) -> np.ndarray:
+        with self._file_locked():  # not while _my_row folds a dead row into the reserve
             return self._table[:, _HEADER:].sum(axis=0)
 
     def snapshot(self) -> dict[str, int]:
