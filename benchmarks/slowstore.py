@@ -23,13 +23,16 @@ server with a large dataset has (needs root, cgroup v1 ``memory`` and ``blkio``,
         out = store.run([sys.executable, "child.py"])    # the child and its workers are confined
         store.read_bytes()                                # blkio bytes read from the device so far
 
-Everything is undone in ``close()`` (unmount, detach, remove the cgroups), also after errors.
+Everything is undone in ``close()`` (stop what still runs in the cgroups, unmount, detach, remove the
+cgroups), also after errors and when the benchmark is killed with SIGTERM or SIGHUP inside the ``with``
+block (the signal unwinds it; a killed run used to leave the file system mounted and its loop device held).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -85,6 +88,10 @@ def charge_libraries_outside() -> int:
     return total
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 class SlowStore:
     """A throttled loop-device file system plus memory/blkio cgroups for child processes."""
 
@@ -114,6 +121,7 @@ class SlowStore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.controller_cpu_s = 0.0  # CPU of the controller thread (incl. the reclaim its writes do)
+        self._previous_handlers: dict[int, object] = {}  # signal -> handler, while inside ``with``
         try:
             self._setup(image_bytes)
         except BaseException:
@@ -160,10 +168,12 @@ class SlowStore:
         _write(f"{CG}/blkio/{self.name}/blkio.throttle.read_bps_device", value)
 
     def close(self) -> None:
-        """Unmount, detach the loop device, remove the cgroups and the scratch directory."""
+        """Stop what is left in the cgroups, unmount, detach the loop device, remove the cgroups and the
+        scratch directory."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._kill_left_inside()
         for ctl in ("memory", "blkio"):
             path = f"{CG}/{ctl}/{self.name}"
             if os.path.isdir(path):
@@ -179,11 +189,42 @@ class SlowStore:
             self.loop = None
         shutil.rmtree(self._scratch, ignore_errors=True)
 
+    def _kill_left_inside(self) -> None:
+        """SIGKILL every process still in the cgroups (a child cut off by an interrupted run, or its
+        workers), and wait up to 5 s for them to go: a process inside keeps the mount busy."""
+        deadline = time.monotonic() + 5
+        while True:
+            pids = set()
+            for path in self.cgroup_procs_paths():
+                try:
+                    with open(path) as f:
+                        pids.update(int(line) for line in f if line.strip())
+                except OSError:
+                    pass
+            pids.discard(os.getpid())
+            if not pids or time.monotonic() > deadline:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+
     def __enter__(self) -> SlowStore:
+        # SIGTERM / SIGHUP unwind the with block (SystemExit), so close() runs; the default would end
+        # the process on the spot, leaving the mount, the loop device and the cgroups behind.
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self._previous_handlers[sig] = signal.signal(sig, _exit_on_signal)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            for sig, handler in self._previous_handlers.items():
+                signal.signal(sig, handler)
 
     # -- memory budget ---------------------------------------------------------------------------
 
