@@ -100,13 +100,16 @@ TORCH_DEATH = r"DataLoader worker \(pids?\(?s?\)? [\d, ]+\)( is killed by signal
 
 
 def test_a_worker_that_dies_ends_the_epoch_in_torchs_words() -> None:
-    ours, theirs = both(Killer, batch_size=2, num_workers=2)
+    # The worker dies at its first item, before it has sent anything. A worker killed after it sent a batch
+    # can take torch's own loader down with ConnectionResetError instead: the main process still has to
+    # fetch that batch's tensors' descriptors from the dead worker (seen once in CI on a slow host).
+    ours, theirs = both(lambda: Killer(kill=0), batch_size=2, num_workers=2)
     with ours:
         with pytest.raises(RuntimeError, match=TORCH_DEATH):
             list(theirs)
         with pytest.raises(WorkerDiedError, match=TORCH_DEATH) as info:
             list(ours)
-    assert "while preparing Killer[5]" in str(info.value)  # and coordl's detail: the item it was on
+    assert "while preparing Killer[0]" in str(info.value)  # and coordl's detail: the item it was on
 
 
 # -- timeout -----------------------------------------------------------------------------------------
