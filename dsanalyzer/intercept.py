@@ -22,6 +22,7 @@ import atexit
 import importlib.abc
 import os
 import sys
+import time
 from collections.abc import Callable
 from functools import partial, wraps
 from typing import Any
@@ -73,10 +74,12 @@ class ProbeState:
         try:
             if self.loader is None:
                 self._first_iter(loader, orig_iter)
+            opened = time.perf_counter()
             if self.cfg.mode == "compute":
                 inner = self._replay
             else:
                 inner = orig_iter(loader)
+            self.recorder.timeline.iterator_opened(opened)
         finally:
             self.depth -= 1
         return TimedIterator(inner, self)

@@ -26,7 +26,7 @@ from dsanalyzer.measure.hookconfig import HookConfig
 from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.measure.membw import measure_memory_bandwidth
 from dsanalyzer.measure.plan import MODES, RunPlan
-from dsanalyzer.measure.stalls import bound_of, differential, per_epoch
+from dsanalyzer.measure.stalls import bound_of, differential, epoch_start, per_epoch
 from dsanalyzer.measure.sysmon import SysMonitor, concat_series
 from dsanalyzer.measure.timeline import Timeline, cuda_sync_or_none, summarize
 from dsanalyzer.model.comm import comm_section
@@ -190,6 +190,9 @@ def assemble_report(
         "prep_memory": results["prep"].get("memory", {}),
         "real_cold": results["real"].get("cold", {}),
     }
+    start = epoch_start(results["real"].get("wait_s", []), results["real"].get("epoch_starts") or [], warmup)
+    if start is not None:
+        report["epoch_start"] = start
     report["runs"] = _runs_section(results, summaries)
     comm = comm_section(results, warmup)
     if comm is not None:

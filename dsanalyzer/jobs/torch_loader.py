@@ -36,6 +36,7 @@ def loader_facts(loader: Any) -> dict:
         "prefetch_factor": getattr(loader, "prefetch_factor", None),
         "cache_bytes": int(getattr(loader, "cache_bytes", 0) or 0),
         "drop_last": bool(getattr(loader, "drop_last", False)),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "batches_per_epoch": _batches_per_epoch(loader),
         "torch_threads": _torch_threads(),
     }

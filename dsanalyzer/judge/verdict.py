@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from dsanalyzer.judge.epochs import epoch_start_note
 from dsanalyzer.model import search
 from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.store import loader_concurrency
@@ -229,6 +230,7 @@ def verdict(report: dict) -> dict:
         "disagrees": disagrees,
         "causes": causes,
         "overhead": _overhead(model),
+        "epoch_start": epoch_start_note(report, model, pred.steady),
         "more_cores": _more_cores(report, model, pred),
         "fix": None if fix is None else {**fix, "code": _change_text(fix["change"], report)},
     }
@@ -343,6 +345,8 @@ def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
         parts.append(v["bound_note"])
     if v["overhead"] is not None and bound == "compute" and pred.bound == "compute":
         parts.append(v["overhead"]["text"])
+    if v["epoch_start"] is not None:
+        parts.append(v["epoch_start"]["text"])
     fix, more = v["fix"], v["more_cores"]
     if fix is not None:
         parts.append(f"fix: {fix['code']}, predicted {fix['predicted_samples_per_s']:,.0f} samples/s")

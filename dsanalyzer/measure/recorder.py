@@ -135,6 +135,7 @@ class RunRecorder:
             "wait_cpu_s": tl.wait_cpu_s,
             "step_cpu_s": tl.step_cpu_s,
             "starts_s": tl.starts,
+            "epoch_starts": tl.epoch_starts,
             "t0_unix_s": None if tl.t0 is None else time.time() - (time.perf_counter() - tl.t0),
             "job_cpu": self._job_cpu_section(),
             **threads.facts(),

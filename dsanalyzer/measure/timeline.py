@@ -50,6 +50,8 @@ class Timeline:
         self.step_cpu_s: list[float] = []  # the process's CPU (all threads) during the step
         self.t0: float | None = None  # the first __next__: the origin of ``starts`` (the trace's clock)
         self.starts: list[float] = []  # when each __next__ began, seconds since t0
+        self.epoch_starts: list[int] = []  # indices of the batches that were an iterator's first (an epoch's)
+        self._opened: float | None = None  # when the iterator whose first batch comes next was asked for
         self._last_end: float | None = None
         self._start: float | None = None
         self._cpu_start = (0.0, 0.0)  # (thread, process) CPU when __next__ began
@@ -62,15 +64,21 @@ class Timeline:
         now = time.perf_counter()
         proc = time.process_time()
         if self.t0 is None:
-            self.t0 = now
+            self.t0 = now if self._opened is None else min(self._opened, now)
         if self._last_end is not None:
             self.step_s.append(now - self._last_end)
             if self._step_cpu_start is not None:
                 self.step_cpu_s.append(proc - self._step_cpu_start)
             self._last_end = None
-        self._start = now
+        self._start = now if self._opened is None else min(self._opened, now)
         self._cpu_start = (time.thread_time(), proc)
         return now
+
+    def iterator_opened(self, at: float) -> None:
+        """An epoch's iterator was asked for at ``at`` (``perf_counter``; before ``iter(loader)`` ran): its
+        first batch is marked in ``epoch_starts`` and its wait runs from ``at``, so starting the epoch
+        (torch spawns a new iterator's workers inside ``iter()``) counts as the loader's."""
+        self._opened = at
 
     def next_ended(self, items: int) -> float:
         """Mark a batch of ``items`` samples handed to the loop: its wait ends here."""
@@ -80,6 +88,9 @@ class Timeline:
             self.wait_cpu_s.append(time.thread_time() - self._cpu_start[0])
             self.starts.append(self._start - self.t0)
             self.batch_items.append(items)
+            if self._opened is not None:
+                self.epoch_starts.append(len(self.wait_s) - 1)
+                self._opened = None
         self._last_end = now
         self._step_cpu_start = time.process_time()
         return now

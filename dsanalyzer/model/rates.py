@@ -24,6 +24,11 @@ The job is a pipeline of stages and runs at the rate of its slowest one (Plumber
   GPU the step leaves the cores to prep and ``C`` is about ``P(c)``; on a small machine with a CPU
   step the main process takes a core from the workers and ``C`` binds: that is prep stall (more
   cores raise it), not a fixed cost of the main process.
+* Epoch start: a new epoch's first batch waits longer than a steady one (``iter(loader)`` starts
+  workers, the pipeline is empty). The profile measures the excess, ``epoch_start_s``, and an epoch of
+  ``E`` samples takes ``E / rate + epoch_start_s``: what the observed rate (samples over the whole
+  time) shows and the stages' steady rates do not (:meth:`Prediction.with_epoch_start`). Bounds are
+  judged on the steady rate.
 * Main process: it receives each batch (``batch_overhead_s`` of its own CPU) and runs the step one
   after the other, so the job never exceeds ``B / (B/G + batch_overhead_s / a)``: the compute
   bound. Only its own work counts here; waiting for workers and losing its core to them do not.
@@ -37,7 +42,7 @@ model (:mod:`~dsanalyzer.model.cache`) and the prep curve (:mod:`~dsanalyzer.mod
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["Prediction", "ItemCosts", "compose"]
 
@@ -54,6 +59,20 @@ class Prediction:
     stage_rates: dict = field(default_factory=dict)
     hit_ratio: float = 0.0
     per_iter_s: dict = field(default_factory=dict)
+    steady_per_s: float | None = None  # the rate between epoch starts (None: ``samples_per_s``, none charged)
+
+    @property
+    def steady(self) -> float:
+        """Samples/s between epoch starts: what the stages allow, the rate bounds are judged on."""
+        return self.samples_per_s if self.steady_per_s is None else self.steady_per_s
+
+    def with_epoch_start(self, epoch_start_s: float, epoch_items: int) -> Prediction:
+        """This steady rate with ``epoch_start_s`` lost at the start of every epoch of ``epoch_items``."""
+        if not epoch_start_s or epoch_start_s <= 0 or epoch_items <= 0 or not math.isfinite(self.samples_per_s):
+            return self
+        steady_epoch_s = epoch_items / self.samples_per_s
+        epoch_s = steady_epoch_s + epoch_start_s
+        return replace(self, samples_per_s=epoch_items / epoch_s, epoch_s=epoch_s, steady_per_s=self.samples_per_s)
 
 
 @dataclass(frozen=True)

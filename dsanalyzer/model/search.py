@@ -65,7 +65,7 @@ def grid(
 
 
 def _reaches(model: Model, target: float, **kw) -> bool:
-    return model.predict(**kw).samples_per_s >= target * (1 - TOL)
+    return model.predict(**kw).steady >= target * (1 - TOL)  # compute-bound: between epoch starts
 
 
 def cache_bytes_for_rate(
@@ -94,7 +94,7 @@ def fetch_ahead_for_rate(model: Model, target: float, workers: int) -> int:
         return model.predict(
             model.cache_bytes, model.cpus, model.storage_bytes_per_s, policy=model.cache_policy,
             workers=workers, fetch_ahead=ahead,
-        ).samples_per_s  # fmt: skip
+        ).steady  # fmt: skip
 
     if workers == 0:  # the main process reads one item at a time: no read-ahead to raise
         return model.fetch_ahead

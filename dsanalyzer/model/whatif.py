@@ -10,7 +10,9 @@
   formula is there).
 
 The grid of predictions and the bisections to compute-bound are :mod:`~dsanalyzer.model.search`'s.
-Rates are steady-state (epoch 2 on); a cold first epoch is all misses.
+Rates are epoch 2 on (a cold first epoch is all misses), each epoch's start included: the stages give a
+steady rate, and the excess wait of an epoch's first batch the profile measured (``epoch_start_s``) is
+added once per epoch (:meth:`~dsanalyzer.model.rates.Prediction.with_epoch_start`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class Model:
     threads_follow_cores: bool = False  # torch's default: as many intra-op threads as cores
     step_on_cpu: bool = True  # the step runs on the CPU (its intra-op threads spin between regions)
     epoch_items: int | None = None  # samples one process reads per epoch (a DistributedSampler's share)
+    epoch_start_s: float = 0.0  # what starting an epoch costs beyond a steady batch (measured in the real run)
     store: StoreModel | None = None  # an object store's fitted rates (None: files; see model/store.py)
     fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
     items_per_request: float = 1.0  # items one store request brings (a shard's items; 1 for loose files)
@@ -77,9 +80,11 @@ class Model:
         """JSON-ready model parameters (what report.json stores under ``model``)."""
         return {
             "formula": "min(1/(1/(G*gpu_speedup) + batch_overhead_s/(a*B)), 1/(h*s/membw + (1-h)*s/storage_bw), "
-            "w/(t_fetch + w/P(min(w,c))), (a*c - spin(c, w))/job_cpu_s(gpu_speedup))",
+            "w/(t_fetch + w/P(min(w,c))), (a*c - spin(c, w))/job_cpu_s(gpu_speedup)); "
+            "over an epoch of E samples: E/(E/rate + epoch_start_s)",
             "dataset_items": self.dataset_items,
             "epoch_items": self.epoch_items,
+            "epoch_start_s": self.epoch_start_s,
             "avg_item_bytes": self.avg_item_bytes,
             "batch_size": self.batch_size,
             "compute_samples_per_s": self.compute_per_s,
@@ -214,7 +219,7 @@ class Model:
             costs = self._store_costs(hit_s, storage_bytes_per_s, w, fetch_ahead, items_per_request, h)
         else:
             costs = ItemCosts(hit_s=hit_s, miss_s=s / storage_bytes_per_s, miss_overhead_s=self.storage_overhead_s)
-        return compose(
+        steady = compose(
             step_per_s=self.compute_per_s * gpu_speedup,
             compute_per_s=self.compute_rate(gpu_speedup),
             prep_per_s=self.prep.rate(min(max(w, 1), cpus)),
@@ -225,6 +230,7 @@ class Model:
             dataset_items=self.epoch_items or self.dataset_items,
             cpu_per_s=self.cpu_rate(cpus, w, gpu_speedup, policy, h),
         )
+        return steady.with_epoch_start(self.epoch_start_s, self.epoch_items or self.dataset_items)
 
     def _store_costs(
         self, hit_s: float, bandwidth: float, workers: int, fetch_ahead: int | None, items_per_request: float | None,

@@ -108,6 +108,30 @@ def test_epochs_continue_the_same_timeline(probe, tmp_path):
     assert len(_result(tmp_path)["wait_s"]) == 7
 
 
+def test_each_epochs_first_batch_is_marked_and_waits_for_iter(probe, tmp_path, monkeypatch):
+    """torch starts a non-persistent loader's workers inside ``iter()``: that is the loader's time."""
+    import time
+
+    inner = ListLoader.__dict__["__iter__"]
+
+    def slow_iter(self):
+        time.sleep(0.1)
+        return inner(self)
+
+    monkeypatch.setattr(ListLoader, "__iter__", slow_iter)
+    patch_loader_class(ListLoader)
+    probe(iters=7, warmup=0)
+    loader = ListLoader(batches=3)
+    with pytest.raises(SystemExit):
+        for _epoch in range(10):
+            for _batch in loader:
+                pass
+    result = _result(tmp_path)
+    assert result["epoch_starts"] == [0, 3, 6]
+    waits = result["wait_s"]
+    assert min(waits[i] for i in (0, 3, 6)) >= 0.1 > max(waits[i] for i in (1, 2, 4, 5))
+
+
 def test_a_wrapping_loader_is_timed_once_not_twice(probe, tmp_path):
     state = probe(iters=3, warmup=0)
     it = iter(WrappingLoader())

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dsanalyzer.measure.stalls import bound_of, differential, per_epoch
+from dsanalyzer.measure.stalls import bound_of, differential, epoch_start, per_epoch
 from dsanalyzer.measure.timeline import Timeline, block_median, summarize
 
 
@@ -31,6 +31,39 @@ def test_end_of_epoch_is_not_a_batch():
     tl.next_started()
     tl.next_ended(4)
     assert len(tl.wait_s) == 1 and tl.step_s == []
+
+
+def test_an_epochs_first_batch_waits_from_iter_and_is_marked(monkeypatch):
+    # iter() at 10.0 took 0.25 s (new workers); its first __next__ starts at 10.25 and returns at 10.4.
+    clock = iter([0.0, 0.1, 1.1, 1.2, 2.2, 10.25, 10.4, 11.4, 11.5])
+    monkeypatch.setattr("dsanalyzer.measure.timeline.time.perf_counter", lambda: next(clock))
+    tl = Timeline()
+    tl.iterator_opened(-0.05)
+    tl.next_started()
+    tl.next_ended(4)
+    tl.next_started()
+    tl.next_ended(4)
+    tl.next_started()  # the call that raises StopIteration: the second batch's step ends here
+    tl.abandon_pending()
+    tl.iterator_opened(10.0)
+    tl.next_started()
+    tl.next_ended(4)
+    tl.next_started()
+    tl.next_ended(4)
+    assert tl.epoch_starts == [0, 2]
+    assert tl.wait_s == pytest.approx([0.15, 0.1, 0.4, 0.1])  # the new epoch's wait includes iter()
+    assert tl.step_s == pytest.approx([1.0, 1.0, 1.0])  # the gap before iter() (2.2 to 10.0) is the script's
+    assert tl.starts[0] == pytest.approx(0.0) and tl.starts[2] == pytest.approx(10.05)
+
+
+def test_epoch_start_is_the_first_batches_excess_over_a_steady_wait():
+    waits = [0.5, 0.01, 0.02] + [0.09, 0.01, 0.02, 0.01, 0.03] * 4
+    got = epoch_start(waits, [0, 3, 8, 13, 18], warmup=2)
+    assert got["epochs"] == 4  # the first epoch's start is warm-up
+    assert got["typical_wait_s"] == pytest.approx(0.02)
+    assert got["s_per_epoch"] == pytest.approx(0.07)
+    assert epoch_start(waits, [0], warmup=2) is None  # no epoch began after warm-up
+    assert epoch_start([0.01] * 10, [0, 5], warmup=1)["s_per_epoch"] == 0.0  # never negative
 
 
 def test_sync_is_called_before_each_boundary_timestamp():
