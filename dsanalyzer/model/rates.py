@@ -27,7 +27,8 @@ The job is a pipeline of stages and runs at the rate of its slowest one (Plumber
 * Epoch start: a new epoch's first batch waits longer than a steady one (``iter(loader)`` starts
   workers, the pipeline is empty). The profile measures the excess, ``epoch_start_s``, and an epoch of
   ``E`` samples takes ``E / rate + epoch_start_s``: what the observed rate (samples over the whole
-  time) shows and the stages' steady rates do not (:meth:`Prediction.with_epoch_start`). Bounds are
+  time) shows and the stages' steady rates do not (:meth:`Prediction.with_epoch_start`); its fill,
+  one worker's first batch, moves with the operating point (``Model.epoch_start_at``). Bounds are
   judged on the steady rate.
 * Main process: it receives each batch (``batch_overhead_s`` of its own CPU) and runs the step one
   after the other, so the job never exceeds ``B / (B/G + batch_overhead_s / a)``: the compute

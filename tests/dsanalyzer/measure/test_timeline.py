@@ -57,13 +57,16 @@ def test_an_epochs_first_batch_waits_from_iter_and_is_marked(monkeypatch):
 
 
 def test_epoch_start_is_the_first_batches_excess_over_a_steady_wait():
-    waits = [0.5, 0.01, 0.02] + [0.09, 0.01, 0.02, 0.01, 0.03] * 4
+    waits = [0.5, 0.01, 0.02] + [0.09, 0.01, 0.03, 0.01, 0.03] * 4
     got = epoch_start(waits, [0, 3, 8, 13, 18], warmup=2)
     assert got["epochs"] == 4  # the first epoch's start is warm-up
     assert got["typical_wait_s"] == pytest.approx(0.02)
     assert got["s_per_epoch"] == pytest.approx(0.07)
     assert epoch_start(waits, [0], warmup=2) is None  # no epoch began after warm-up
     assert epoch_start([0.01] * 10, [0, 5], warmup=1)["s_per_epoch"] == 0.0  # never negative
+    # two workers on slow storage alternate long and short waits: the steady cost is their mean
+    bursty = epoch_start([0.5] + [0.64, 0.14] * 5 + [0.79] + [0.64, 0.14] * 5, [0, 11], warmup=1)
+    assert bursty["typical_wait_s"] == pytest.approx(0.39) and bursty["s_per_epoch"] == pytest.approx(0.40)
 
 
 def test_sync_is_called_before_each_boundary_timestamp():
