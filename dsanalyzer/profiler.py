@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -308,14 +309,16 @@ def _close(loader: Any) -> None:
 def _drive(open_iter: Callable[[], Any], train_step: Callable[[Any], Any], n: int) -> dict:
     """Run ``n`` iterations of the loop, timed at the iterator boundary; epochs restart as needed."""
     timeline = Timeline(sync=cuda_sync_or_none())
+    timeline.iterator_opened(time.perf_counter())
     it = open_iter()
     try:
         for _ in range(n):
             timeline.next_started()
             try:
                 batch = next(it)
-            except StopIteration:
+            except StopIteration:  # the wait goes on: ending the epoch and starting the next are the loader's
                 runs.shutdown_iterator(it)
+                timeline.iterator_opened(time.perf_counter())
                 it = open_iter()
                 batch = next(it, None)
                 if batch is None:
@@ -332,6 +335,7 @@ def _drive(open_iter: Callable[[], Any], train_step: Callable[[Any], Any], n: in
         "wait_cpu_s": timeline.wait_cpu_s,
         "step_cpu_s": timeline.step_cpu_s,
         "starts_s": timeline.starts,
+        "epoch_starts": timeline.epoch_starts,
     }
 
 

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 import dsanalyzer
 from dsanalyzer.cli import main as cli_main
+from dsanalyzer.model.whatif import Model
 from dsanalyzer.report.schema import load_report
 from tests.dsanalyzer.workloads import TimedSource, sleep_step, write_files, write_script
 
@@ -35,6 +36,24 @@ def test_api_profile_returns_a_valid_report(tmp_path):
     assert "fetch" not in vars(source)
     assert source.counters.snapshot()["fetch_n"] > fetches_before
     assert (tmp_path / "report.html").is_file()
+
+
+def test_api_profile_measures_what_starting_each_epoch_costs(tmp_path):
+    # torch's DataLoader with a non-persistent worker: every epoch forks a new one, which must make its
+    # first batch (4 items of 1 ms each) from nothing before the loop gets it.
+    source = TimedSource(items=16, item_bytes=1000, fetch_s=0.001, prep_s=0.0)
+    report = dsanalyzer.profile(
+        lambda: DataLoader(source, batch_size=4, num_workers=1), sleep_step(0.002), iters=10, warmup=2,
+        out=tmp_path, workers_list=[1],
+    )  # fmt: skip
+    start = report["epoch_start"]
+    assert start["epochs"] >= 2  # 4 batches an epoch: the real run began epochs at batches 4 and 8
+    assert start["first_wait_s"] >= 0.004
+    assert report["model"]["epoch_start_s"] == pytest.approx(start["s_per_epoch"])
+    if start["s_per_epoch"] > 0:  # charged once an epoch: below the rate between starts
+        prediction = Model.from_report(report).predict_measured()
+        assert prediction.samples_per_s < prediction.steady
+        assert report["verdict"]["predicted_samples_per_s"] == pytest.approx(prediction.samples_per_s)
 
 
 def test_api_profile_of_an_empty_loader_is_a_clear_error():
