@@ -7,6 +7,7 @@ The profile measures the excess wait of each epoch's first batch (``report["epoc
 
 from __future__ import annotations
 
+from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.whatif import Model
 
 __all__ = ["NOTABLE_SHARE", "epoch_start_note"]
@@ -14,14 +15,14 @@ __all__ = ["NOTABLE_SHARE", "epoch_start_note"]
 NOTABLE_SHARE = 0.05
 
 
-def epoch_start_note(report: dict, model: Model, steady_per_s: float) -> dict | None:
-    """``{s_per_epoch, share, text}`` when an epoch's start is at least 5% of its time, else None."""
+def epoch_start_note(report: dict, model: Model, measured: Prediction) -> dict | None:
+    """``{s_per_epoch, share, text}`` when an epoch's start is at least 5% of the ``measured`` prediction's
+    epoch (the profiled operating point, where the start is the one measured), else None."""
     start = model.epoch_start_s
     items = model.epoch_items or model.dataset_items
-    if start <= 0 or items <= 0 or steady_per_s <= 0:
+    if start <= 0 or items <= 0 or not measured.epoch_s > 0:
         return None
-    epoch_s = items / steady_per_s + start
-    share = start / epoch_s
+    share = start / measured.epoch_s
     if share < NOTABLE_SHARE:
         return None
     loader = report.get("loader") or {}

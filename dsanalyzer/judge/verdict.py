@@ -230,7 +230,7 @@ def verdict(report: dict) -> dict:
         "disagrees": disagrees,
         "causes": causes,
         "overhead": _overhead(model),
-        "epoch_start": epoch_start_note(report, model, pred.steady),
+        "epoch_start": epoch_start_note(report, model, pred),
         "more_cores": _more_cores(report, model, pred),
         "fix": None if fix is None else {**fix, "code": _change_text(fix["change"], report)},
     }

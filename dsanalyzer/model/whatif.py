@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from dsanalyzer.model import cores
 from dsanalyzer.model.cache import hit_ratio
@@ -259,13 +260,18 @@ class Model:
         """
         if self.epoch_start_s <= 0:
             return 0.0
-        measured = self._steady(self.cache_bytes, self.cpus, self.storage_bytes_per_s, 1.0, self.cache_policy,
-                                self.workers, None, None)  # fmt: skip
-        fill_then = self.fill_s(measured, self.workers)
+        fill_then = self._profiled_fill_s
         if fill_then <= 0:
             return self.epoch_start_s
         filled = min(self.epoch_start_s, fill_then)
         return self.epoch_start_s - filled + filled * self.fill_s(steady, workers) / fill_then
+
+    @cached_property
+    def _profiled_fill_s(self) -> float:
+        """:meth:`fill_s` at the profiled operating point (once: every what-if's start scales from it)."""
+        measured = self._steady(self.cache_bytes, self.cpus, self.storage_bytes_per_s, 1.0, self.cache_policy,
+                                self.workers, None, None)  # fmt: skip
+        return self.fill_s(measured, self.workers)
 
     def _store_costs(
         self, hit_s: float, bandwidth: float, workers: int, fetch_ahead: int | None, items_per_request: float | None,

@@ -98,13 +98,17 @@ def test_min_seconds_keeps_measuring_past_iters(probe, tmp_path):
     assert HookConfig.from_env(HookConfig("real", result_dir="d", min_seconds=2.5).to_env()).min_seconds == 2.5
 
 
-def test_epochs_continue_the_same_timeline(probe, tmp_path):
-    probe(iters=7, warmup=0)
-    loader = ListLoader(batches=3)
+def _epochs(loader, n: int = 10) -> None:
+    """Run ``n`` epochs of ``loader`` as a training loop does, until the probe stops the script."""
     with pytest.raises(SystemExit):
-        for _epoch in range(10):
+        for _epoch in range(n):
             for _batch in loader:
                 pass
+
+
+def test_epochs_continue_the_same_timeline(probe, tmp_path):
+    probe(iters=7, warmup=0)
+    _epochs(ListLoader(batches=3))
     assert len(_result(tmp_path)["wait_s"]) == 7
 
 
@@ -121,11 +125,7 @@ def test_each_epochs_first_batch_is_marked_and_waits_for_iter(probe, tmp_path, m
     monkeypatch.setattr(ListLoader, "__iter__", slow_iter)
     patch_loader_class(ListLoader)
     probe(iters=7, warmup=0)
-    loader = ListLoader(batches=3)
-    with pytest.raises(SystemExit):
-        for _epoch in range(10):
-            for _batch in loader:
-                pass
+    _epochs(ListLoader(batches=3))
     result = _result(tmp_path)
     assert result["epoch_starts"] == [0, 3, 6]
     waits = result["wait_s"]
