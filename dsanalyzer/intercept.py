@@ -64,6 +64,9 @@ class ProbeState:
         self.depth = 0
         self._replay: Any = None
         self.default_batch = 1
+        # A DALI iterator has no __iter__ per epoch to mark a new epoch: its first batch is the first
+        # __next__ after the previous epoch's StopIteration (the wait runs from that call).
+        self._dali_epoch_ahead = True
 
     # -- iterator creation -------------------------------------------------------------------
     def iter_for(self, loader: Any, orig_iter: Callable[[Any], Any]) -> Any:
@@ -95,7 +98,15 @@ class ProbeState:
             finally:
                 self.depth -= 1
         replay = self._replay
-        return self.timed_next(replay.__next__ if replay is not None else partial(orig_next, it))
+        if self._dali_epoch_ahead:  # the iterator's first batch, or the first after a StopIteration
+            self.recorder.timeline.iterator_opened(time.perf_counter())
+        try:
+            batch = self.timed_next(replay.__next__ if replay is not None else partial(orig_next, it))
+        except StopIteration:
+            self._dali_epoch_ahead = True  # auto_reset, or the script's reset(), starts the next epoch
+            raise
+        self._dali_epoch_ahead = False
+        return batch
 
     def timed_next(self, pull: Callable[[], Any]) -> Any:
         """One batch from ``pull``, recorded; after warm-up + N batches, write the result and stop the script."""

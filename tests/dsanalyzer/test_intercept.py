@@ -132,6 +132,45 @@ def test_each_epochs_first_batch_is_marked_and_waits_for_iter(probe, tmp_path, m
     assert min(waits[i] for i in (0, 3, 6)) >= 0.1 > max(waits[i] for i in (1, 2, 4, 5))
 
 
+class AutoResetIterator:
+    """A DALI-style iterator (its own iterator): StopIteration after ``per_epoch`` batches, then it rewinds
+    itself (DALI's ``auto_reset=True``); ``reset_s`` of work happens in the first ``__next__`` after."""
+
+    batch_size = 4
+
+    def __init__(self, per_epoch: int = 3, reset_s: float = 0.0) -> None:
+        self.per_epoch, self.reset_s, self.pos, self.rewound = per_epoch, reset_s, 0, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import time
+
+        if self.rewound:
+            self.rewound = False
+            time.sleep(self.reset_s)
+        if self.pos == self.per_epoch:
+            self.pos, self.rewound = 0, True
+            raise StopIteration
+        self.pos += 1
+        return [self.pos] * 4
+
+
+def test_a_dali_style_iterator_marks_the_first_batch_after_each_stop_iteration(tmp_path, monkeypatch):
+    """Its epochs have no ``__iter__`` call to mark: the batch after a StopIteration starts the next one."""
+    monkeypatch.setattr(AutoResetIterator, "__next__", AutoResetIterator.__dict__["__next__"])
+    monkeypatch.setattr(AutoResetIterator, "__init__", AutoResetIterator.__dict__["__init__"])
+    intercept.patch_dali_iterator_class(AutoResetIterator)
+    state = ProbeState(HookConfig("real", result_dir=str(tmp_path), iters=7, warmup=0, min_seconds=0.0))
+    monkeypatch.setattr(intercept, "_STATE", state)
+    _epochs(AutoResetIterator(per_epoch=3, reset_s=0.1))
+    result = _result(tmp_path)
+    assert result["epoch_starts"] == [0, 3, 6]
+    waits = result["wait_s"]
+    assert min(waits[3], waits[6]) >= 0.1 > max(waits[i] for i in (1, 2, 4, 5))
+
+
 def test_a_wrapping_loader_is_timed_once_not_twice(probe, tmp_path):
     state = probe(iters=3, warmup=0)
     it = iter(WrappingLoader())

@@ -190,6 +190,7 @@ def test_hook_times_a_dali_iterator_across_epochs(hook, folder, tmp_path):
     assert result["status"] == "stopped" and result["batch_items"] == [BATCH] * 25
     assert result["loader"]["class"] == "nvidia.dali.plugin.pytorch.DALIGenericIterator"
     assert result["cold"]["files"] == ITEMS and result["cold"]["evicted"] == ITEMS
+    assert result["epoch_starts"] == [0, ITEMS // BATCH]  # the first __next__ after reset() starts epoch 2
 
 
 def test_hook_compute_run_replays_one_batch_without_running_the_pipeline(hook, folder):
