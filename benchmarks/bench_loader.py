@@ -40,7 +40,8 @@ Then the prep-bound check, once per recipe of ``--recipes``: storage unthrottled
 copying out of it (f), without its worker heap setting (g), with persistent workers (h), or reading
 every storage miss ahead in threads as before :mod:`coordl.fetch.pace` (i), or (h) with its misses read
 through the page cache as before ``page_cache=`` (j), or (h) reading ahead in Python threads instead of native
-ones (k), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
+ones (k), or (h) making every storage read in its prep thread, as the bound does (l), or (h) with
+``prefetch_factor=4`` (m), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
 bytes in memory, at once, rates summed, and (once a round) the bound: the same loops over the whole dataset
 making the storage reads that a 50% cache leaves every loader (``decode_limit.py``; what a loader with no
 cost of its own would reach here); measured alternately in the same run (``--prep-configs``),
@@ -80,8 +81,10 @@ CONFIGS = {
     "i": "coordl.DataLoader, cache 50%, every storage read ahead in threads (before ReadPace)",
     "j": "coordl.DataLoader, cache 50%, persistent_workers=True, page_cache='use' (misses through the page cache)",
     "k": "coordl.DataLoader, cache 50%, persistent_workers=True, read-ahead in Python threads (before the native one)",
+    "l": "coordl.DataLoader, cache 50%, persistent_workers=True, every storage read in the prep thread (no read-ahead)",
+    "m": "coordl.DataLoader, cache 50%, persistent_workers=True, prefetch_factor=4",
 }
-COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True, "j": True, "k": True}  # -> batch_ring
+COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True, "j": True, "k": True, "l": True, "m": True}  # -> batch_ring
 RESIZE, CROP = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 TODAY = "resize_first"  # coordl's train_transform before issue 27: the baseline of the recipe table
@@ -217,12 +220,19 @@ def child(args: argparse.Namespace) -> None:
             from coordl.fetch.pace import ReadPace
 
             coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=0.0)
+        if args.child == "l":  # attribution only: every storage read made where the bound makes it
+            import coordl.fetch.pipeline
+            from coordl.fetch.pace import ReadPace
+
+            coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=float("inf"))
         if args.child == "k":  # attribution only: the read-ahead's Python threads, as without the extension
             import coordl.data.fileread
 
             coordl.data.fileread._readahead = None
-        ring, persistent = COORDL[args.child], args.child in ("h", "j", "k")
+        ring, persistent = COORDL[args.child], args.child in ("h", "j", "k", "l", "m")
         page_cache = "use" if args.child == "j" else "auto"  # j: attribution of page_cache= (before it)
+        if args.child == "m":
+            common["prefetch_factor"] = 4
         loader = coordl.DataLoader(
             ds, cache_bytes=args.cache_bytes, batch_ring=ring, persistent_workers=persistent,
             page_cache=page_cache, **common,
