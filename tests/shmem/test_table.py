@@ -146,6 +146,50 @@ def test_each_process_checks_a_row_once(tmp_path, monkeypatch) -> None:
     seg.close()
 
 
+@pytest.mark.parametrize("shared", [True, False], ids=["x86-64", "weakly-ordered"])
+def test_a_row_one_reader_checked_is_not_checked_again_by_later_processes_on_x86(tmp_path, monkeypatch, shared) -> None:
+    """A loader's non-persistent workers are new processes each epoch: on x86-64 the first reader's mark in
+    the row spares them the CRC; elsewhere each process checks each row once (the mark is not trusted)."""
+    import shmem.table
+
+    monkeypatch.setattr(shmem.table, "_SHARED_MARKS", shared)
+    seg, writer = _table(tmp_path, dense=True, max_items=8)
+    for k in (1, 2):
+        writer.put(k, 0, (_value(k),))
+    calls = []
+    real = shmem.table._check
+    monkeypatch.setattr(shmem.table, "_check", lambda *a: calls.append(a[0]) or real(*a))
+    ctx = mp.get_context("fork")
+    child = ctx.Process(target=lambda: os._exit(0 if bytes(AppendTable(seg).get(1)) == _value(1) else 1))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0  # a worker of the first epoch read (and checked) item 1 in its own process
+    later = AppendTable(seg)  # a worker of the next epoch
+    assert bytes(later.get(1)) == _value(1) and bytes(later.get(2)) == _value(2)
+    assert calls == ([2] if shared else [1, 2])  # the child's check ran in the child: not counted here
+    assert bytes(AppendTable(seg).get(2)) == _value(2) and calls == ([2] if shared else [1, 2, 2])
+    later.close()
+    writer.close()
+    seg.close()
+
+
+def test_a_marked_row_whose_bytes_changed_is_refused_where_marks_are_not_trusted(tmp_path, monkeypatch) -> None:
+    """The mark is an x86-64 shortcut, not part of the check: a weakly ordered reader still compares the CRC."""
+    import shmem.table
+
+    seg, writer = _table(tmp_path)
+    writer.put(5, 5, (_value(5),))
+    monkeypatch.setattr(shmem.table, "_SHARED_MARKS", True)
+    assert bytes(AppendTable(seg).get(5, 5)) == _value(5)  # checked and marked
+    writer._buf[writer._data_off + 100] ^= 0xFF
+    monkeypatch.setattr(shmem.table, "_SHARED_MARKS", False)
+    reader = AppendTable(seg)
+    assert reader.get(5, 5) is None and reader.torn_reads == 1
+    reader.close()
+    writer.close()
+    seg.close()
+
+
 def _writer(table: AppendTable, keys: list[int]) -> None:
     for k in keys:
         table.put(k, 0, (_value(k, 1000 + k % 4000),))
