@@ -215,16 +215,13 @@ def child(args: argparse.Namespace) -> None:
             import coordl.ring.writer
 
             coordl.ring.writer._keep_freed_heap = lambda batch_bytes: None
-        if args.child == "i":  # attribution only: storage reads never made in the prep thread (limit 0 s)
+        if args.child in ("i", "l"):  # attribution only: storage reads never made in the prep thread (i,
+            # limit 0 s), or always made there, where the bound makes them (l)
             import coordl.fetch.pipeline
             from coordl.fetch.pace import ReadPace
 
-            coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=0.0)
-        if args.child == "l":  # attribution only: every storage read made where the bound makes it
-            import coordl.fetch.pipeline
-            from coordl.fetch.pace import ReadPace
-
-            coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=float("inf"))
+            limit_s = 0.0 if args.child == "i" else float("inf")
+            coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=limit_s)
         if args.child == "k":  # attribution only: the read-ahead's Python threads, as without the extension
             import coordl.data.fileread
 

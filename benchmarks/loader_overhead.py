@@ -35,6 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from coordl.ring.output_buffers import new_output
+
 CONFIGS = {
     "a": "torch DataLoader, persistent workers (page cache)",
     "b": "coordl.DataLoader, cache 100%, non-persistent workers",
@@ -46,11 +50,7 @@ CONFIGS = {
 class TakeRow:
     """A transform that does no work: it returns a fresh output (a lent batch row under coordl's ring)."""
 
-    def __call__(self, raw: bytes):
-        import torch
-
-        from coordl.ring.output_buffers import new_output
-
+    def __call__(self, raw: bytes) -> torch.Tensor:
         return new_output((3, 224, 224), torch.float32)
 
 
@@ -78,8 +78,6 @@ def _cpu() -> tuple[float, float]:
 
 
 def child(cfg: str, root: str, epochs: int, workers: int) -> None:
-    import torch
-
     import coordl
     import shmem.table
 
