@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -40,7 +41,6 @@ class SharedCounters:
 
     def __init__(self, names: Iterable[str], directory: str | os.PathLike = DEFAULT_DIR) -> None:
         self.names = tuple(dict.fromkeys(names))
-        self._index = {n: i for i, n in enumerate(self.names)}
         width = _HEADER + len(self.names)
         self._segment = Segment.create("ctr", _ROWS * width * 8, directory)
         self._segment.reserve(0, self._segment.size)
@@ -50,14 +50,16 @@ class SharedCounters:
     def _attach(self) -> None:
         width = _HEADER + len(self.names)
         self._table = self._segment.array(np.int64, 0, _ROWS * width).reshape(_ROWS, width)
-        self._row: np.ndarray | None = None
-        self._row_pid = -1
+        self._slot = {n: _HEADER + i for i, n in enumerate(self.names)}  # name -> its word in a row
+        self._mine: memoryview | None = None  # this process's row, claimed at its first add
         self._thread_lock = ForkSafeLock()  # a worker forked while a fetch thread counted gets it released
+        _LIVE.add(self)
 
-    def _my_row(self) -> np.ndarray:
+    def _my_row(self) -> memoryview:
+        """This process's row (claimed under the file lock at the first add; a forked child claims its own)."""
+        if self._mine is not None:
+            return self._mine
         pid = os.getpid()
-        if self._row is not None and self._row_pid == pid:
-            return self._row
         start = start_ticks(pid)
         with self._file_locked():
             free = [r for r in range(1, _ROWS) if self._table[r, 0] == 0]
@@ -70,8 +72,9 @@ class SharedCounters:
             self._table[r, 2:] = 0
             self._table[r, 1] = start
             self._table[r, 0] = pid
-        self._row, self._row_pid = self._table[r], pid
-        return self._row
+        # A memoryview, not the numpy row: an element's += is 3x faster, and it runs once or more per item.
+        self._mine = memoryview(self._table[r])
+        return self._mine
 
     def _fold_dead_rows(self) -> None:
         # Row 0 is the reserve: counts of processes that exited, kept so totals never go down.
@@ -84,13 +87,13 @@ class SharedCounters:
     def add(self, name: str, amount: int = 1) -> None:
         """Add ``amount`` to counter ``name`` (no file lock after the first call in a process)."""
         with self._thread_lock:  # += on a row element is read-modify-write: a worker's fetch threads
-            self._my_row()[_HEADER + self._index[name]] += amount
+            (self._mine or self._my_row())[self._slot[name]] += amount
 
     def add_many(self, amounts: dict[str, int]) -> None:
         with self._thread_lock:
-            row = self._my_row()
+            row, slot = self._mine or self._my_row(), self._slot
             for name, amount in amounts.items():
-                row[_HEADER + self._index[name]] += amount
+                row[slot[name]] += amount
 
     @contextlib.contextmanager
     def _file_locked(self) -> Iterator[None]:
@@ -113,7 +116,7 @@ class SharedCounters:
         self._zero = self._totals()
 
     def close(self) -> None:
-        self._row = None
+        self._mine = None
         self._table = None  # drop the views before unmapping
         self._segment.close()
 
@@ -122,7 +125,18 @@ class SharedCounters:
 
     def __setstate__(self, state: dict) -> None:
         self.names = state["names"]
-        self._index = {n: i for i, n in enumerate(self.names)}
         self._segment = state["segment"]
         self._attach()
         self._zero = np.array(state["zero"], dtype=np.int64)
+
+
+_LIVE: weakref.WeakSet[SharedCounters] = weakref.WeakSet()
+
+
+def _forget_rows_after_fork() -> None:
+    """A forked child counts in a row of its own: the parent's row is not its to add to."""
+    for counters in list(_LIVE):
+        counters._mine = None
+
+
+os.register_at_fork(after_in_child=_forget_rows_after_fork)

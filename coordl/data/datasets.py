@@ -53,6 +53,12 @@ class _FileSource:
     # to call from several threads, so coordl.DataLoader reads ahead of prep by default.
     thread_safe_fetch = True
 
+    @property
+    def prep_reads_buffers(self) -> bool:
+        """Whether :meth:`prep` may be given a read-only view of the bytes (a cache row) instead of
+        ``bytes``: when the transform says it reads buffers (coordl's ``Decode`` first)."""
+        return getattr(self.transform, "reads_buffers", False) is True
+
     # Subclasses provide these.
     items: list[tuple[str, Any]]
 

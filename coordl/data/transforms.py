@@ -117,6 +117,12 @@ class Compose(Stage):
     def __iter__(self):
         return iter(self.stages)
 
+    @property
+    def reads_buffers(self) -> bool:
+        """Whether a read-only view may stand for the bytes: the first stage says it reads buffers
+        (``Decode``; the fused crop decoder reads through the same calls)."""
+        return bool(self.stages) and getattr(self.stages[0], "reads_buffers", False) is True
+
     def split(self) -> tuple[Compose, Compose]:
         """(deterministic prefix whose output is a uint8 array, everything after it)."""
         cut = 0
@@ -136,6 +142,9 @@ class Decode(Stage):
     ``min_size``: the shorter side a later resize needs; allows a faster DCT-domain downscale when
     the image is at least twice that size (the output then differs slightly from a full decode).
     """
+
+    # Reads any bytes-like object (a view of a cache row too) and keeps no reference to it.
+    reads_buffers = True
 
     def __init__(self, min_size: int | None = None, fastdct: bool = False) -> None:
         self.min_size = min_size

@@ -138,6 +138,9 @@ class LoaderSource(torch.utils.data.Dataset):
         self._reader: tuple[int, ReadAhead] | None = None  # (pid, this process's read-ahead of local files)
         self.page_cache = page_cache
         self._page_policy: tuple[int, PageCachePolicy] | None = None  # (pid, this process's policy)
+        # A source whose prep reads views (coordl's Decode first) preps a cached item straight from its
+        # cache row: no copy of the item into bytes first (10-12 us per 90 KB item, 1% of a sample's prep).
+        self._prep_views = getattr(source, "prep_reads_buffers", False) is True
         self._keys = DatasetKeys(source, counters, on_error)  # keys that are not indices; __getitems__
         # One flag byte per item, shared by all workers: a bad file is logged once, not once per
         # worker or epoch (non-persistent workers are new processes every epoch).
@@ -384,7 +387,7 @@ class LoaderSource(torch.utils.data.Dataset):
                     elif type(raw) is _Reading:
                         data = self._keep(index, raw.read.result(), raw.missed)
                     else:
-                        data = raw.result() if isinstance(raw, concurrent.futures.Future) else _as_bytes(raw)
+                        data = raw.result() if isinstance(raw, concurrent.futures.Future) else self._prep_input(raw)
                     self._seed(index)
                     yield self.source.prep(data, index)
                 except CorruptItemError as e:
@@ -393,6 +396,10 @@ class LoaderSource(torch.utils.data.Dataset):
             for _index, raw in pending:
                 if type(raw) is _Reading or isinstance(raw, concurrent.futures.Future):
                     (raw.read if type(raw) is _Reading else raw).cancel()  # an error or a closed generator: reads not started are dropped
+
+    def _prep_input(self, raw: bytes | memoryview) -> bytes | memoryview:
+        """What prep is given for bytes a tier answered: the view itself where the source's prep reads views."""
+        return raw if self._prep_views else _as_bytes(raw)
 
     def _fetch_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         pid = os.getpid()

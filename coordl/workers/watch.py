@@ -27,6 +27,8 @@ _PIDS_RE = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\)")
 
 
 _MIN_ROWS = 64
+_PID = [os.getpid()]  # this process's pid, kept by a fork hook: on_item runs once per item
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 class WorkerWatch:
@@ -47,14 +49,15 @@ class WorkerWatch:
 
     def _attach(self) -> None:
         self._table = self._segment.array(np.int64, 0, self.num_workers * 2).reshape(self.num_workers, 2)
+        self._words = memoryview(self._table.reshape(-1))  # the same words, flat: cheaper per store
 
     def on_item(self, worker_id: int, index: int) -> None:
         """Record that ``worker_id`` (this process) now works on item ``index``."""
         if worker_id >= self.num_workers:
             return  # bookkeeping only: never fail a load for it
-        row = self._table[worker_id]
-        row[0] = os.getpid()
-        row[1] = index
+        words = self._words
+        words[2 * worker_id] = _PID[0]
+        words[2 * worker_id + 1] = index
 
     def idle(self, worker_id: int) -> None:
         if worker_id < self.num_workers:
@@ -70,7 +73,7 @@ class WorkerWatch:
         return None
 
     def close(self) -> None:
-        self._table = None
+        self._table = self._words = None
         self._segment.close()
 
     def __getstate__(self) -> dict:

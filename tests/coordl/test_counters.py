@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 
 import pytest
 
@@ -73,3 +74,19 @@ def test_a_reset_while_a_worker_counts_is_never_undone(tmp_path):
     finally:
         p.join(30)
         c.close()
+
+
+def test_a_child_forked_after_the_parent_counted_counts_in_a_row_of_its_own(tmp_path):
+    """The parent's row is claimed before the fork; the child must not add to it (its adds would be
+    lost when the parent writes its own count back, and the row's owner would be wrong)."""
+    c = SharedCounters(["hits", "bytes"], directory=tmp_path)
+    c.add("hits", 5)
+    p = mp.get_context("fork").Process(target=_work, args=(c, 100))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    c.add("hits", 1)
+    assert c.snapshot() == {"hits": 106, "bytes": 10}
+    owners = {int(pid) for pid in c._table[1:, 0] if pid}
+    assert owners == {os.getpid(), p.pid}
+    c.close()

@@ -253,3 +253,42 @@ def test_corrupt_item_message_names_its_file_once(tmp_path, num_workers):
     if num_workers:
         assert message.endswith("(in DataLoader worker process 0)")
         assert "Traceback" in err.value.worker_traceback  # still there for a bug report
+
+
+class _ReportsInput(T.Decode):
+    """Decode that also reports what it was given: a view of a cache row, or bytes."""
+
+    def __call__(self, raw):
+        return np.array([isinstance(raw, memoryview), isinstance(raw, bytes)])
+
+
+def _given(loader) -> set[tuple[bool, bool]]:
+    return {tuple(map(bool, row)) for images, _labels in loader for row in images}
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_cached_items_reach_a_decode_first_transform_as_views_and_any_other_as_bytes(root, persistent):
+    """coordl's Decode reads any buffer, so a cache hit is prepped from its row without a copy into
+    bytes; a transform that does not say so (a user's function) keeps getting bytes."""
+    import coordl
+
+    kw = dict(batch_size=3, num_workers=2, cache_bytes=1 << 22, persistent_workers=persistent)
+    with coordl.DataLoader(ImageFolder(root, T.Compose([_ReportsInput()])), **kw) as dl:
+        assert _given(dl) == {(False, True)}  # epoch 1: read from storage, bytes
+        assert _given(dl) == {(True, False)}  # epoch 2: every item a cache hit, its row's view
+        assert dl.stats()["cache_hits"] == 9
+    user = T.Compose([lambda raw: np.array([isinstance(raw, memoryview), isinstance(raw, bytes)])])
+    assert not user.reads_buffers and not T.Compose([]).reads_buffers
+    with coordl.DataLoader(ImageFolder(root, user), **kw) as dl:
+        assert _given(dl) == {(False, True)} and _given(dl) == {(False, True)}
+
+
+def test_a_view_and_bytes_of_an_image_prep_to_the_same_sample(root):
+    ds = ImageFolder(root, T.train_transform(32))
+    raw = ds.fetch(4)
+    assert ds.prep_reads_buffers and T.train_transform(32, recipe="resize_first").reads_buffers
+    torch.manual_seed(3)
+    a, ta = ds.prep(memoryview(raw).toreadonly(), 4)
+    torch.manual_seed(3)
+    b, tb = ds.prep(raw, 4)
+    assert torch.equal(a, b) and ta == tb == 1

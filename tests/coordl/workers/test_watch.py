@@ -1,6 +1,9 @@
-"""``translate_torch_error`` when torch's SIGCHLD handler reports the death inside coordl's own wait."""
+"""The worker table (each worker's pid and item), and ``translate_torch_error`` when torch's SIGCHLD handler
+reports the death inside coordl's own wait."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -40,3 +43,21 @@ def test_another_runtime_error_in_the_wait_is_not_swallowed() -> None:
 
     with pytest.raises(RuntimeError, match="something else"):
         translate_torch_error(EOFError(), It(), None, None)
+
+
+def test_a_forked_worker_records_its_own_pid_and_item(tmp_path) -> None:
+    """``on_item`` keeps no per-call getpid: a fork hook gives a forked worker its own pid."""
+    import multiprocessing as mp
+
+    from coordl.workers.watch import WorkerWatch
+
+    watch = WorkerWatch(2, directory=tmp_path)
+    watch.on_item(1, 3)  # the parent's pid in row 1
+    child = mp.get_context("fork").Process(target=watch.on_item, args=(0, 17))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert watch.item_of(child.pid) == 17 and watch.item_of(os.getpid()) == 3
+    watch.idle(0)
+    assert watch.item_of(child.pid) is None
+    watch.close()
