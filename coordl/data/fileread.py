@@ -92,12 +92,26 @@ def _read_direct(fd: int, size: int) -> bytes:
 
 
 def _buffer(size: int) -> mmap.mmap:
-    """This thread's page-aligned read buffer, at least ``size`` bytes (anonymous mmap: aligned)."""
+    """This thread's page-aligned read buffer, at least ``size`` bytes (anonymous mmap: aligned).
+
+    Private to the process: ``mmap.mmap(-1, n)`` alone maps *shared* memory, which a forked loader
+    worker inherits from the thread that forked it, so two workers read their files into the same
+    pages and each got bytes of the other's file (a real race, found by a CI run: see the test).
+    A forked child also drops the inherited buffer (:func:`_forget_buffer_after_fork`).
+    """
     buf = getattr(_local, "buffer", None)
     if buf is None or len(buf) < size:
-        buf = mmap.mmap(-1, max(size, _MIN_BUFFER))
+        buf = mmap.mmap(-1, max(size, _MIN_BUFFER), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         _local.buffer = buf
     return buf
+
+
+def _forget_buffer_after_fork() -> None:
+    """The forking thread's buffer is copied into the child as its main thread's: the child makes its own."""
+    _local.__dict__.pop("buffer", None)
+
+
+os.register_at_fork(after_in_child=_forget_buffer_after_fork)
 
 
 class ReadAhead:

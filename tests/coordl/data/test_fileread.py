@@ -102,3 +102,44 @@ def test_threads_read_with_their_own_buffers(tmp_path) -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+def _read_own_file(path: str, want: bytes, reads: int, bad) -> None:
+    for _ in range(reads):
+        if read_file(path, cached=False) != want:
+            with bad.get_lock():
+                bad.value += 1
+
+
+def test_forked_workers_never_read_into_the_buffer_of_the_process_that_forked_them(direct: str) -> None:
+    """The bug a CI run found: the read buffer was a *shared* anonymous mapping, so loader workers forked
+    from a thread that had read with cached=False wrote their files into the same pages, and each got
+    bytes of the other's file (wrong pixels, no error). Now the buffer is private and a forked child
+    makes its own."""
+    import multiprocessing as mp
+
+    files = {k: _write(Path(direct) / f"w{k}", 300_000, seed=k) for k in range(2)}
+    assert read_file(Path(direct) / "w0", cached=False) == files[0]  # this thread now has a buffer
+    inherited = fileread._local.buffer
+    inherited[:4] = b"PPPP"
+    ctx = mp.get_context("fork")
+    bad = ctx.Value("i", 0)
+
+    def child() -> None:
+        fresh = getattr(fileread._local, "buffer", None) is None
+        inherited[:4] = b"CCCC"  # a write through the inherited mapping stays in this process
+        os._exit(0 if fresh else 3)
+
+    p = ctx.Process(target=child)
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0 and inherited[:4] == b"PPPP"
+    readers = [
+        ctx.Process(target=_read_own_file, args=(str(Path(direct) / f"w{k}"), files[k], 300, bad))
+        for k in (0, 1)
+    ]
+    for r in readers:
+        r.start()
+    for r in readers:
+        r.join(120)
+    assert [r.exitcode for r in readers] == [0, 0] and bad.value == 0
