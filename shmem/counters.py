@@ -15,12 +15,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import weakref
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from shmem.forklock import ForkSafeLock
+from shmem.forklock import PID, ForkSafeLock
 from shmem.segment import DEFAULT_DIR, Segment, owner_alive, start_ticks
 
 __all__ = ["SharedCounters"]
@@ -51,15 +50,15 @@ class SharedCounters:
         width = _HEADER + len(self.names)
         self._table = self._segment.array(np.int64, 0, _ROWS * width).reshape(_ROWS, width)
         self._slot = {n: _HEADER + i for i, n in enumerate(self.names)}  # name -> its word in a row
-        self._mine: memoryview | None = None  # this process's row, claimed at its first add
+        self._mine: memoryview | None = None  # the row of process ``_mine_pid``, claimed at its first add
+        self._mine_pid = -1
         self._thread_lock = ForkSafeLock()  # a worker forked while a fetch thread counted gets it released
-        _LIVE.add(self)
 
     def _my_row(self) -> memoryview:
         """This process's row (claimed under the file lock at the first add; a forked child claims its own)."""
-        if self._mine is not None:
+        pid = PID[0]
+        if self._mine is not None and self._mine_pid == pid:
             return self._mine
-        pid = os.getpid()
         start = start_ticks(pid)
         with self._file_locked():
             free = [r for r in range(1, _ROWS) if self._table[r, 0] == 0]
@@ -73,7 +72,7 @@ class SharedCounters:
             self._table[r, 1] = start
             self._table[r, 0] = pid
         # A memoryview, not the numpy row: an element's += is 3x faster, and it runs once or more per item.
-        self._mine = memoryview(self._table[r])
+        self._mine, self._mine_pid = memoryview(self._table[r]), pid
         return self._mine
 
     def _fold_dead_rows(self) -> None:
@@ -87,11 +86,11 @@ class SharedCounters:
     def add(self, name: str, amount: int = 1) -> None:
         """Add ``amount`` to counter ``name`` (no file lock after the first call in a process)."""
         with self._thread_lock:  # += on a row element is read-modify-write: a worker's fetch threads
-            (self._mine or self._my_row())[self._slot[name]] += amount
+            self._my_row()[self._slot[name]] += amount
 
     def add_many(self, amounts: dict[str, int]) -> None:
         with self._thread_lock:
-            row, slot = self._mine or self._my_row(), self._slot
+            row, slot = self._my_row(), self._slot
             for name, amount in amounts.items():
                 row[slot[name]] += amount
 
@@ -128,15 +127,3 @@ class SharedCounters:
         self._segment = state["segment"]
         self._attach()
         self._zero = np.array(state["zero"], dtype=np.int64)
-
-
-_LIVE: weakref.WeakSet[SharedCounters] = weakref.WeakSet()
-
-
-def _forget_rows_after_fork() -> None:
-    """A forked child counts in a row of its own: the parent's row is not its to add to."""
-    for counters in list(_LIVE):
-        counters._mine = None
-
-
-os.register_at_fork(after_in_child=_forget_rows_after_fork)

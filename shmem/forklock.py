@@ -15,9 +15,13 @@ import threading
 import weakref
 from types import TracebackType
 
-__all__ = ["ForkSafeLock"]
+__all__ = ["PID", "ForkSafeLock"]
 
 _LIVE: weakref.WeakSet[ForkSafeLock] = weakref.WeakSet()
+
+# This process's pid, kept current by the fork hook below: code that runs per item reads ``PID[0]``
+# instead of calling ``os.getpid()`` (a system call) each time.
+PID = [os.getpid()]
 
 
 class ForkSafeLock:
@@ -46,6 +50,7 @@ class ForkSafeLock:
 
 
 def _renew_after_fork() -> None:
+    PID[0] = os.getpid()
     for lock in list(_LIVE):
         lock._lock = threading.Lock()
 

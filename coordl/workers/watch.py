@@ -18,6 +18,7 @@ import numpy as np
 
 from coordl.data.source import describe_item
 from coordl.errors import CoordlTimeoutError, WorkerDiedError
+from shmem.forklock import PID
 from shmem.segment import DEFAULT_DIR, Segment
 
 __all__ = ["WorkerWatch", "is_worker_death", "translate_torch_error", "worker_died_error"]
@@ -27,8 +28,6 @@ _PIDS_RE = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\)")
 
 
 _MIN_ROWS = 64
-_PID = [os.getpid()]  # this process's pid, kept by a fork hook: on_item runs once per item
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 
 class WorkerWatch:
@@ -56,7 +55,7 @@ class WorkerWatch:
         if worker_id >= self.num_workers:
             return  # bookkeeping only: never fail a load for it
         words = self._words
-        words[2 * worker_id] = _PID[0]
+        words[2 * worker_id] = PID[0]  # kept by a fork hook: on_item runs once per item
         words[2 * worker_id + 1] = index
 
     def idle(self, worker_id: int) -> None:
