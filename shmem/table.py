@@ -301,6 +301,12 @@ class AppendTable:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
+    @property
+    def full(self) -> bool:
+        """True once the table takes no more rows (the file system or the index is full, or it stops when
+        full). A value refused only for its size is not this: a smaller one may still fit."""
+        return bool(self._header[_H_FULL])
+
     def stats(self) -> dict[str, int]:
         """``items``, ``value_bytes``, ``used_bytes`` (of the data area), ``data_bytes``, ``full``."""
         h = self._header

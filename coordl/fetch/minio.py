@@ -139,7 +139,8 @@ class MinioCache:
         if not 0 <= index < self.num_items:
             raise IndexError(f"item {index} is outside the cache's 0..{self.num_items - 1}")
         stored = self._table.put(index + 1, 0, (raw,))
-        if not stored and not self._full_logged and self._table.stats()["full"]:
+        # ``full`` reads one header word: a miss offered to a cache with no room left costs no dict.
+        if not stored and not self._full_logged and self._table.full:
             self._full_logged = True
             used = self._table.stats()["used_bytes"]
             if used + len(raw) <= self.capacity_bytes:  # the file system ran out before the budget did

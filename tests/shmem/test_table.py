@@ -52,14 +52,14 @@ def test_first_come_first_kept_unless_stop_when_full(tmp_path) -> None:
     assert t.put(1, 0, (b"a" * 600,))
     assert not t.put(2, 0, (b"b" * 500,))  # does not fit: refused, nothing evicted
     assert t.put(3, 0, (b"c" * 400,))  # a smaller one still fits
-    assert t.stats()["full"] == 0
+    assert t.stats()["full"] == 0 and not t.full  # refused for its size only
     t.close()
     seg.close()
     seg, t = _table(tmp_path / "b", data_bytes=1000, stop_when_full=True)
     assert t.put(1, 0, (b"a" * 600,))
     assert not t.put(2, 0, (b"b" * 500,))
     assert not t.put(3, 0, (b"c" * 400,))  # the first refusal ended all puts
-    assert t.stats()["full"] == 1
+    assert t.stats()["full"] == 1 and t.full
     t.close()
     seg.close()
 
