@@ -41,7 +41,9 @@ copying out of it (f), without its worker heap setting (g), with persistent work
 every storage miss ahead in threads as before :mod:`coordl.fetch.pace` (i), or (h) with its misses read
 through the page cache as before ``page_cache=`` (j), or (h) reading ahead in Python threads instead of native
 ones (k), or (h) making every storage read in its prep thread, as the bound does (l), or (h) with
-``prefetch_factor=4`` (m), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
+``prefetch_factor=4`` (m), and the floor of torch's worker protocol (n): torch's ``DataLoader`` with persistent
+workers over the dataset's bytes already in memory, the transform's output dropped (no fetch, no cache,
+no stacking, no shared memory: only the prep, torch's queues and the main process), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
 bytes in memory, at once, rates summed, and (once a round) the bound: the same loops over the whole dataset
 making the storage reads that a 50% cache leaves every loader (``decode_limit.py``; what a loader with no
 cost of its own would reach here); measured alternately in the same run (``--prep-configs``),
@@ -83,6 +85,7 @@ CONFIGS = {
     "k": "coordl.DataLoader, cache 50%, persistent_workers=True, read-ahead in Python threads (before the native one)",
     "l": "coordl.DataLoader, cache 50%, persistent_workers=True, every storage read in the prep thread (no read-ahead)",
     "m": "coordl.DataLoader, cache 50%, persistent_workers=True, prefetch_factor=4",
+    "n": "torch DataLoader, persistent workers, items in memory, output dropped (the protocol's floor)",
 }
 COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True, "j": True, "k": True, "l": True, "m": True}  # -> batch_ring
 RESIZE, CROP = 256, 224
@@ -128,6 +131,32 @@ class PillowFolder:
         mean = torch.tensor(MEAN)[:, None, None]
         std = torch.tensor(STD)[:, None, None]
         return t.sub_(mean).div_(std), target
+
+
+class InMemoryFolder:
+    """(n): the dataset's bytes read into memory up front; an item runs the transform and returns only
+    its label. What a torch ``DataLoader`` costs beyond the prep itself when it fetches, caches and
+    stacks nothing: its worker protocol (index and result queues, the main process, three processes
+    on the cores)."""
+
+    def __init__(self, root: str, transform) -> None:
+        from coordl.data.datasets import ImageFolder
+
+        samples = ImageFolder(root).samples
+        self.raws = [Path(path).read_bytes() for path, _ in samples]
+        self.targets = [target for _, target in samples]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def __getitem__(self, i: int) -> int:
+        self.transform(self.raws[i])
+        return self.targets[i]
+
+
+def _labels_only(batch: list) -> tuple[None, list]:
+    return None, batch
 
 
 def _usage() -> dict[str, float]:
@@ -207,6 +236,9 @@ def child(args: argparse.Namespace) -> None:
         loader = torch.utils.data.DataLoader(
             coordl.ImageFolder(args.root, prep_recipes.make_transform(args.recipe)), **common
         )
+    elif args.child == "n":
+        ds = InMemoryFolder(args.root, prep_recipes.make_transform(args.recipe))
+        loader = torch.utils.data.DataLoader(ds, persistent_workers=True, collate_fn=_labels_only, **common)
     elif args.child == "c":
         loader = _dali_loader(args.root, args.batch_size, args.workers, args.seed, args.recipe)
     else:
