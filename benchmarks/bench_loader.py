@@ -43,7 +43,9 @@ through the page cache as before ``page_cache=`` (j), or (h) reading ahead in Py
 ones (k), or (h) making every storage read in its prep thread, as the bound does (l), or (h) with
 ``prefetch_factor=4`` (m), and the floor of torch's worker protocol (n): torch's ``DataLoader`` with persistent
 workers over the dataset's bytes already in memory, the transform's output dropped (no fetch, no cache,
-no stacking, no shared memory: only the prep, torch's queues and the main process), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
+no stacking, no shared memory: only the prep, torch's queues and the main process), and (o): (n) with the
+bound's reads (the items a 50% cache would hold in memory, every other one read with ``O_DIRECT`` in the
+worker when its turn comes: a loader with no cost of its own on torch's protocol), against the machine's decode limit, i.e. ``cores`` processes each running a tight decode+augment loop over
 bytes in memory, at once, rates summed, and (once a round) the bound: the same loops over the whole dataset
 making the storage reads that a 50% cache leaves every loader (``decode_limit.py``; what a loader with no
 cost of its own would reach here); measured alternately in the same run (``--prep-configs``),
@@ -69,7 +71,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prep_recipes  # noqa: E402  (the recipes and the one-process CPU table)
-from decode_limit import decode_limit, machine_cpu  # noqa: E402  (the prep-bound references)
+from decode_limit import cached_items, decode_limit, machine_cpu  # noqa: E402  (the prep-bound references)
 
 CONFIGS = {
     "a": "torch DataLoader + Pillow",
@@ -86,6 +88,7 @@ CONFIGS = {
     "l": "coordl.DataLoader, cache 50%, persistent_workers=True, every storage read in the prep thread (no read-ahead)",
     "m": "coordl.DataLoader, cache 50%, persistent_workers=True, prefetch_factor=4",
     "n": "torch DataLoader, persistent workers, items in memory, output dropped (the protocol's floor)",
+    "o": "(n) with the bound's reads: the uncached half read with O_DIRECT in line (no loader cost on torch)",
 }
 COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True, "j": True, "k": True, "l": True, "m": True}  # -> batch_ring
 RESIZE, CROP = 256, 224
@@ -137,13 +140,19 @@ class InMemoryFolder:
     """(n): the dataset's bytes read into memory up front; an item runs the transform and returns only
     its label. What a torch ``DataLoader`` costs beyond the prep itself when it fetches, caches and
     stacks nothing: its worker protocol (index and result queues, the main process, three processes
-    on the cores)."""
+    on the cores).
 
-    def __init__(self, root: str, transform) -> None:
+    (o), ``cache_fraction`` < 1: only the items the bound keeps in memory (``decode_limit.cached_items``,
+    the same seeded draw) are read up front; every other one is read with ``read_file(cached=False)``
+    in the worker when its turn comes, as the bound's loops read it."""
+
+    def __init__(self, root: str, transform, cache_fraction: float = 1.0) -> None:
         from coordl.data.datasets import ImageFolder
 
         samples = ImageFolder(root).samples
-        self.raws = [Path(path).read_bytes() for path, _ in samples]
+        kept = cached_items(len(samples), cache_fraction)
+        self.paths = [path for path, _ in samples]
+        self.raws = [Path(path).read_bytes() if i in kept else None for i, (path, _) in enumerate(samples)]
         self.targets = [target for _, target in samples]
         self.transform = transform
 
@@ -151,7 +160,10 @@ class InMemoryFolder:
         return len(self.raws)
 
     def __getitem__(self, i: int) -> int:
-        self.transform(self.raws[i])
+        from coordl.data.fileread import read_file
+
+        raw = self.raws[i]
+        self.transform(raw if raw is not None else read_file(self.paths[i], cached=False))
         return self.targets[i]
 
 
@@ -236,8 +248,9 @@ def child(args: argparse.Namespace) -> None:
         loader = torch.utils.data.DataLoader(
             coordl.ImageFolder(args.root, prep_recipes.make_transform(args.recipe)), **common
         )
-    elif args.child == "n":
-        ds = InMemoryFolder(args.root, prep_recipes.make_transform(args.recipe))
+    elif args.child in ("n", "o"):
+        fraction = args.cache_fraction if args.child == "o" else 1.0
+        ds = InMemoryFolder(args.root, prep_recipes.make_transform(args.recipe), fraction)
         loader = torch.utils.data.DataLoader(ds, persistent_workers=True, collate_fn=_labels_only, **common)
     elif args.child == "c":
         loader = _dali_loader(args.root, args.batch_size, args.workers, args.seed, args.recipe)
@@ -316,7 +329,8 @@ def _run_child(
     ]
     cmd += ["--cache-bytes", str(cache_bytes), "--device", store.device]
     cmd += ["--blkio", f"/sys/fs/cgroup/blkio/{store.name}/blkio.throttle.io_service_bytes"]
-    page_cache = max(page_budget - cache_bytes, 0) if config in COORDL else page_budget
+    in_memory = config in COORDL or config == "o"  # their cached share is their own memory, not page cache
+    page_cache = max(page_budget - cache_bytes, 0) if in_memory else page_budget
     store.set_page_cache_bytes(page_cache + METADATA_ALLOWANCE_BYTES)
     store.evict()
     ctl0, t0 = store.controller_cpu_s, time.monotonic()

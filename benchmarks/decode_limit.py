@@ -38,6 +38,13 @@ def machine_cpu() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / hz, steal / hz
 
 
+def cached_items(n: int, cache_fraction: float) -> set[int]:
+    """The items the bound holds in memory (a seeded draw of ``cache_fraction`` of ``n``); the rest it reads."""
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+    return set(order[: int(n * cache_fraction)])
+
+
 def _items(root: str, part: int, parts: int, reads: bool, cache_fraction: float) -> list:
     """This process's items: bytes in memory, or (with ``reads``) the path of an item read each time."""
     from coordl.data.datasets import ImageFolder
@@ -48,7 +55,7 @@ def _items(root: str, part: int, parts: int, reads: bool, cache_fraction: float)
         return [ds.fetch(i) for i in range(min(len(ds), LIMIT_ITEMS))]
     order = list(range(len(ds)))
     random.Random(0).shuffle(order)
-    cached = set(order[: int(len(ds) * cache_fraction)])
+    cached = cached_items(len(ds), cache_fraction)
     mine = order[part::parts]
     return [read_file(ds.samples[i][0], cached=False) if i in cached else ds.samples[i][0] for i in mine]
 
