@@ -148,6 +148,7 @@ class InMemoryFolder:
 
     def __init__(self, root: str, transform, cache_fraction: float = 1.0) -> None:
         from coordl.data.datasets import ImageFolder
+        from coordl.data.fileread import read_file
 
         samples = ImageFolder(root).samples
         kept = cached_items(len(samples), cache_fraction)
@@ -155,15 +156,14 @@ class InMemoryFolder:
         self.raws = [Path(path).read_bytes() if i in kept else None for i, (path, _) in enumerate(samples)]
         self.targets = [target for _, target in samples]
         self.transform = transform
+        self._read = read_file  # imported here: the benchmark's children import coordl, not its parent
 
     def __len__(self) -> int:
         return len(self.raws)
 
     def __getitem__(self, i: int) -> int:
-        from coordl.data.fileread import read_file
-
         raw = self.raws[i]
-        self.transform(raw if raw is not None else read_file(self.paths[i], cached=False))
+        self.transform(raw if raw is not None else self._read(self.paths[i], cached=False))
         return self.targets[i]
 
 

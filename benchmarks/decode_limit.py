@@ -38,10 +38,15 @@ def machine_cpu() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / hz, steal / hz
 
 
-def cached_items(n: int, cache_fraction: float) -> set[int]:
-    """The items the bound holds in memory (a seeded draw of ``cache_fraction`` of ``n``); the rest it reads."""
+def _seeded_order(n: int) -> list[int]:
     order = list(range(n))
     random.Random(0).shuffle(order)
+    return order
+
+
+def cached_items(n: int, cache_fraction: float, order: list[int] | None = None) -> set[int]:
+    """The items the bound holds in memory (the first ``cache_fraction`` of a seeded order); the rest it reads."""
+    order = _seeded_order(n) if order is None else order
     return set(order[: int(n * cache_fraction)])
 
 
@@ -53,9 +58,8 @@ def _items(root: str, part: int, parts: int, reads: bool, cache_fraction: float)
     ds = ImageFolder(root)
     if not reads:
         return [ds.fetch(i) for i in range(min(len(ds), LIMIT_ITEMS))]
-    order = list(range(len(ds)))
-    random.Random(0).shuffle(order)
-    cached = cached_items(len(ds), cache_fraction)
+    order = _seeded_order(len(ds))
+    cached = cached_items(len(ds), cache_fraction, order)
     mine = order[part::parts]
     return [read_file(ds.samples[i][0], cached=False) if i in cached else ds.samples[i][0] for i in mine]
 
