@@ -14,7 +14,10 @@ setup(
     ext_modules=[
         Extension(
             "coordl.data._cropjpeg",
-            [f"coordl/data/_jpeg/{name}.c" for name in ("cropjpeg", "header", "jpegerr", "restarts", "window")],
+            [
+                f"coordl/data/_jpeg/{name}.c"
+                for name in ("cropjpeg", "header", "jpegerr", "restarts", "window")
+            ],
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,

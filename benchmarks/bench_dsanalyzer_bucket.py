@@ -60,7 +60,9 @@ def predicted(model: Model, change: dict) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--items", type=int, default=480)
-    p.add_argument("--delay-ms", type=float, default=10.0, help="one-way delay of the proxy (round trip: twice)")
+    p.add_argument(
+        "--delay-ms", type=float, default=10.0, help="one-way delay of the proxy (round trip: twice)"
+    )
     p.add_argument("--rate", default=None, help="shape the link too (e.g. 100mbit; needs root and ip netns)")
     p.add_argument("--iters", type=int, default=40)
     p.add_argument("--runs", type=int, default=3, help="verify runs per change (the median is compared)")
@@ -79,20 +81,28 @@ def main() -> int:
         url = "s3://data/train"
         t0 = time.time()
         report = profile_command(
-            job(url, workers=2, fetch_ahead=1), out_dir=out / "profile", iters=a.iters, warmup=5, show_progress=False
+            job(url, workers=2, fetch_ahead=1),
+            out_dir=out / "profile",
+            iters=a.iters,
+            warmup=5,
+            show_progress=False,
         )
         print(f"profile: {time.time() - t0:.0f} s; {report['advice']}")
         model = Model.from_report(report)
         src = report["source"]
         check = src["check"]
-        print(f"source: {src['url']} at {src['endpoint']}, {src['objects']} objects, {src['mean_object_bytes']:.0f} B mean")
+        print(
+            f"source: {src['url']} at {src['endpoint']}, {src['objects']} objects, {src['mean_object_bytes']:.0f} B mean"
+        )
         print(f"store: {json.dumps(src['model'])}")
         print(
             f"probe check at {check['concurrency']} in flight: model {check['predicted_items_per_s']:.1f} items/s, "
             f"measured {check['measured_items_per_s']:.1f} ({check['error']:+.1%}, window spread ±{check['spread']:.0%})"
         )
         observed = report["rates_per_s"]["observed"]
-        print(f"profiled job: model {model.predict_measured().samples_per_s:.1f} samples/s, real run {observed:.1f}")
+        print(
+            f"profiled job: model {model.predict_measured().samples_per_s:.1f} samples/s, real run {observed:.1f}"
+        )
         fix = (report.get("verdict") or {}).get("fix") or {}
         changes = [
             ("MinIO cache, half the dataset", {"cache_bytes": int(model.dataset_bytes / 2)}),
@@ -110,7 +120,10 @@ def main() -> int:
             rows.append({"change": name, "args": args, "predicted": v["predicted_samples_per_s"],
                          "predicted_bound": v["predicted_bound"], "measured": v["measured_samples_per_s"],
                          "range": v["measured_range"], "error": v["error"], "note": v.get("note", "")})  # fmt: skip
-            assert abs(v["predicted_samples_per_s"] - predicted(model, change)) < 1e-6 * v["predicted_samples_per_s"]
+            assert (
+                abs(v["predicted_samples_per_s"] - predicted(model, change))
+                < 1e-6 * v["predicted_samples_per_s"]
+            )
         plain = None
         if a.plain:
             rep = profile_command(job(url, workers=2, plain=True), out_dir=out / "plain", iters=a.iters, warmup=5,
@@ -135,7 +148,9 @@ def main() -> int:
             f"{plain['observed']:,.1f} (profile's real run; stalls as measured: {plain['measured_bound']}) | "
             f"{plain['observed'] / plain['predicted'] - 1:+.1%} |"
         )
-    (out / "results.json").write_text(json.dumps({"source": src, "rows": rows, "observed": observed, "plain": plain}, indent=1))
+    (out / "results.json").write_text(
+        json.dumps({"source": src, "rows": rows, "observed": observed, "plain": plain}, indent=1)
+    )
     print(f"\nreport: {out / 'profile' / 'report.html'}; results: {out / 'results.json'}")
     print(f"uptime after: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     return 0

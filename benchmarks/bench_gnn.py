@@ -69,15 +69,31 @@ def _seq_batches(graph, args, epoch: int):
     from coordl.graph.batch import Batch
     from coordl.graph.maker import BatchMaker
 
-    maker = BatchMaker(graph, np.asarray(graph.train_idx), args.fanouts, args.batch_size, True, False,
-                       args.seed, cache=None, counters=None)
+    maker = BatchMaker(
+        graph,
+        np.asarray(graph.train_idx),
+        args.fanouts,
+        args.batch_size,
+        True,
+        False,
+        args.seed,
+        cache=None,
+        counters=None,
+    )
     for b in range(len(maker)):
         seeds, blocks = maker.sample(epoch, b)
         x = torch.from_numpy(np.asarray(graph.features[blocks.input_nodes]))
         local = [(torch.from_numpy(s), torch.from_numpy(d)) for s, d in blocks.local_edges]
         nodes = torch.from_numpy(blocks.input_nodes)
-        yield Batch(torch.from_numpy(seeds.copy()), nodes, x, torch.from_numpy(np.asarray(graph.labels[seeds])),
-                    [(nodes[s], nodes[d]) for s, d in local], blocks.sizes, local)
+        yield Batch(
+            torch.from_numpy(seeds.copy()),
+            nodes,
+            x,
+            torch.from_numpy(np.asarray(graph.labels[seeds])),
+            [(nodes[s], nodes[d]) for s, d in local],
+            blocks.sizes,
+            local,
+        )
 
 
 def _pyg_loader(graph, args):
@@ -86,10 +102,19 @@ def _pyg_loader(graph, args):
     from torch_geometric.loader import NeighborLoader as PygLoader
 
     dst = torch.repeat_interleave(torch.arange(graph.num_nodes), torch.from_numpy(graph.in_degree()))
-    data = Data(x=torch.from_numpy(graph.features), y=torch.from_numpy(graph.labels),
-                edge_index=torch.stack([torch.from_numpy(graph.indices.astype("int64")), dst]))
-    return PygLoader(data, num_neighbors=args.fanouts, input_nodes=torch.from_numpy(graph.train_idx),
-                     batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
+    data = Data(
+        x=torch.from_numpy(graph.features),
+        y=torch.from_numpy(graph.labels),
+        edge_index=torch.stack([torch.from_numpy(graph.indices.astype("int64")), dst]),
+    )
+    return PygLoader(
+        data,
+        num_neighbors=args.fanouts,
+        input_nodes=torch.from_numpy(graph.train_idx),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+    )
 
 
 def child(args: argparse.Namespace) -> None:
@@ -105,9 +130,17 @@ def child(args: argparse.Namespace) -> None:
     if args.child in ("cache", "pipe", "pipe0"):
         pipe = args.child != "cache"
         cache_bytes = 0 if args.child == "pipe0" else args.cache_mib * MiB
-        loader = NeighborLoader(graph, graph.train_idx, args.fanouts, batch_size=args.batch_size, shuffle=True,
-                                num_workers=args.workers if pipe else 0, pipeline_depth=args.depth if pipe else 0,
-                                feature_cache_bytes=cache_bytes, seed=args.seed)
+        loader = NeighborLoader(
+            graph,
+            graph.train_idx,
+            args.fanouts,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.workers if pipe else 0,
+            pipeline_depth=args.depth if pipe else 0,
+            feature_cache_bytes=cache_bytes,
+            seed=args.seed,
+        )
     elif args.child == "pyg":
         loader = _pyg_loader(graph, args)
     epochs = []
@@ -198,12 +231,23 @@ def run_all(args: argparse.Namespace) -> None:
     feature_bytes = args.nodes * args.feature_dim * 4
     image = int(feature_bytes * 1.3) + (args.edges * 16) + (256 * MiB)
     results: dict[str, list[dict]] = {m: [] for m in modes}
-    with SlowStore(image_bytes=image, read_bps=args.read_mb_per_s * 1_000_000,
-                   page_cache_bytes=args.page_cache_mib * MiB, tag="gnn") as store:
+    with SlowStore(
+        image_bytes=image,
+        read_bps=args.read_mb_per_s * 1_000_000,
+        page_cache_bytes=args.page_cache_mib * MiB,
+        tag="gnn",
+    ) as store:
         graph_dir = Path(store.mount) / "graph"
         t0 = time.perf_counter()
-        g = synth_graph(graph_dir, num_nodes=args.nodes, num_edges=args.edges, feature_dim=args.feature_dim,
-                        num_classes=16, train_fraction=args.train_fraction, seed=args.seed)
+        g = synth_graph(
+            graph_dir,
+            num_nodes=args.nodes,
+            num_edges=args.edges,
+            feature_dim=args.feature_dim,
+            num_classes=16,
+            train_fraction=args.train_fraction,
+            seed=args.seed,
+        )
         os.sync()
         print(f"graph: {g} in {time.perf_counter() - t0:.0f} s", flush=True)
         info = {"num_nodes": g.num_nodes, "num_edges": g.num_edges, "train": int(g.train_idx.size)}
@@ -225,8 +269,13 @@ def run_all(args: argparse.Namespace) -> None:
                 ep = [round(e["time_s"], 1) for e in out["epochs"]]
                 print(f"run {run} {mode}: epochs {ep} s, disk {out['disk_bytes'] / MiB:.0f} MiB", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"info": info, "args": vars(args) | {"graph": None, "json": None},
-                                         "results": results}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {"info": info, "args": vars(args) | {"graph": None, "json": None}, "results": results},
+                indent=1,
+                default=str,
+            )
+        )
     print_table(args, info, results, pyg_missing)
 
 
@@ -235,16 +284,20 @@ def _med(values: list[float]) -> float:
 
 
 def print_table(args: argparse.Namespace, info: dict, results: dict, pyg_missing: str | None) -> None:
-    print(f"\nR-MAT graph: {info['num_nodes']} nodes, {info['num_edges']} edges, features {args.feature_dim} x fp32 "
-          f"({info['num_nodes'] * args.feature_dim * 4 / MiB:.0f} MiB); {info['train']} seeds, batch {args.batch_size}, "
-          f"fanouts {args.fanouts}, GraphSAGE hidden {args.hidden}; storage {args.read_mb_per_s} MB/s, "
-          f"memory for file pages + cache {args.page_cache_mib} MiB (cache {args.cache_mib} MiB); "
-          f"median of {args.runs} runs")
+    print(
+        f"\nR-MAT graph: {info['num_nodes']} nodes, {info['num_edges']} edges, features {args.feature_dim} x fp32 "
+        f"({info['num_nodes'] * args.feature_dim * 4 / MiB:.0f} MiB); {info['train']} seeds, batch {args.batch_size}, "
+        f"fanouts {args.fanouts}, GraphSAGE hidden {args.hidden}; storage {args.read_mb_per_s} MB/s, "
+        f"memory for file pages + cache {args.page_cache_mib} MiB (cache {args.cache_mib} MiB); "
+        f"median of {args.runs} runs"
+    )
     last = args.epochs - 1
     ref_exposed = _med([r["epochs"][last]["exposed_s"] for r in results.get("cache", [])])
     seq_time = _med([r["epochs"][last]["time_s"] for r in results.get("seq", [])])
-    head = (f"{'mode':<6} | {'epoch 1 s':>9} | {f'epoch {last + 1} s':>9} | {'compute s':>9} | {'exposed s':>9} | "
-            f"{'hidden':>6} | {'vs seq':>6} | {'hit ratio':>9} | {'disk MiB':>8}")
+    head = (
+        f"{'mode':<6} | {'epoch 1 s':>9} | {f'epoch {last + 1} s':>9} | {'compute s':>9} | {'exposed s':>9} | "
+        f"{'hidden':>6} | {'vs seq':>6} | {'hit ratio':>9} | {'disk MiB':>8}"
+    )
     print(head)
     print("-" * len(head))
     for mode, runs in results.items():
@@ -256,8 +309,10 @@ def print_table(args: argparse.Namespace, info: dict, results: dict, pyg_missing
         hits = [r["stats"].get("cache_hit_ratio") for r in runs if r["stats"]]
         hit = f"{_med(hits):.1%}" if hits else "-"
         disk = _med([r["disk_bytes"] / MiB for r in runs])
-        print(f"{mode:<6} | {t_first:9.1f} | {t_last:9.1f} | {compute:9.1f} | {exposed:9.1f} | {hidden:6.0%} | "
-              f"{seq_time / t_last:5.2f}x | {hit:>9} | {disk:8.0f}")
+        print(
+            f"{mode:<6} | {t_first:9.1f} | {t_last:9.1f} | {compute:9.1f} | {exposed:9.1f} | {hidden:6.0%} | "
+            f"{seq_time / t_last:5.2f}x | {hit:>9} | {disk:8.0f}"
+        )
     if pyg_missing:
         print(f"pyg    | absent: {pyg_missing}")
 

@@ -90,7 +90,18 @@ CONFIGS = {
     "n": "torch DataLoader, persistent workers, items in memory, output dropped (the protocol's floor)",
     "o": "(n) with the bound's reads: the uncached half read with O_DIRECT in line (no loader cost on torch)",
 }
-COORDL = {"d": True, "e": False, "f": "copy", "g": True, "h": True, "i": True, "j": True, "k": True, "l": True, "m": True}  # -> batch_ring
+COORDL = {
+    "d": True,
+    "e": False,
+    "f": "copy",
+    "g": True,
+    "h": True,
+    "i": True,
+    "j": True,
+    "k": True,
+    "l": True,
+    "m": True,
+}  # -> batch_ring
 RESIZE, CROP = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 TODAY = "resize_first"  # coordl's train_transform before issue 27: the baseline of the recipe table
@@ -315,10 +326,27 @@ def _dali_available() -> bool:
 
 
 def _run_child(
-    store, config: str, args: argparse.Namespace, root: str, seed: int, cache_bytes: int, page_budget: int,
+    store,
+    config: str,
+    args: argparse.Namespace,
+    root: str,
+    seed: int,
+    cache_bytes: int,
+    page_budget: int,
     recipe: str,
 ) -> dict:
-    cmd = [sys.executable, __file__, "--child", config, "--root", root, "--seed", str(seed), "--recipe", recipe]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        config,
+        "--root",
+        root,
+        "--seed",
+        str(seed),
+        "--recipe",
+        recipe,
+    ]
     cmd += [
         "--epochs",
         str(args.epochs),
@@ -340,7 +368,13 @@ def _run_child(
 
 
 def _run_limit(
-    store, args: argparse.Namespace, root: str, page_budget: int, recipe: str, cache_bytes: int = 0, kind: str = "limit"
+    store,
+    args: argparse.Namespace,
+    root: str,
+    page_budget: int,
+    recipe: str,
+    cache_bytes: int = 0,
+    kind: str = "limit",
 ) -> tuple[float, ...]:
     """The decode limit (``kind="limit"``), or the bound with the storage reads (``"bound"``), whose
     cached share is in its own memory like coordl's cache (so its page-cache budget is the rest)."""
@@ -533,7 +567,9 @@ def run_prep_bound(store, args: argparse.Namespace, roots: dict[str, tuple[str, 
     """``{recipe: {"limit": [...], config: [...]}}``: each loader right after a limit measurement.
     ``roots``: recipe -> (the dataset it reads, its cache budget in bytes)."""
     configs = args.prep_configs
-    prep: dict[str, dict[str, list]] = {r: {"limit": [], "bound": [], **{c: [] for c in configs}} for r in args.recipes}
+    prep: dict[str, dict[str, list]] = {
+        r: {"limit": [], "bound": [], **{c: [] for c in configs}} for r in args.recipes
+    }
     store.set_read_bps(None)
     for run in range(args.runs):
         for recipe in args.recipes:
@@ -545,7 +581,9 @@ def run_prep_bound(store, args: argparse.Namespace, roots: dict[str, tuple[str, 
                 prep[recipe]["limit"].append(_run_limit(store, args, root, cache_bytes, recipe))
                 if cfg == order[0]:  # once a round: the bound with this benchmark's storage reads
                     bound = _run_limit(store, args, root, cache_bytes, recipe, cache_bytes, kind="bound")
-                    prep[recipe]["bound"].append((*bound, *prep[recipe]["limit"][-1][:2]))  # + that limit's rate, CPU
+                    prep[recipe]["bound"].append(
+                        (*bound, *prep[recipe]["limit"][-1][:2])
+                    )  # + that limit's rate, CPU
                 res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes, recipe)
                 summary = _prep_summary(res)
                 summary["limit_rate"], summary["limit_cpu_s"] = prep[recipe]["limit"][-1][:2]
@@ -601,7 +639,9 @@ def main() -> None:
     args = _parse_args()
     if args.child in ("limit", "bound"):
         reads = args.child == "bound"
-        out = decode_limit(args.root, args.workers, 600, args.recipe, reads=reads, cache_fraction=args.cache_fraction)
+        out = decode_limit(
+            args.root, args.workers, 600, args.recipe, reads=reads, cache_fraction=args.cache_fraction
+        )
         print(json.dumps(out))
         return
     if args.child:
@@ -618,7 +658,9 @@ def main() -> None:
     dataset_bytes = sum(f.stat().st_size for f in src.glob("class_*/*.jpg"))
     cache_bytes = int(dataset_bytes * args.cache_fraction)
     indexed_src = None
-    if any(r in prep_recipes.INDEXED for r in args.recipes):  # the same images, rewritten by coordl crop-index
+    if any(
+        r in prep_recipes.INDEXED for r in args.recipes
+    ):  # the same images, rewritten by coordl crop-index
         from coordl.data.cropindex import index_tree
 
         indexed_src = Path(args.data_dir) / f"synth-{args.n}-{args.classes}-crop-indexed"
@@ -649,7 +691,9 @@ def main() -> None:
         for run in range(0 if args.skip_fetch_bound else args.runs):
             order = configs[run % len(configs) :] + configs[: run % len(configs)]  # spread load drift
             for cfg in order:
-                res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes, args.recipe)
+                res = _run_child(
+                    store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes, args.recipe
+                )
                 results[cfg].append(res)
                 rates = [round(e["items"] / e["time_s"]) for e in res["epochs"]]
                 print(f"run {run} ({cfg}) samples/s per epoch {rates}", flush=True)

@@ -172,7 +172,9 @@ def loader(root: Path, epochs: int, servers: list, num_workers: int) -> dict[str
     from coordl.data.transforms import train_transform
     from memcache import RedisStore
 
-    ds = coordl.ImageFolder(root, transform=train_transform(224, recipe="resize_first"))  # cache decode+resize
+    ds = coordl.ImageFolder(
+        root, transform=train_transform(224, recipe="resize_first")
+    )  # cache decode+resize
     n = len(ds)
     server_pids = [s.pid for s in servers]
     shm = tempfile.mkdtemp(dir="/dev/shm", prefix="mc-bench-")

@@ -75,7 +75,9 @@ def _wire() -> dict:
     time.sleep(0.15)
     with open(os.environ["BENCH_PROXY_STATS"]) as f:
         out = json.load(f)
-    out["server_cpu"] = sum(_cpu_seconds(int(p)) for p in os.environ.get("BENCH_SERVER_PIDS", "").split(",") if p)
+    out["server_cpu"] = sum(
+        _cpu_seconds(int(p)) for p in os.environ.get("BENCH_SERVER_PIDS", "").split(",") if p
+    )
     return out
 
 
@@ -227,7 +229,9 @@ def _shim_torchvision(work: Path) -> str:
     (pkg / "transforms").mkdir(parents=True, exist_ok=True)
     (pkg / "datasets").mkdir(exist_ok=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "datasets" / "__init__.py").write_text("class VisionDataset:\n    pass\n\nclass CIFAR10:\n    pass\n")
+    (pkg / "datasets" / "__init__.py").write_text(
+        "class VisionDataset:\n    pass\n\nclass CIFAR10:\n    pass\n"
+    )
     (pkg / "transforms" / "__init__.py").write_text("")
     (pkg / "transforms" / "functional.py").write_text("def to_tensor(x):\n    raise NotImplementedError\n")
     return str(work / "shim")
@@ -278,9 +282,15 @@ def _run(name: str, args, srv, prepared: dict, stats_file: str) -> list[dict]:
                BENCH_SERVER_PIDS=",".join(str(p) for p in srv.pids()))  # fmt: skip
     if peer:  # the shim for Mosaic's torchvision import; plain HTTP for LitData's obstore path (local server)
         env.update(PYTHONPATH=prepared["shim"], AWS_ALLOW_HTTP="true")
-    cfg = {"name": name, "epochs": args.epochs, "half_bytes": prepared["data_bytes"] // 2, "env": srv.env(),
-           "work": prepared["work"], "shm_prefix": f"bench-objstore-{os.getpid()}-",
-           "window_samples": max(1, int(2 * args.shard_mb * (1 << 20) * args.n / prepared["data_bytes"]))}
+    cfg = {
+        "name": name,
+        "epochs": args.epochs,
+        "half_bytes": prepared["data_bytes"] // 2,
+        "env": srv.env(),
+        "work": prepared["work"],
+        "shm_prefix": f"bench-objstore-{os.getpid()}-",
+        "window_samples": max(1, int(2 * args.shard_mb * (1 << 20) * args.n / prepared["data_bytes"])),
+    }
     python = args.peers_python if peer else sys.executable
     proc = subprocess.Popen([python, __file__, "--child", json.dumps(cfg)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=str(ROOT), start_new_session=True)  # fmt: skip
@@ -294,7 +304,10 @@ def _run(name: str, args, srv, prepared: dict, stats_file: str) -> list[dict]:
         shutil.rmtree(leftover, ignore_errors=True)
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     if proc.returncode or len(rows) != args.epochs:
-        print(f"{name}: {len(rows)} of {args.epochs} epochs (rc {proc.returncode}):\n{err[-3000:]}", file=sys.stderr)
+        print(
+            f"{name}: {len(rows)} of {args.epochs} epochs (rc {proc.returncode}):\n{err[-3000:]}",
+            file=sys.stderr,
+        )
     return rows
 
 
@@ -320,16 +333,20 @@ def _table(results: dict, args, data_bytes: int) -> str:
         for e in range(args.epochs):
             rows = [r[e] for r in runs if len(r) > e]
             if not rows:
-                lines.append(f"| {name} | {e + 1} | 0 | not reached in {args.run_timeout_s:g} s | | | | | | | | |")
+                lines.append(
+                    f"| {name} | {e + 1} | 0 | not reached in {args.run_timeout_s:g} s | | | | | | | | |"
+                )
                 continue
             med = {k: statistics.median(r.get(k, 0) for r in rows)
                    for k in ("seconds", "samples", "requests", "bytes")}  # fmt: skip
             rate, bound = med["samples"] / med["seconds"], _bound(args, d, e + 1)
             busy = statistics.median(r["bytes"] / link / r["seconds"] for r in rows)
             cpu = statistics.median(r.get("server_cpu", 0) / r["seconds"] / 2 for r in rows)
-            lines.append(f"| {name} | {e + 1} | {len(rows)} | {rate:.0f} | {bound:.0f} | {rate / bound:.2f} | "
-                         f"{busy:.0%} | {med['requests']:.0f} | {med['bytes'] / 1e6:.1f} | "
-                         f"{med['requests'] * GET_PRICE_PER_1000 / 1000:.5f} | {cpu:.0%} | {med['seconds']:.1f} |")
+            lines.append(
+                f"| {name} | {e + 1} | {len(rows)} | {rate:.0f} | {bound:.0f} | {rate / bound:.2f} | "
+                f"{busy:.0%} | {med['requests']:.0f} | {med['bytes'] / 1e6:.1f} | "
+                f"{med['requests'] * GET_PRICE_PER_1000 / 1000:.5f} | {cpu:.0%} | {med['seconds']:.1f} |"
+            )
     lines += ["", f"bytes bound: the link ({link / 1e6:.1f} MB/s) carrying only what the epoch must fetch: "
               f"{_bound(args, d, 1):.0f} samples/s in epoch 1 (all {d / 1e6:.1f} MB), {_bound(args, d, 2):.0f} "
               f"from epoch 2 (the uncached {(d - d // 2) / 1e6:.1f} MB); link busy: bytes on the wire / "
@@ -347,13 +364,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rtt-ms", type=float, default=20.0)
     p.add_argument("--shard-mb", type=float, default=8.0)
     p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--peers-python", default=str(ROOT / ".venv-peers" / "bin" / "python"),
-                   help="a venv with mosaicml-streaming and litdata (see reports/bench_objectstore.md)")
+    p.add_argument(
+        "--peers-python",
+        default=str(ROOT / ".venv-peers" / "bin" / "python"),
+        help="a venv with mosaicml-streaming and litdata (see reports/bench_objectstore.md)",
+    )
     p.add_argument("--quick", action="store_true", help="400 JPEGs of 250x188, 2 epochs, 1 MB shards")
     p.add_argument("--run-timeout-s", type=float, default=600.0, help="per loader; finished epochs are kept")
     p.add_argument("--json", help="write the raw per-epoch results here")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="print one table of several runs' --json files")
-    p.add_argument("--work", help="keep the generated data here and reuse it in later runs (default: a temp dir)")
+    p.add_argument(
+        "--work", help="keep the generated data here and reuse it in later runs (default: a temp dir)"
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--convert", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -375,8 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.s3server import S3Server
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-objstore-"))
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; uptime: "
-          f"{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}", flush=True)
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; uptime: "
+        f"{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}",
+        flush=True,
+    )
     try:
         prepared = _prepare(args, work)
         stats_file = str(work / "proxy.json")
@@ -395,8 +420,11 @@ def main(argv: list[str] | None = None) -> int:
                     rows = _run(name, args, srv, prepared, stats_file)
                     if rows:
                         results[name].append(rows)
-                    print(f"round {r + 1} {name}: " + ", ".join(
-                        f"{x['samples'] / x['seconds']:.0f}/s {x['requests']} req" for x in rows), flush=True)
+                    print(
+                        f"round {r + 1} {name}: "
+                        + ", ".join(f"{x['samples'] / x['seconds']:.0f}/s {x['requests']} req" for x in rows),
+                        flush=True,
+                    )
         print(_table(results, args, prepared["data_bytes"]))
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), "data_bytes": prepared["data_bytes"],

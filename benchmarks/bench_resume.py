@@ -109,6 +109,7 @@ def measure(kind: str, items: int, workers: int, calls: int, runs: int) -> list[
         args["shuffle"] = True
     rows = []
     for name, cls in (("coordl", coordl.DataLoader), ("torchdata", StatefulDataLoader)):
+
         def make(cls=cls):
             return cls(dataset, **args)
 
@@ -137,7 +138,9 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     logging.getLogger("torchdata").setLevel(logging.ERROR)
-    print("| dataset | items | workers | loader | state_dict() | state (pickled) | state (JSON) | load -> first batch | fresh first batch |")
+    print(
+        "| dataset | items | workers | loader | state_dict() | state (pickled) | state (JSON) | load -> first batch | fresh first batch |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for kind in args.kinds:
         for items in args.items:

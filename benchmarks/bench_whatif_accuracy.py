@@ -118,7 +118,9 @@ class Step:
         torch.cuda.synchronize()  # the iteration boundary: the step's work is done
 
 
-def _steady_rate(loader: DataLoader, step: Step | None, skip_batches: int, receive_cpu: list | None = None) -> float:
+def _steady_rate(
+    loader: DataLoader, step: Step | None, skip_batches: int, receive_cpu: list | None = None
+) -> float:
     """Samples/s over one epoch, from the arrival of batch ``skip_batches`` to the last one.
 
     ``receive_cpu`` gets the main thread's CPU seconds inside each ``__next__`` (what dsanalyzer's
@@ -249,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", choices=["synthetic", "plain"], default="synthetic",
                     help="synthetic: coordl.DataLoader with known costs (below); plain: plain torch DataLoader "
                     "jobs profiled on 1 CPU and run on 2 (benchmarks/whatif_plain_jobs.py)")  # fmt: skip
-    ap.add_argument("--data", default="/tmp/whatif-plain-synth", help="plain: the JPEG folder (made if missing)")
+    ap.add_argument(
+        "--data", default="/tmp/whatif-plain-synth", help="plain: the JPEG folder (made if missing)"
+    )
     ap.add_argument("--work", help="plain: where the scripts and reports go (default: a temp dir)")
     ap.add_argument("--iters", type=int, default=40, help="plain: measured iterations per profile run")
     ap.add_argument("--measure", type=int, default=150, help="plain: batches timed in the 2-CPU run")

@@ -64,7 +64,9 @@ def _items(root: str, part: int, parts: int, reads: bool, cache_fraction: float)
     return [read_file(ds.samples[i][0], cached=False) if i in cached else ds.samples[i][0] for i in mine]
 
 
-def _loop(root: str, count: int, queue, recipe: str, part: int, parts: int, reads: bool, fraction: float) -> None:
+def _loop(
+    root: str, count: int, queue, recipe: str, part: int, parts: int, reads: bool, fraction: float
+) -> None:
     import torch
 
     from coordl.data.fileread import read_file

@@ -161,7 +161,9 @@ def pixel_check(raws: list[bytes], samples: int = 64) -> tuple[int, int, float]:
     return exact, worst, statistics.mean(means) if means else float("nan")
 
 
-def _alternate(timers: dict[str, Callable[[], float]], rounds: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+def _alternate(
+    timers: dict[str, Callable[[], float]], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Each timer once to warm up, then ``rounds`` rounds of all of them in turn: (seconds per round, median ms)."""
     for timer in timers.values():
         timer()
@@ -234,7 +236,9 @@ def _photo_path() -> str:
     return f"{matplotlib.get_data_path()}/sample_data/grace_hopper.jpg"
 
 
-def _held_out_images(source: str, width: int, height: int, quality: int, sub: int, prog: bool, count: int) -> list[bytes]:
+def _held_out_images(
+    source: str, width: int, height: int, quality: int, sub: int, prog: bool, count: int
+) -> list[bytes]:
     import io
 
     from PIL import Image
@@ -250,11 +254,16 @@ def _held_out_images(source: str, width: int, height: int, quality: int, sub: in
         with open(_photo_path(), "rb") as f:
             photo = decode_image(f.read())
         reps = (-(-2 * height // photo.shape[0]), -(-2 * width // photo.shape[1]), 1)
-        canvas = np.pad(photo, [(0, (r - 1) * n) for r, n in zip(reps, photo.shape, strict=True)], mode="symmetric")
+        canvas = np.pad(
+            photo, [(0, (r - 1) * n) for r, n in zip(reps, photo.shape, strict=True)], mode="symmetric"
+        )
     out = []
     for i in range(count):
         if source == "photo":
-            top, left = int(rng.integers(0, canvas.shape[0] - height)), int(rng.integers(0, canvas.shape[1] - width))
+            top, left = (
+                int(rng.integers(0, canvas.shape[0] - height)),
+                int(rng.integers(0, canvas.shape[1] - width)),
+            )
             pixels = canvas[top : top + height, left : left + width]
         else:
             pixels = make_image(i, 10, width, height, seed=1)
@@ -272,7 +281,9 @@ def held_out_table(rounds: int = 5, count: int = 64) -> dict[str, Any]:
     from coordl.data.transforms import RandomResizedCrop
 
     torch.set_num_threads(1)
-    print(f"\n### Held-out images, one process, CPU per sample (ms, median of {rounds} rounds of {count} images)\n")
+    print(
+        f"\n### Held-out images, one process, CPU per sample (ms, median of {rounds} rounds of {count} images)\n"
+    )
     header = "| images | KB per image | " + " | ".join(RECIPES.values())
     header += " | full / crop decode | resize-first / crop decode | full / crop-indexed | boxes DCT-scaled |"
     header += " crop vs full pixels (scale 1) |"
@@ -287,7 +298,9 @@ def held_out_table(rounds: int = 5, count: int = 64) -> dict[str, Any]:
         height, width = cropdecode.jpeg_size(raws[0]) or (0, 0)
         rrc = RandomResizedCrop(CROP, generator=torch.Generator().manual_seed(0))
         boxes = [rrc.get_params(height, width) for _ in range(1000)] if height else []
-        scaled = sum(cropdecode.dct_denom(h, w, CROP, CROP) > 1 for _t, _l, h, w in boxes) / max(len(boxes), 1)
+        scaled = sum(cropdecode.dct_denom(h, w, CROP, CROP) > 1 for _t, _l, h, w in boxes) / max(
+            len(boxes), 1
+        )
         results[label] = {"ms": med, "runs_ms": samples, "exact": exact, "dct_scaled": scaled}
         cells = [f"{statistics.mean(map(len, raws)) / 1024:.0f}", *(f"{med[r]:.3f}" for r in RECIPES)]
         cells.append(f"**{med['standard_full'] / med['standard']:.3f}x**")

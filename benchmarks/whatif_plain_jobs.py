@@ -142,7 +142,9 @@ def profile(script: Path, root: str, case: tuple, out: Path, iters: int) -> dict
     return json.loads((out / "report.json").read_text())
 
 
-def measure(script: Path, root: str, case: tuple, batches: int, cpus: str = "0,1", threads: int | None = None) -> dict:
+def measure(
+    script: Path, root: str, case: tuple, batches: int, cpus: str = "0,1", threads: int | None = None
+) -> dict:
     """The case run for real on ``cpus``: steady samples/s, and the machine's load while it ran.
 
     ``threads``: the script calls ``torch.set_num_threads(threads)`` first (what the verdict advises
@@ -232,9 +234,13 @@ def run_family(args, work: Path) -> list[dict]:
 
 def print_table(rows: list[dict]) -> bool:
     """The family's table; True when every case is within 10% and the median within 5%."""
-    head = (f"{'case':<16} | {'measured 2 CPUs':>15} | {'what-if 2 CPUs':>14} | {'error':>7} | {'a profile/run':>13} | "
-            f"{'1 thread':>8} | {'what-if':>7} | {'error':>7} | bound (measured / verdict)")
-    print("\nplain torch DataLoader jobs: profiled on 1 CPU (taskset -c 0), run on 2 (taskset -c 0,1) as written")
+    head = (
+        f"{'case':<16} | {'measured 2 CPUs':>15} | {'what-if 2 CPUs':>14} | {'error':>7} | {'a profile/run':>13} | "
+        f"{'1 thread':>8} | {'what-if':>7} | {'error':>7} | bound (measured / verdict)"
+    )
+    print(
+        "\nplain torch DataLoader jobs: profiled on 1 CPU (taskset -c 0), run on 2 (taskset -c 0,1) as written"
+    )
     print(head + "\n" + "-" * len(head))
     for r in rows:
         print(
@@ -247,13 +253,17 @@ def print_table(rows: list[dict]) -> bool:
         if len(r["predicted_all"]) > 1:
             p, m = r["predicted_all"], r["measured_all"]
             half = (max(p) - min(p)) / 2 / statistics.median(p)
-            print(f"{r['case']}: {len(p)} profiles name {sorted(set(r['bounds']))} (verdict {sorted(set(map(str, r['verdicts'])))}); "
-                  f"2-CPU predictions {min(p):.0f}-{max(p):.0f}/s (±{half:.1%}), runs {min(m):.0f}-{max(m):.0f}/s; the reports state ±"
-                  f"{statistics.median(x for x in r['stated_spread'] if x is not None):.1%} (median)")
+            print(
+                f"{r['case']}: {len(p)} profiles name {sorted(set(r['bounds']))} (verdict {sorted(set(map(str, r['verdicts'])))}); "
+                f"2-CPU predictions {min(p):.0f}-{max(p):.0f}/s (±{half:.1%}), runs {min(m):.0f}-{max(m):.0f}/s; the reports state ±"
+                f"{statistics.median(x for x in r['stated_spread'] if x is not None):.1%} (median)"
+            )
     errs = [abs(r["error"]) for r in rows]
     ok = bool(errs) and max(errs) <= 0.10 and statistics.median(errs) <= 0.05
-    print(f"what-if, as written: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}: "
-          f"target (median <= 5%, max <= 10%) {'met' if ok else 'NOT met'}")
+    print(
+        f"what-if, as written: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}: "
+        f"target (median <= 5%, max <= 10%) {'met' if ok else 'NOT met'}"
+    )
     one = [abs(r["error_1thread"]) for r in rows]
     print(f"with torch.set_num_threads(1): median |error| {statistics.median(one):.1%}, max {max(one):.1%}")
     return ok
@@ -265,7 +275,9 @@ def main_plain(args) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="whatif-plain-"))
     work.mkdir(parents=True, exist_ok=True)
     if not os.path.isdir(args.data):
-        subprocess.run([str(BIN / "coordl"), "synth", args.data, "--n", "2000", "--classes", "10"], check=True)
+        subprocess.run(
+            [str(BIN / "coordl"), "synth", args.data, "--n", "2000", "--classes", "10"], check=True
+        )
     rows = run_family(args, work)
     (work / "rows.json").write_text(json.dumps(rows, indent=1))
     return 0 if print_table(rows) else 1

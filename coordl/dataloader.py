@@ -131,11 +131,21 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             "page_cache": page_cache,
         })  # fmt: skip
         cache_bytes, cache_dir, on_error = options["cache_bytes"], options["cache_dir"], options["on_error"]
-        sample_cache, partitioned, coordinate = options["sample_cache"], options["partitioned"], options["coordinate"]
-        batch_ring, fetch_ahead, page_cache = options["batch_ring"], options["fetch_ahead"], options["page_cache"]
+        sample_cache, partitioned, coordinate = (
+            options["sample_cache"],
+            options["partitioned"],
+            options["coordinate"],
+        )
+        batch_ring, fetch_ahead, page_cache = (
+            options["batch_ring"],
+            options["fetch_ahead"],
+            options["page_cache"],
+        )
         self._closed = False
         self._final_stats: dict[str, Any] | None = None
-        validate_options(cache_bytes, on_error, batch_size, batch_sampler, timeout, batch_ring, fetch_ahead, page_cache)
+        validate_options(
+            cache_bytes, on_error, batch_size, batch_sampler, timeout, batch_ring, fetch_ahead, page_cache
+        )
         # coordl's own arguments, public like torch's: frameworks rebuild a loader from its attributes
         self.cache_bytes = int(cache_bytes)
         self.cache_dir = cache_dir
@@ -182,7 +192,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             default = collate_fn is None or collate_fn is default_collate
             auto_collation = batch_size is not None or batch_sampler is not None
             use_ring = batch_ring and default and num_workers > 0 and auto_collation and coordinate is None
-            self._ring = BatchRing(prefetch_factor, batch_size, copy=batch_ring == "copy") if use_ring else None
+            self._ring = (
+                BatchRing(prefetch_factor, batch_size, copy=batch_ring == "copy") if use_ring else None
+            )
             if self._ring is not None:
                 collate_fn = self._ring.collate
             self._inner = None if self._iterable else LoaderSource(
@@ -225,7 +237,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         """Source, counters, fetch chain, sample cache tier and the public view of ``dataset``."""
         sample_cache, on_error = options["sample_cache"], options["on_error"]
         self._source = None if self._iterable else _adapt(dataset)
-        check_dataset_options(dataset, self.source, cache_bytes=self.cache_bytes, sample_cache=sample_cache, on_error=on_error)
+        check_dataset_options(
+            dataset, self.source, cache_bytes=self.cache_bytes, sample_cache=sample_cache, on_error=on_error
+        )
         self._counters = SharedCounters(
             list(BASE_COUNTERS) + (list(SAMPLE_CACHE_COUNTERS) if sample_cache is not None else [])
         )
@@ -243,7 +257,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             sample_cache_tier=self._sample_cache_tier, fetch_ahead=self._fetch_ahead(options["fetch_ahead"]),
             page_cache=options["page_cache"],
         )  # fmt: skip
-        self._view.loader_options, self._view.chain, self._view.owner = options, self._chain, weakref.ref(self)
+        self._view.loader_options, self._view.chain, self._view.owner = (
+            options,
+            self._chain,
+            weakref.ref(self),
+        )
 
     @property
     def source(self) -> Any:
@@ -297,7 +315,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
                 it = start_workers(self._torch) if self._resume is None else self._resume.start(
                     self._torch, start_workers, release=self._ring.unwrap if self._ring is not None else None
                 )  # fmt: skip
-            except RuntimeError as error:  # a worker died at its start: torch's SIGCHLD handler raised it here
+            except (
+                RuntimeError
+            ) as error:  # a worker died at its start: torch's SIGCHLD handler raised it here
                 translated = self._translate(error, None)
                 if translated is None:
                     raise
@@ -323,7 +343,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             self._epoch_stats.end(self._counters.snapshot(), complete=True)
 
     # Settings torch reads when an epoch starts, which users (and Lightning) may set on the loader.
-    _FOLLOWED = ("timeout", "worker_init_fn", "pin_memory", "pin_memory_device", "in_order", "multiprocessing_context")
+    _FOLLOWED = (
+        "timeout",
+        "worker_init_fn",
+        "pin_memory",
+        "pin_memory_device",
+        "in_order",
+        "multiprocessing_context",
+    )
 
     def _follow_settings(self) -> None:
         """Give coordl's inner torch loader what was set on this one since the last epoch."""
@@ -415,7 +442,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
         watch = self.__dict__.get("_watch")
         if watch is not None and workers > watch.num_workers:
-            raise ValueError(f"num_workers={workers}: this loader's worker table has {watch.num_workers} rows")
+            raise ValueError(
+                f"num_workers={workers}: this loader's worker table has {watch.num_workers} rows"
+            )
         self.__dict__["num_workers"] = workers
         inner = self.__dict__.get("_torch")
         if inner is None:  # torch's __init__ setting it: nothing built yet
@@ -523,5 +552,3 @@ def _sized_len(obj: Any) -> int | None:
 def _adapt(dataset: Any) -> Any:
     """The item source for ``dataset``: itself, or ``coordl.data.adapt.as_item_source``'s adapter."""
     return dataset if is_item_source(dataset) else as_item_source(dataset)
-
-

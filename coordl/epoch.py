@@ -101,6 +101,7 @@ class LoaderStats:
 # torch's worker-death and timeout errors, and a queue connection reset by a worker killed mid-batch
 _TRANSLATED = (RuntimeError, ConnectionError, EOFError)
 
+
 class EpochIterator:
     """One pass: drops all-skipped batches, translates torch errors, ends the epoch at the end.
 

@@ -28,7 +28,9 @@ def validate_options(
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if on_error == "skip" and batch_size is None and batch_sampler is None:
-        raise ValueError("on_error='skip' needs batching: with batch_size=None a skipped item cannot be dropped")
+        raise ValueError(
+            "on_error='skip' needs batching: with batch_size=None a skipped item cannot be dropped"
+        )
     if timeout < 0:
         raise ValueError(f"timeout option should be non-negative (seconds), got timeout={timeout!r}")
     if batch_ring not in (True, False, "copy"):
@@ -38,7 +40,9 @@ def validate_options(
     check_mode(page_cache)
 
 
-def check_dataset_options(dataset: Any, source: Any, *, cache_bytes: int, sample_cache: Any, on_error: str) -> None:
+def check_dataset_options(
+    dataset: Any, source: Any, *, cache_bytes: int, sample_cache: Any, on_error: str
+) -> None:
     """Refuse options the dataset cannot support, naming the option."""
     name = type(dataset).__name__
     if isinstance(dataset, torch.utils.data.IterableDataset):

@@ -17,7 +17,9 @@ from typing import Any
 __all__ = ["unsharded_warning"]
 
 
-def unsharded_warning(*, user_sampler: Any, user_batch_sampler: Any, partitioned: bool, iterable: bool) -> str | None:
+def unsharded_warning(
+    *, user_sampler: Any, user_batch_sampler: Any, partitioned: bool, iterable: bool
+) -> str | None:
     """The warning text when this rank iterates the whole dataset of a distributed job, else None."""
     if user_sampler is not None or user_batch_sampler is not None or partitioned or iterable:
         return None

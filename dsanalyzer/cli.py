@@ -101,6 +101,7 @@ def _run_profile(args: argparse.Namespace) -> int:
 def _run_verify(args: argparse.Namespace) -> int:
     from dsanalyzer.report.text import verify_text
     from dsanalyzer.verify import verify_command
+
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]

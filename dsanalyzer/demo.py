@@ -68,6 +68,7 @@ def run_demo(
     from dsanalyzer.profiler import default_out_dir, profile_command
     from dsanalyzer.report.text import summary_text, verify_text
     from dsanalyzer.verify import verify_command
+
     print(f"dsanalyzer demo: writing {items} synthetic {_SIZE[0]}x{_SIZE[1]} JPEGs (cached) ...", flush=True)
     root = demo_dataset(items)
     command = [sys.executable, "-m", "dsanalyzer.demo", "--train", "--data", str(root)]

@@ -150,6 +150,7 @@ def assemble_report(
             prep_rate = rate
     fetch = scal_res.get("fetch", {})
     dataset = _dataset(scal_res.get("dataset", {}), fetch)
+    n_items = int(dataset.get("items") or 0)
     cache_bytes = int(loader.get("cache_bytes") or 0)
     bucket = (scal_res.get("source") or {}).get("kind") == "bucket"
     policy = "minio" if cache_bytes > 0 or bucket else "pagecache"  # no page cache holds a bucket's objects
@@ -179,7 +180,7 @@ def assemble_report(
         "main_process": main_process_section(results, warmup, workers, scaling),
         "fetch": {k: fetch.get(k) for k in ("bytes_per_s", "items_per_s", "threads", "method", "error")},
         **diff,
-        "per_epoch_s": per_epoch(per_iter, int(dataset.get("items") or 0), batch, loader.get("batches_per_epoch")),
+        "per_epoch_s": per_epoch(per_iter, n_items, batch, loader.get("batches_per_epoch")),
         "bound": bound_of(per_iter),
         "advice": "",
         "runs": {},

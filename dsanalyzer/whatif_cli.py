@@ -117,7 +117,9 @@ def _comm_factor(report: dict, args: argparse.Namespace) -> float | None:
 def _print_model_notes(model: Model, gpu_speedup: float) -> None:
     """What the model knows beyond the grid: a free fetch, the main process's own cost, the CPU per sample."""
     if model.fetch_free:
-        print("the dataset reads no files (in memory or generated): fetch is free, cache and storage do not matter")
+        print(
+            "the dataset reads no files (in memory or generated): fetch is free, cache and storage do not matter"
+        )
     if model.batch_overhead_s > 0:
         print(
             f"main process: {model.batch_overhead_s * 1e3:.2f} ms of its own CPU per batch receiving it "
@@ -148,7 +150,10 @@ def _store_args(args: argparse.Namespace, model: Model) -> dict | None:
     if (args.fetch_ahead is not None and args.fetch_ahead < 0) or (
         args.items_per_request is not None and args.items_per_request <= 0
     ):
-        print("dsanalyzer whatif: error: --fetch-ahead must be >= 0 and --items-per-request > 0", file=sys.stderr)
+        print(
+            "dsanalyzer whatif: error: --fetch-ahead must be >= 0 and --items-per-request > 0",
+            file=sys.stderr,
+        )
         return None
     if model.store is None and any(v is not None for v in kw.values()):
         print(
@@ -180,7 +185,8 @@ def run_whatif(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else (model.workers if args.cpus is None else None)
     if (store_kw := _store_args(args, model)) is None:
         return 2
-    if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0 or (workers is not None and workers < 0):
+    bad_workers = workers is not None and workers < 0
+    if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0 or bad_workers:
         print(
             "dsanalyzer whatif: error: --cache-gb and --workers must be >= 0, --cpus >= 1, --storage-mbps and --gpu-speedup > 0",
             file=sys.stderr,
@@ -213,7 +219,9 @@ def run_whatif(args: argparse.Namespace) -> int:
                         storage_bytes_per_s=storage, gpu_speedup=args.gpu_speedup, policy=policy, **store_kw)  # fmt: skip
     if note:
         print(f"note: {note}")
-    point = model.predict(cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers, **store_kw)
+    point = model.predict(
+        cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers, **store_kw
+    )
     print(
         f"\npoint: cache {format_bytes(cache)} ({policy}, hit ratio {point.hit_ratio:.3f}), {cpus} cpus, "
         f"storage {format_bytes(storage)}/s, gpu x{args.gpu_speedup:g}: {point.samples_per_s:.1f} samples/s, "

@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.budget is not None and reason.startswith("budget"):
         return 0  # what was asked for: stage up to the budget
-    return _error(f"{args.dst}: {reason}; {summary['unstaged_files']} files were not staged (free space there)")
+    return _error(
+        f"{args.dst}: {reason}; {summary['unstaged_files']} files were not staged (free space there)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,15 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RemoteFile", "Source", "LocalSource", "NfsSource", "FsspecSource", "open_source", "register_scheme"]
+__all__ = [
+    "RemoteFile",
+    "Source",
+    "LocalSource",
+    "NfsSource",
+    "FsspecSource",
+    "open_source",
+    "register_scheme",
+]
 
 # Seconds an NFS RPC may take before the call fails instead of hanging a training worker forever.
 DEFAULT_NFS_TIMEOUT_S = 60.0

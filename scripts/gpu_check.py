@@ -70,11 +70,16 @@ def install_wheels(wheels: Path) -> str:
     _use_site()
     still = [m for m in NEEDED if not _importable(m)]
     status = "installed" if res.returncode == 0 else f"pip failed ({res.stderr.strip()[-300:]})"
-    return f"{len(files)} carried wheels {status} into {SITE}" + (f"; still missing {', '.join(still)}" if still else "")
+    return f"{len(files)} carried wheels {status} into {SITE}" + (
+        f"; still missing {', '.join(still)}" if still else ""
+    )
 
 
 def _importable(module: str) -> bool:
-    return subprocess.run([sys.executable, "-c", f"import {module}"], env=_env(), capture_output=True).returncode == 0
+    return (
+        subprocess.run([sys.executable, "-c", f"import {module}"], env=_env(), capture_output=True).returncode
+        == 0
+    )
 
 
 def _use_site() -> None:
@@ -129,13 +134,19 @@ def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> d
     result = work / f"{name}.json"
     base = {"name": name, "title": module.TITLE, "budget": max(timeout, 0), "seconds": 0.0}
     if timeout < 10:
-        return {**base, "status": "not run", "reason": f"out of time: {timeout:.0f} s left of --budget {args.budget:g}"}
+        return {
+            **base,
+            "status": "not run",
+            "reason": f"out of time: {timeout:.0f} s left of --budget {args.budget:g}",
+        }
     cmd = [sys.executable, __file__, "--section", name, "--result", str(result), "--work", str(work / name),
            "--device", args.device, "--seconds", f"{timeout:.0f}"] + (["--dry-run"] if args.dry_run else [])  # fmt: skip
     print(f"gpu-check: {name}: {module.TITLE} (up to {timeout:.0f} s)", flush=True)
     t0 = time.monotonic()
     with open(work / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=_env(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -147,7 +158,9 @@ def _spawn(name: str, args: argparse.Namespace, work: Path, timeout: float) -> d
     if rc is None or rc == EXIT_TIMEOUT:
         running = f"; it was running: {out['commands'][-1]}" if out.get("commands") else ""
         out["status"] = "TIMEOUT"
-        out["reason"] = data.get("timeout") or f"stopped after {timeout:.0f} s (its tables are what it finished){running}"
+        out["reason"] = (
+            data.get("timeout") or f"stopped after {timeout:.0f} s (its tables are what it finished){running}"
+        )
     elif rc == 0:
         out["status"] = "ok"
     elif rc == EXIT_SKIPPED:
@@ -191,12 +204,20 @@ def _deliver(report: Path, work: Path, results: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--dry-run", action="store_true", help="run every section on the CPU with tiny sizes (CI)")
     p.add_argument("--only", default="", help=f"comma-separated sections of: {','.join(SECTIONS)}")
     p.add_argument("--skip", default="", help="comma-separated sections not to run")
-    p.add_argument("--budget", type=float, help="seconds for all sections together (default 540; dry run: 1080)")
-    p.add_argument("--report", type=Path, help="report path (default reports/gpu/<date>-<gpu>.md; dry run: reports/runs/)")
+    p.add_argument(
+        "--budget", type=float, help="seconds for all sections together (default 540; dry run: 1080)"
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        help="report path (default reports/gpu/<date>-<gpu>.md; dry run: reports/runs/)",
+    )
     p.add_argument("--wheels", type=Path, default=ROOT / ".whl", help="carried wheels (default .whl/)")
     p.add_argument("--work", type=Path, help="scratch folder (default /tmp/coordl-gpu-check-<time>)")
     p.add_argument("--section", help=argparse.SUPPRESS)
@@ -225,13 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.now()
     work = args.work or Path(f"/tmp/coordl-gpu-check-{now:%Y%m%d-%H%M%S}")
     work.mkdir(parents=True, exist_ok=True)
-    machine = {**machine_info(ROOT), "carried wheels": wheels_line, "budget": f"{args.budget:g} s for the sections"}
+    machine = {
+        **machine_info(ROOT),
+        "carried wheels": wheels_line,
+        "budget": f"{args.budget:g} s for the sections",
+    }
     gpu = machine["GPU"].split(",")[0]
     default_dir = ROOT / "reports" / ("runs" if args.dry_run else "gpu")
     path = args.report or report_path(default_dir, "cpu-dry-run" if args.dry_run else gpu, now)
     path.parent.mkdir(parents=True, exist_ok=True)
     command = "python3 scripts/gpu_check.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    title = f"GPU check: {gpu}, {now:%Y-%m-%d}" + (" (dry run on the CPU: wiring only, not numbers)" if args.dry_run else "")
+    title = f"GPU check: {gpu}, {now:%Y-%m-%d}" + (
+        " (dry run on the CPU: wiring only, not numbers)" if args.dry_run else ""
+    )
     results: list[dict] = []
     delivered: list[str] = []
     t_sections = time.monotonic()  # --budget is the sections' time, not the set-up's

@@ -45,7 +45,9 @@ class ForkSafeLock:
     def __enter__(self) -> bool:
         return self._lock.acquire()
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._lock.release()
 
 

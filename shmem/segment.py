@@ -305,8 +305,10 @@ class Segment:
             size = os.stat(path).st_size
         except FileNotFoundError:
             raise FileNotFoundError(
-                2, f"shared-memory segment {path} is gone: the process that made it closed it or exited "
-                "before this process (a spawned worker) could attach", path,
+                2,
+                f"shared-memory segment {path} is gone: the process that made it closed it or exited "
+                "before this process (a spawned worker) could attach",
+                path,
             ) from None
         self.__init__(path, size, owner=False)
 

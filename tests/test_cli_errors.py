@@ -70,6 +70,7 @@ CASES = [
      "argument --compressor"),
 ]  # fmt: skip
 
+
 def _params():
     for case in CASES:
         yield pytest.param(*case, id=case[0])

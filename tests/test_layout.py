@@ -103,7 +103,9 @@ def test_dsanalyzer_rooms_point_down() -> None:
                 continue
             to_room, to_floor = _dsanalyzer_room(target)
             if room and to_room != room and to_floor >= floor:
-                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target} ({to_room or 'top'} is not below {room})")
+                wrong.append(
+                    f"{path.relative_to(ROOT)}:{line} imports {target} ({to_room or 'top'} is not below {room})"
+                )
     assert not wrong, "dsanalyzer imports that do not point down:\n" + "\n".join(wrong)
 
 
@@ -144,7 +146,9 @@ def test_no_importlib_for_our_own_modules() -> None:
                 arg = node.args[0] if node.args else None
                 if not isinstance(arg, ast.Constant) or str(arg.value).split(".")[0] in LEVEL:
                     wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not wrong, "importlib.import_module of a project module (or of a computed name):\n" + "\n".join(wrong)
+    assert not wrong, "importlib.import_module of a project module (or of a computed name):\n" + "\n".join(
+        wrong
+    )
 
 
 def test_sizes_or_a_reason() -> None:

@@ -33,7 +33,9 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 def _reads_its_own_way(source: Any, cls: type) -> bool:
     """Whether ``source``'s class overrides how ``cls`` reads an item (then only its fetch knows how)."""
-    return any(getattr(type(source), name) is not getattr(cls, name) for name in ("fetch", "fetch_uncached", "_read"))
+    return any(
+        getattr(type(source), name) is not getattr(cls, name) for name in ("fetch", "fetch_uncached", "_read")
+    )
 
 
 class _FileSource:

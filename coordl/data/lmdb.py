@@ -92,7 +92,9 @@ def _stage_from_bucket(url: str, stage_dir: Any, storage_options: Any) -> tuple[
     names = {f.relpath for f in source.list_files()}
     rel = f"{name}/data.mdb" if f"{name}/data.mdb" in names else name
     if rel not in names:
-        raise FileNotFoundError(f"LMDBDataset: no {source.describe(name)} nor {source.describe(name + '/data.mdb')}")
+        raise FileNotFoundError(
+            f"LMDBDataset: no {source.describe(name)} nor {source.describe(name + '/data.mdb')}"
+        )
     staged = StagedSource(source, os.fspath(stage_dir), counters=SharedCounters(["remote_bytes_read"]))
     staged.read(rel)  # one GET of the whole file (checksummed, atomic); later runs find it staged
     if not staged.is_staged(rel):

@@ -107,7 +107,12 @@ class Progress:
 
 
 def verify_items(
-    ds: Any, items: SourceItems, count: int, payload: Callable[[int], bytes], out: Verification, progress: bool
+    ds: Any,
+    items: SourceItems,
+    count: int,
+    payload: Callable[[int], bytes],
+    out: Verification,
+    progress: bool,
 ) -> Verification:
     """Read back ``count`` packed items of ``ds`` and compare them with the source.
 
@@ -122,7 +127,9 @@ def verify_items(
                 out.payload_bytes += len(payload(i))
                 stored = int(ds._labels[i])
                 if items.label(i) != (None if stored == NO_LABEL else stored):
-                    raise CorruptItemError(f"{ds.describe(i)}: label {stored}, the source says {items.label(i)}")
+                    raise CorruptItemError(
+                        f"{ds.describe(i)}: label {stored}, the source says {items.label(i)}"
+                    )
                 out.verified += 1
             except CorruptItemError as e:
                 out.bad.append(str(e))

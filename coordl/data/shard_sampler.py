@@ -35,7 +35,9 @@ from shmem.segment import Segment
 __all__ = ["ShardSampler", "ShardPlan", "deal", "locals_last", "shard_order"]
 
 
-def shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool) -> tuple[np.ndarray, np.random.Generator]:
+def shard_order(
+    n_shards: int, seed: int, epoch: int, shuffle: bool
+) -> tuple[np.ndarray, np.random.Generator]:
     """The shards' order in epoch ``epoch`` and the generator that then shuffles the samples (one definition)."""
     rng = np.random.default_rng([seed, epoch])
     return (rng.permutation(n_shards) if shuffle else np.arange(n_shards)), rng
@@ -76,7 +78,9 @@ class ShardPlan:
     def _attach(self) -> None:
         words = 1 + self.n_streams + 1 + self.n_shards
         self._table = self._segment.array(np.int64, 0, words)
-        self._count = self._segment.array(np.int64, 8 * words, 1)  # publishes begun + ended: odd while writing
+        self._count = self._segment.array(
+            np.int64, 8 * words, 1
+        )  # publishes begun + ended: odd while writing
         self._cached, self._cached_epoch = -1, -1
         self._where: dict[int, tuple[int, int]] = {}
         self._streams: list[list[int]] = []

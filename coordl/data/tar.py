@@ -189,7 +189,9 @@ class TarShards(_FileSource):
             self._bucket or self.directory, os.fspath(stage_dir), budget_bytes=budget, prefetch=prefetch,
             counters=SharedCounters(["remote_bytes_read"]),
         )  # fmt: skip
-        if self._buffer is not None:  # one GET per shard: staged whole when the budget has room, else in memory
+        if (
+            self._buffer is not None
+        ):  # one GET per shard: staged whole when the budget has room, else in memory
             self._buffer.fetch = self._staged.read
         if self.index_dir is None:
             self.index_dir = os.path.join(os.fspath(stage_dir), "tar-index")
@@ -197,7 +199,9 @@ class TarShards(_FileSource):
     def _list_remote(self) -> dict[str, tuple[int, int]]:
         """name -> (size, mtime_ns) of the files directly in the shard directory."""
         if self._bucket is not None and self._staged is None:
-            return {f.relpath: (f.size, f.mtime_ns) for f in self._bucket.list_files() if "/" not in f.relpath}
+            return {
+                f.relpath: (f.size, f.mtime_ns) for f in self._bucket.list_files() if "/" not in f.relpath
+            }
         if self._staged is None:
             if not os.path.isdir(self.directory):
                 raise FileNotFoundError(f"TarShards: {self.directory} is not a directory")

@@ -407,7 +407,10 @@ class _ToTensorNormalize:
             return None
         if self._kernel_args is None:
             scale, shift = self.normalize._affine(3, 1 / 255.0)  # the float32 values torch's path uses
-            self._kernel_args = (*scale.expand(3, 1, 1).flatten().tolist(), *shift.expand(3, 1, 1).flatten().tolist())
+            self._kernel_args = (
+                *scale.expand(3, 1, 1).flatten().tolist(),
+                *shift.expand(3, 1, 1).flatten().tolist(),
+            )
         cropdecode.to_chw_float(arr, h, w, out.numpy(), *self._kernel_args, mirrored)
         return out
 
@@ -461,7 +464,12 @@ def _fuse(stages: list[Callable[[Any], Any]], crop_decode: bool = True) -> list[
                 out[-1] = _ToTensorNormalize(stage, before)
             else:
                 out[-1] = _ToTensorNormalize(stage)
-        elif crop_decode and type(stage) is RandomResizedCrop and type(prev) is Decode and prev.min_size is None:
+        elif (
+            crop_decode
+            and type(stage) is RandomResizedCrop
+            and type(prev) is Decode
+            and prev.min_size is None
+        ):
             out[-1] = _DecodeRandomResizedCrop(prev, stage)
         else:
             out.append(stage)

@@ -51,7 +51,9 @@ class FetchChain:
     ) -> None:
         opaque = bool(getattr(source, "opaque", False))
         if partitioned and cache_bytes <= 0:
-            raise ValueError("partitioned=True needs cache_bytes > 0: this node's share of the partitioned cache")
+            raise ValueError(
+                "partitioned=True needs cache_bytes > 0: this node's share of the partitioned cache"
+            )
         if partitioned and opaque:
             raise ValueError(
                 f"partitioned=True needs raw item bytes, but {name} has no fetch/prep split "
@@ -63,7 +65,9 @@ class FetchChain:
         if cache_bytes > 0 and not opaque and (not partitioned or NodeTopology.from_env().is_node_leader):
             # A partitioned job's node leader holds the node's share alone; otherwise the node's ranks share.
             identity = None if partitioned else data_identity(source)
-            self.minio = open_minio(cache_bytes, len(source), directory=cache_dir, name=name, identity=identity)
+            self.minio = open_minio(
+                cache_bytes, len(source), directory=cache_dir, name=name, identity=identity
+            )
         self.tiers: list[FetchTier] = []
         if partitioned:
             self.tiers.append(build_partitioned_tier(len(source), cache_bytes, counters, self.minio))
@@ -72,7 +76,12 @@ class FetchChain:
 
     def stats(self) -> dict[str, Any]:
         """The cache keys every loader reports (zero without a cache), then each tier's own."""
-        out: dict[str, Any] = {"cached_items": 0, "cached_bytes": 0, "capacity_bytes": 0, "cache_backend": "none"}
+        out: dict[str, Any] = {
+            "cached_items": 0,
+            "cached_bytes": 0,
+            "capacity_bytes": 0,
+            "cache_backend": "none",
+        }
         for tier in self.tiers:
             out.update(tier.stats())
         return out

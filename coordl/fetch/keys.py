@@ -47,7 +47,9 @@ class DatasetKeys:
     """
 
     def __init__(self, source: Any, counters: SharedCounters, on_error: str) -> None:
-        self.dataset = source.dataset if isinstance(source, (OpaqueSource, TorchvisionStyleSource)) else source
+        self.dataset = (
+            source.dataset if isinstance(source, (OpaqueSource, TorchvisionStyleSource)) else source
+        )
         self.counters = counters
         self.on_error = on_error
         getitems = getattr(self.dataset, "__getitems__", None)

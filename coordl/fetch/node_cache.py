@@ -64,7 +64,10 @@ def node_key(identity: str | None, capacity_bytes: int, num_items: int, director
     env = os.environ
     if identity is None or _world_size() <= 1 or "MASTER_PORT" not in env:
         return None
-    job = [env.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")]
+    job = [
+        env.get(k, "")
+        for k in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+    ]
     text = "\0".join([*job, identity, str(capacity_bytes), str(num_items), str(directory)])
     return hashlib.blake2b(text.encode(), digest_size=10).hexdigest()
 
@@ -124,7 +127,9 @@ def _attach_or_create(
             return found, None
         cache = MinioCache(capacity_bytes, num_items, directory=directory, name=name)
         if _publish(where, cache.paths[0]):
-            atexit.register(_unpublish, where, cache.paths[0], os.getpid())  # a process ending without close()
+            atexit.register(
+                _unpublish, where, cache.paths[0], os.getpid()
+            )  # a process ending without close()
             return cache, where
         cache.close()  # another rank published first: use theirs
     # Could not settle on one (rendezvous files churning): a cache of this rank's own is still correct.
@@ -179,7 +184,9 @@ def _unpublish(where: str, path: str, pid: int | None = None) -> None:
 def _sweep(directory: str) -> None:
     """Remove rendezvous files whose cache's creator is gone (a job killed before its exit hooks ran)."""
     try:
-        names = [n for n in os.listdir(directory) if n.startswith("coordl-nodecache-") and not n.endswith(".tmp")]
+        names = [
+            n for n in os.listdir(directory) if n.startswith("coordl-nodecache-") and not n.endswith(".tmp")
+        ]
     except FileNotFoundError:
         return
     for name in names:

@@ -61,7 +61,9 @@ class ReadPace:
     ) -> None:
         self.limit_s = limit_s
         self._wall, self._cpu = wall, cpu
-        self._recent: collections.deque[float] = collections.deque(maxlen=WINDOW)  # blocked s, prep-thread reads
+        self._recent: collections.deque[float] = collections.deque(
+            maxlen=WINDOW
+        )  # blocked s, prep-thread reads
         self.slow = True  # reads go to the pool (between probes)
         self._gap = PROBE_FIRST
         self._until_probe = PROBE_FIRST

@@ -157,7 +157,9 @@ class LoaderSource(torch.utils.data.Dataset):
         return self._keys.dataset
 
     def __getitem__(self, index: Any) -> Any:
-        if not is_index(index):  # batch_size=None and a sampler of lists, slices, names...: torch's dataset[key]
+        if not is_index(
+            index
+        ):  # batch_size=None and a sampler of lists, slices, names...: torch's dataset[key]
             return self._keys.get(index)
         out = self._get_many([index], stack=False)
         if not out:
@@ -177,7 +179,9 @@ class LoaderSource(torch.utils.data.Dataset):
         # Indices may carry the seed of their prep's random draws (coordl.resume.SeededIndex).
         self._item_seeds = {int(i): i.seed for i in indices if getattr(i, "seed", None) is not None}
         batched = self._load_batched(indices, worker_id) if self._keys.batched is not None and stack else None
-        if batched is not None and type(batched) is not list:  # the dataset's own batch: collate gets it as is
+        if (
+            batched is not None and type(batched) is not list
+        ):  # the dataset's own batch: collate gets it as is
             self.counters.add("items_loaded", len(indices))
             return batched
         stacker = self.ring.stacker(len(indices)) if stack and self.ring is not None else None
@@ -267,7 +271,9 @@ class LoaderSource(torch.utils.data.Dataset):
             return False
         pid = os.getpid()
         if self._page_policy is None or self._page_policy[0] != pid:
-            tier = self.tiers[0] if len(self.tiers) == 1 else None  # MinIO alone (partitioned: peers serve misses)
+            tier = (
+                self.tiers[0] if len(self.tiers) == 1 else None
+            )  # MinIO alone (partitioned: peers serve misses)
             minio = tier.cache if isinstance(tier, MinioTier) else None
             self._page_policy = (pid, PageCachePolicy(self.page_cache, minio, len(self.source)))
         return self._page_policy[1].bypass()
@@ -285,10 +291,15 @@ class LoaderSource(torch.utils.data.Dataset):
             return self._fetch_pool().submit(self._read_storage, index)
         pid = os.getpid()
         if self._reader is None or self._reader[0] != pid:
-            self._reader = (pid, ReadAhead(self.fetch_ahead))  # one per process: threads do not survive a fork
+            self._reader = (
+                pid,
+                ReadAhead(self.fetch_ahead),
+            )  # one per process: threads do not survive a fork
         return self._reader[1].submit(path, cached=not self._bypass())
 
-    def _ask(self, index: int, tiers: Sequence[FetchTier], missed: list[FetchTier]) -> bytes | memoryview | None:
+    def _ask(
+        self, index: int, tiers: Sequence[FetchTier], missed: list[FetchTier]
+    ) -> bytes | memoryview | None:
         """The first of ``tiers`` to have ``index``'s bytes; each tier that missed is appended to ``missed``.
 
         A tier asked for the whole batch at once (:meth:`_ask_batched`) answers from that answer, with no
@@ -387,7 +398,11 @@ class LoaderSource(torch.utils.data.Dataset):
                     elif type(raw) is _Reading:
                         data = self._keep(index, raw.read.result(), raw.missed)
                     else:
-                        data = raw.result() if isinstance(raw, concurrent.futures.Future) else self._prep_input(raw)
+                        data = (
+                            raw.result()
+                            if isinstance(raw, concurrent.futures.Future)
+                            else self._prep_input(raw)
+                        )
                     self._seed(index)
                     yield self.source.prep(data, index)
                 except CorruptItemError as e:
@@ -395,7 +410,9 @@ class LoaderSource(torch.utils.data.Dataset):
         finally:
             for _index, raw in pending:
                 if type(raw) is _Reading or isinstance(raw, concurrent.futures.Future):
-                    (raw.read if type(raw) is _Reading else raw).cancel()  # an error or a closed generator: reads not started are dropped
+                    (
+                        raw.read if type(raw) is _Reading else raw
+                    ).cancel()  # an error or a closed generator: reads not started are dropped
 
     def _prep_input(self, raw: bytes | memoryview) -> bytes | memoryview:
         """What prep is given for bytes a tier answered: the view itself where the source's prep reads views."""
@@ -455,7 +472,11 @@ class LoaderSource(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_pool"], state["_pool_pid"], state["_pace"] = None, -1, None  # threads do not cross into a spawned worker
+        state["_pool"], state["_pool_pid"], state["_pace"] = (
+            None,
+            -1,
+            None,
+        )  # threads do not cross into a spawned worker
         state["_page_policy"], state["_reader"] = None, None
         return state
 

@@ -119,7 +119,9 @@ class FeatureCache:
         self._slot_of = seg.array(np.int32, 0, self.num_nodes)
         self._filled = seg.array(np.uint32, _align(self.num_nodes * 4), self.slots)  # check words
         count = self.slots * (self.row_bytes // feats.dtype.itemsize)
-        self._rows = seg.array(feats.dtype, self._rows_offset(), count).reshape((self.slots, *feats.shape[1:]))
+        self._rows = seg.array(feats.dtype, self._rows_offset(), count).reshape(
+            (self.slots, *feats.shape[1:])
+        )
         self._verified = np.zeros(self.slots, dtype=bool)  # rows this process has seen whole
 
     # -- reads ----------------------------------------------------------------------------------

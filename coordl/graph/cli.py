@@ -51,12 +51,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="graph_command", required=True, parser_class=_OneLineParser)
     s = sub.add_parser("synth", help="write a power-law (R-MAT) graph with features and labels")
     s.add_argument("path", help="output graph directory")
-    s.add_argument("--nodes", type=int_between(2, None), default=100_000, help="number of nodes (default 100000)")
-    s.add_argument("--edges", type=int_between(1, None), default=1_000_000, help="edges drawn, about the edges written (default 1000000)")
-    s.add_argument("--feature-dim", type=int_between(1, None), default=128, help="float32 features per node (default 128)")
-    s.add_argument("--classes", type=int_between(2, None), default=16, help="number of label classes (default 16)")
-    s.add_argument("--train-fraction", type=_fraction, default=0.5, help="share of nodes in train_idx (default 0.5)")
-    s.add_argument("--directed", action="store_true", help="keep R-MAT's directed edges (default: add reverses)")
+    s.add_argument(
+        "--nodes", type=int_between(2, None), default=100_000, help="number of nodes (default 100000)"
+    )
+    s.add_argument(
+        "--edges",
+        type=int_between(1, None),
+        default=1_000_000,
+        help="edges drawn, about the edges written (default 1000000)",
+    )
+    s.add_argument(
+        "--feature-dim",
+        type=int_between(1, None),
+        default=128,
+        help="float32 features per node (default 128)",
+    )
+    s.add_argument(
+        "--classes", type=int_between(2, None), default=16, help="number of label classes (default 16)"
+    )
+    s.add_argument(
+        "--train-fraction", type=_fraction, default=0.5, help="share of nodes in train_idx (default 0.5)"
+    )
+    s.add_argument(
+        "--directed", action="store_true", help="keep R-MAT's directed edges (default: add reverses)"
+    )
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     i = sub.add_parser("info", help="print a graph's sizes and degree statistics")
     i.add_argument("path", help="graph directory (or a .pt file saved from a PyG Data)")
@@ -64,9 +82,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--path", help="graph directory (default: a small synthetic graph in a temp directory)")
     d.add_argument("--epochs", type=int_between(1, None), default=2)
     d.add_argument("--batch-size", type=int_between(1, None), default=512)
-    d.add_argument("--fanouts", type=_fanouts, default=[10, 5], help="per hop, comma-separated (default 10,5)")
+    d.add_argument(
+        "--fanouts", type=_fanouts, default=[10, 5], help="per hop, comma-separated (default 10,5)"
+    )
     d.add_argument("--workers", type=int_between(0, None), default=2)
-    d.add_argument("--cache-mib", type=int_between(0, None), default=16, help="hot-feature cache (default 16 MiB)")
+    d.add_argument(
+        "--cache-mib", type=int_between(0, None), default=16, help="hot-feature cache (default 16 MiB)"
+    )
     d.add_argument("--pipeline-depth", type=int_between(0, None), default=4)
     p.set_defaults(func=main)
 
@@ -87,11 +109,20 @@ def _synth(args: argparse.Namespace) -> int:
     from coordl.graph.synth import synth_graph
 
     start = time.perf_counter()
-    g = synth_graph(args.path, num_nodes=args.nodes, num_edges=args.edges, feature_dim=args.feature_dim,
-                    num_classes=args.classes, train_fraction=args.train_fraction,
-                    undirected=not args.directed, seed=args.seed)
-    print(f"{args.path}: {g.num_nodes} nodes, {g.num_edges} edges, features {list(g.features.shape)} "
-          f"({g.features.nbytes / 1e6:.1f} MB), {time.perf_counter() - start:.1f} s")
+    g = synth_graph(
+        args.path,
+        num_nodes=args.nodes,
+        num_edges=args.edges,
+        feature_dim=args.feature_dim,
+        num_classes=args.classes,
+        train_fraction=args.train_fraction,
+        undirected=not args.directed,
+        seed=args.seed,
+    )
+    print(
+        f"{args.path}: {g.num_nodes} nodes, {g.num_edges} edges, features {list(g.features.shape)} "
+        f"({g.features.nbytes / 1e6:.1f} MB), {time.perf_counter() - start:.1f} s"
+    )
     return 0
 
 
@@ -103,8 +134,10 @@ def _info(args: argparse.Namespace) -> int:
     g = Graph.load(args.path)
     deg = g.in_degree()
     print(repr(g))
-    print(f"in-degree: mean {deg.mean():.1f}, median {np.median(deg):.0f}, max {deg.max()}, "
-          f"isolated {(deg == 0).sum()}")
+    print(
+        f"in-degree: mean {deg.mean():.1f}, median {np.median(deg):.0f}, max {deg.max()}, "
+        f"isolated {(deg == 0).sum()}"
+    )
     top = np.sort(np.asarray(g.out_degree))[::-1]
     share = top[: max(1, g.num_nodes // 100)].sum() / max(1, top.sum())
     print(f"the top 1% of nodes by out-degree are the source of {share:.0%} of edges")
@@ -127,7 +160,9 @@ def _demo(args: argparse.Namespace) -> int:
         if args.path:
             graph = Graph.load(args.path)
         else:
-            graph = synth_graph(Path(tmp) / "g", num_nodes=50_000, num_edges=500_000, feature_dim=64, num_classes=8)
+            graph = synth_graph(
+                Path(tmp) / "g", num_nodes=50_000, num_edges=500_000, feature_dim=64, num_classes=8
+            )
             print(f"synthetic graph: {graph}")
         seeds = graph.train_idx if graph.train_idx is not None else torch.arange(graph.num_nodes)
         if graph.labels is None:
@@ -135,9 +170,17 @@ def _demo(args: argparse.Namespace) -> int:
         num_classes = int(graph.labels.max()) + 1
         model = GraphSAGE(int(graph.features.shape[1]), 128, num_classes, num_layers=len(args.fanouts))
         opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-        with NeighborLoader(graph, seeds, args.fanouts, batch_size=args.batch_size, shuffle=True,
-                            num_workers=args.workers, feature_cache_bytes=args.cache_mib << 20,
-                            pipeline_depth=args.pipeline_depth, seed=0) as loader:
+        with NeighborLoader(
+            graph,
+            seeds,
+            args.fanouts,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.workers,
+            feature_cache_bytes=args.cache_mib << 20,
+            pipeline_depth=args.pipeline_depth,
+            seed=0,
+        ) as loader:
             for epoch in range(args.epochs):
                 start, total, right, seen = time.perf_counter(), 0.0, 0, 0
                 for batch in loader:
@@ -150,8 +193,10 @@ def _demo(args: argparse.Namespace) -> int:
                     right += int((out.argmax(1) == batch.y).sum())
                     seen += len(batch)
                 s = loader.stats()
-                print(f"epoch {epoch}: {time.perf_counter() - start:.1f} s, loss {total / seen:.3f}, "
-                      f"train acc {right / seen:.1%}, cache hit ratio {s['cache_hit_ratio']:.1%}")
+                print(
+                    f"epoch {epoch}: {time.perf_counter() - start:.1f} s, loss {total / seen:.3f}, "
+                    f"train acc {right / seen:.1%}, cache hit ratio {s['cache_hit_ratio']:.1%}"
+                )
     return 0
 
 

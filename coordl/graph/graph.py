@@ -204,7 +204,9 @@ class Graph:
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise GraphFormatError(f"not a {FORMAT} header", header_path)
         if header.get("version") != VERSION:
-            raise GraphFormatError(f"version {header.get('version')!r}, this coordl reads {VERSION}", header_path)
+            raise GraphFormatError(
+                f"version {header.get('version')!r}, this coordl reads {VERSION}", header_path
+            )
         arrays = {name: _map(p, header, name, required=name not in _OPTIONAL) for name in _ARRAYS}
         graph = cls(**arrays, path=str(p.resolve()))
         _check_consistent(graph, header_path)
@@ -255,7 +257,9 @@ def _map(root: Path, header: dict, name: str, *, required: bool) -> np.ndarray |
     actual = file.stat().st_size
     if actual != expected:
         what = "truncated" if actual < expected else "longer than its header says"
-        raise GraphFormatError(f"{what}: expected {expected} bytes for {name} {list(shape)}, found {actual}", file)
+        raise GraphFormatError(
+            f"{what}: expected {expected} bytes for {name} {list(shape)}, found {actual}", file
+        )
     if expected == 0:
         return np.zeros(shape, dtype=dtype)
     arr = np.memmap(file, dtype=dtype, mode="r", shape=shape)

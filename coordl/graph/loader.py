@@ -55,8 +55,15 @@ def _identity(batch: Batch) -> Batch:
     return batch
 
 
-def _check_args(graph: Graph, seeds: np.ndarray, fanouts: Sequence[int], batch_size: int,
-                num_workers: int, pipeline_depth: int, feature_cache_bytes: int) -> None:
+def _check_args(
+    graph: Graph,
+    seeds: np.ndarray,
+    fanouts: Sequence[int],
+    batch_size: int,
+    num_workers: int,
+    pipeline_depth: int,
+    feature_cache_bytes: int,
+) -> None:
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a coordl.graph.Graph, got {type(graph).__name__}")
     if seeds.ndim != 1 or seeds.size == 0:
@@ -66,9 +73,15 @@ def _check_args(graph: Graph, seeds: np.ndarray, fanouts: Sequence[int], batch_s
     if np.unique(seeds).size != seeds.size:
         raise ValueError("seeds has repeated node ids: each training seed must appear once per epoch")
     if len(fanouts) == 0 or any(int(f) < -1 or int(f) == 0 for f in fanouts):
-        raise ValueError(f"fanouts must be a non-empty list of positive ints (or -1 for all), got {list(fanouts)}")
-    for name, value, low in (("batch_size", batch_size, 1), ("num_workers", num_workers, 0),
-                             ("pipeline_depth", pipeline_depth, 0), ("feature_cache_bytes", feature_cache_bytes, 0)):
+        raise ValueError(
+            f"fanouts must be a non-empty list of positive ints (or -1 for all), got {list(fanouts)}"
+        )
+    for name, value, low in (
+        ("batch_size", batch_size, 1),
+        ("num_workers", num_workers, 0),
+        ("pipeline_depth", pipeline_depth, 0),
+        ("feature_cache_bytes", feature_cache_bytes, 0),
+    ):
         if int(value) < low:
             raise ValueError(f"{name} must be >= {low}, got {value}")
     if pipeline_depth == 0 and num_workers > 0:
@@ -125,23 +138,44 @@ class NeighborLoader:
         self.graph, self.num_workers, self.pipeline_depth = graph, int(num_workers), int(pipeline_depth)
         self.timeout_s = float(timeout_s)
         self.seed = random.SystemRandom().randrange(2**31) if seed is None else int(seed)
-        self._kwargs = dict(fanouts=list(fanouts), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-                            feature_cache_bytes=feature_cache_bytes, cache_dir=cache_dir)
+        self._kwargs = dict(
+            fanouts=list(fanouts),
+            batch_size=batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            feature_cache_bytes=feature_cache_bytes,
+            cache_dir=cache_dir,
+        )
         self.counters = SharedCounters(COUNTERS, cache_dir)
         try:
             self.cache = FeatureCache(graph, int(feature_cache_bytes), cache_dir)
         except BaseException:
             self.counters.close()
             raise
-        self.maker = BatchMaker(graph, seeds_a, fanouts, int(batch_size), bool(shuffle), bool(drop_last),
-                                self.seed, self.cache, self.counters, gather_features)
+        self.maker = BatchMaker(
+            graph,
+            seeds_a,
+            fanouts,
+            int(batch_size),
+            bool(shuffle),
+            bool(drop_last),
+            self.seed,
+            self.cache,
+            self.counters,
+            gather_features,
+        )
         self._keys = _EpochKeys(len(self.maker))
         self._next_epoch = 0
         self._torch: DataLoader | None = None
         if self.num_workers > 0:
             self._torch = DataLoader(
-                self.maker, batch_size=None, sampler=self._keys, num_workers=self.num_workers,
-                collate_fn=_identity, persistent_workers=True, timeout=self.timeout_s,
+                self.maker,
+                batch_size=None,
+                sampler=self._keys,
+                num_workers=self.num_workers,
+                collate_fn=_identity,
+                persistent_workers=True,
+                timeout=self.timeout_s,
                 prefetch_factor=max(1, math.ceil(self.pipeline_depth / self.num_workers)),
             )
 
@@ -175,7 +209,9 @@ class NeighborLoader:
                 if "exited unexpectedly" in msg or "killed by signal" in msg:
                     raise WorkerDiedError(f"a NeighborLoader worker died in epoch {epoch}: {msg}") from e
                 if "timed out" in msg:
-                    raise CoordlTimeoutError(f"no batch from the NeighborLoader workers in {self.timeout_s:.0f} s") from e
+                    raise CoordlTimeoutError(
+                        f"no batch from the NeighborLoader workers in {self.timeout_s:.0f} s"
+                    ) from e
                 raise
             yield batch
 
@@ -205,7 +241,9 @@ class NeighborLoader:
                 try:
                     item = ready.get(timeout=self.timeout_s)
                 except queue.Empty:
-                    raise CoordlTimeoutError(f"no batch from the pipeline thread in {self.timeout_s:.0f} s") from None
+                    raise CoordlTimeoutError(
+                        f"no batch from the pipeline thread in {self.timeout_s:.0f} s"
+                    ) from None
                 if item is None:
                     return
                 if isinstance(item, BaseException):
@@ -219,8 +257,14 @@ class NeighborLoader:
     def variant(self, **changes: Any) -> NeighborLoader:
         """A new loader with the same graph, seeds and seed, and ``changes`` applied to the other
         arguments (dsanalyzer's differential runs: e.g. ``gather_features=False``)."""
-        kwargs = dict(self._kwargs, num_workers=self.num_workers, pipeline_depth=self.pipeline_depth,
-                      seed=self.seed, gather_features=self.maker.gather_features, timeout_s=self.timeout_s)
+        kwargs = dict(
+            self._kwargs,
+            num_workers=self.num_workers,
+            pipeline_depth=self.pipeline_depth,
+            seed=self.seed,
+            gather_features=self.maker.gather_features,
+            timeout_s=self.timeout_s,
+        )
         kwargs.update(changes)
         return NeighborLoader(self.graph, self.maker.seeds, **kwargs)
 

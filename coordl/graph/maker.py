@@ -21,7 +21,16 @@ from shmem.counters import SharedCounters
 
 __all__ = ["BatchMaker", "COUNTERS"]
 
-COUNTERS = ("batches", "seeds", "input_nodes", "edges", "cache_hits", "cache_misses", "sample_ns", "gather_ns")
+COUNTERS = (
+    "batches",
+    "seeds",
+    "input_nodes",
+    "edges",
+    "cache_hits",
+    "cache_misses",
+    "sample_ns",
+    "gather_ns",
+)
 
 
 class BatchMaker:

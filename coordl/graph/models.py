@@ -39,7 +39,9 @@ class SAGEConv(nn.Module):
 class GraphSAGE(nn.Module):
     """``num_layers`` SAGE layers with ReLU (and dropout) between them; one per sampled hop."""
 
-    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int = 2, dropout: float = 0.0) -> None:
+    def __init__(
+        self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int = 2, dropout: float = 0.0
+    ) -> None:
         super().__init__()
         dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
         self.layers = nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))

@@ -49,7 +49,10 @@ def _pick_edges(
     deg = indptr[nodes + 1].astype(np.int64) - starts
     rows = np.arange(nodes.size, dtype=np.int64)
     take_all = deg <= fanout if fanout >= 0 else np.ones(nodes.size, dtype=bool)
-    parts_pos, parts_row = [_expand(starts[take_all], deg[take_all])], [np.repeat(rows[take_all], deg[take_all])]
+    parts_pos, parts_row = (
+        [_expand(starts[take_all], deg[take_all])],
+        [np.repeat(rows[take_all], deg[take_all])],
+    )
     keyed = ~take_all & (deg <= _KEYS_MAX_DEGREE)
     if keyed.any():
         k_rows, k_deg = rows[keyed], deg[keyed]

@@ -26,7 +26,10 @@ _CHUNK_ROWS = 1 << 16
 
 
 def rmat_edges(
-    num_nodes: int, num_edges: int, rng: np.random.Generator, abcd: tuple[float, float, float, float] = (0.57, 0.19, 0.19, 0.05)
+    num_nodes: int,
+    num_edges: int,
+    rng: np.random.Generator,
+    abcd: tuple[float, float, float, float] = (0.57, 0.19, 0.19, 0.05),
 ) -> tuple[np.ndarray, np.ndarray]:
     """``num_edges`` R-MAT edges (with repeats and self-loops) over ``num_nodes`` nodes, ids permuted."""
     a, b, c, _ = abcd
@@ -51,7 +54,9 @@ def rmat_edges(
     return src, dst
 
 
-def _simple(src: np.ndarray, dst: np.ndarray, num_nodes: int, undirected: bool) -> tuple[np.ndarray, np.ndarray]:
+def _simple(
+    src: np.ndarray, dst: np.ndarray, num_nodes: int, undirected: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Drop self-loops and repeated edges; add each edge's reverse when ``undirected``."""
     keep = src != dst
     src, dst = src[keep], dst[keep]
@@ -79,8 +84,12 @@ def synth_graph(
         feature_dim: float32 features per node; num_classes: labels are ``0 .. num_classes-1``.
         train_fraction: share of nodes in ``train_idx`` (a random subset, sorted).
     """
-    for name, value, low in (("num_nodes", num_nodes, 2), ("num_edges", num_edges, 1),
-                             ("feature_dim", feature_dim, 1), ("num_classes", num_classes, 2)):
+    for name, value, low in (
+        ("num_nodes", num_nodes, 2),
+        ("num_edges", num_edges, 1),
+        ("feature_dim", feature_dim, 1),
+        ("num_classes", num_classes, 2),
+    ):
         if value < low:
             raise ValueError(f"{name} must be >= {low}, got {value}")
     if not 0 < train_fraction <= 1:

@@ -164,14 +164,18 @@ class ObjectStore:
             self.credentials_from = "storage_options"
         else:
             creds = session.get_credentials()
-            self.credentials_from = "nowhere (none found)" if creds is None else _credential_origin(creds.method)
+            self.credentials_from = (
+                "nowhere (none found)" if creds is None else _credential_origin(creds.method)
+            )
         return client
 
     # -- requests -------------------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes:
         """The whole object ``key`` (a full key, e.g. ``self.location.key(relpath)``)."""
-        return self._call("GET", key, lambda c: _read_body(c.get_object(Bucket=self.location.bucket, Key=key)))
+        return self._call(
+            "GET", key, lambda c: _read_body(c.get_object(Bucket=self.location.bucket, Key=key))
+        )
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """``length`` bytes of ``key`` from byte ``start`` (one ranged GET)."""
@@ -179,7 +183,9 @@ class ObjectStore:
             return b""
         rng = f"bytes={start}-{start + length - 1}"
         return self._call(
-            "GET range", key, lambda c: _read_body(c.get_object(Bucket=self.location.bucket, Key=key, Range=rng))
+            "GET range",
+            key,
+            lambda c: _read_body(c.get_object(Bucket=self.location.bucket, Key=key, Range=rng)),
         )
 
     def list(self, prefix: str | None = None) -> list[ObjectInfo]:
@@ -225,7 +231,11 @@ class ObjectStore:
                 self._raise_final(op, key, code, status, e)
                 last = e
                 continue
-            except (BotoCoreError, OSError, _ShortBody) as e:  # connection refused/reset, timeouts, cut bodies
+            except (
+                BotoCoreError,
+                OSError,
+                _ShortBody,
+            ) as e:  # connection refused/reset, timeouts, cut bodies
                 last = e
                 continue
             if isinstance(result, bytes):

@@ -27,7 +27,13 @@ _S3FS_NAMES = {
     "endpoint": "endpoint_url",
     "region": "region_name",
 }
-_CLIENT_ARGS = {"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "endpoint_url", "region_name"}
+_CLIENT_ARGS = {
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+    "endpoint_url",
+    "region_name",
+}
 _OWN = {"profile", "anon", "client_kwargs", "config_kwargs", "connect_timeout_s", "read_timeout_s"}
 
 

@@ -224,7 +224,9 @@ class ShardBuffer:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
             if thread.is_alive():
-                log.warning("coordl: shard fetch ahead still in a GET after %.0f s; left to finish", timeout_s)
+                log.warning(
+                    "coordl: shard fetch ahead still in a GET after %.0f s; left to finish", timeout_s
+                )
                 return
         with self._lock:  # a later want() (the dataset used again) starts a new thread
             self._thread, self._stop = None, False

@@ -83,7 +83,9 @@ class Resume:
         # shards it between workers (sharding_filter) only when it sees the DataPipe itself. Resuming one
         # replays the epoch's first batches (it has no state_dict).
         datapipe = isinstance(self.user_dataset, torch.utils.data.IterDataPipe)
-        self.stream = ResumableStream(self.user_dataset, batch_size or 1) if iterable and not datapipe else None
+        self.stream = (
+            ResumableStream(self.user_dataset, batch_size or 1) if iterable and not datapipe else None
+        )
         if iterable:
             pass
         elif batch_sampler is not None:
@@ -97,7 +99,9 @@ class Resume:
                 )
             if shuffle and generator is None and _unseeded_shuffle(sampler):
                 self.shuffle_generator = _private_generator()
-            self.order = ResumableSampler(sampler, unit=batch_size or 1, shuffle_generator=self.shuffle_generator)
+            self.order = ResumableSampler(
+                sampler, unit=batch_size or 1, shuffle_generator=self.shuffle_generator
+            )
         # A generator of the user's sampler (RandomSampler(..., generator=g) given as sampler=): its
         # state when the pass began orders that pass, like the loader's own.
         self.sampler_generator = _sampler_generator(self.order, generator) if self.order is not None else None
@@ -143,7 +147,9 @@ class Resume:
 
     # -- a pass -----------------------------------------------------------------------------------------
 
-    def start(self, torch_loader: Any, start_workers: Callable[[Any], Any], release: Callable | None = None) -> PassTracker:
+    def start(
+        self, torch_loader: Any, start_workers: Callable[[Any], Any], release: Callable | None = None
+    ) -> PassTracker:
         """Start a pass of ``torch_loader`` (``start_workers(torch_loader)`` makes its iterator), with a
         loaded state applied: the main process's parts now, the workers' in the new workers."""
         workers = torch_loader.num_workers
@@ -284,7 +290,9 @@ class Resume:
             self.worker_states, self.last_worker = {}, None
             return
         if self.stream is not None:  # the next pass makes new iterators; the datasets live on
-            kept = {w: {**s, "iter": None} for w, s in self.worker_states.items() if s.get("dataset") is not None}
+            kept = {
+                w: {**s, "iter": None} for w, s in self.worker_states.items() if s.get("dataset") is not None
+            }
             self.worker_states = kept
         elif self.pass_offset % max(1, self.pass_workers):
             self._restart = True  # the resumed pass's workers hold rotated states: back to their own
@@ -315,12 +323,16 @@ class Resume:
             "sampler_epoch": None if between or self.order is None else self.order.inner_epoch,
             "sampler": self._sampler_part(between),
             "dataset": copy.deepcopy(self._main_dataset_state(between)) if workers == 0 else None,
-            "workers": [copy.deepcopy(self.worker_states.get(i)) for i in range(workers)] if workers else None,
+            "workers": [copy.deepcopy(self.worker_states.get(i)) for i in range(workers)]
+            if workers
+            else None,
             "last_worker": None if between else self.last_worker,
         }
 
     @staticmethod
-    def _generator_state(generator: torch.Generator | None, at_start: str | None, between: bool) -> str | None:
+    def _generator_state(
+        generator: torch.Generator | None, at_start: str | None, between: bool
+    ) -> str | None:
         if generator is None:
             return None
         return encode_generator_state(generator) if between else at_start
@@ -364,7 +376,9 @@ class Resume:
         self.plan = copy.deepcopy(state)
 
 
-def _sampler_generator(order: ResumableSampler, loader_generator: torch.Generator | None) -> torch.Generator | None:
+def _sampler_generator(
+    order: ResumableSampler, loader_generator: torch.Generator | None
+) -> torch.Generator | None:
     """The generator of the user's sampler (or of the sampler inside their batch sampler), when it has
     one of its own."""
     for sampler in (order.inner, getattr(order.inner, "sampler", None)):

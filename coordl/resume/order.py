@@ -65,7 +65,12 @@ class ResumableSampler:
     """
 
     def __init__(
-        self, inner: Any, *, batched: bool = False, unit: int = 1, shuffle_generator: torch.Generator | None = None
+        self,
+        inner: Any,
+        *,
+        batched: bool = False,
+        unit: int = 1,
+        shuffle_generator: torch.Generator | None = None,
     ) -> None:
         self.inner = inner
         self.batched = batched

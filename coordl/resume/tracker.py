@@ -24,7 +24,9 @@ class PassTracker:
         release: called with each dropped batch (the batch ring's unwrap, so its slot is freed).
     """
 
-    def __init__(self, torch_iter: Any, resume: Any, pass_id: int, *, discard: int = 0, release: Callable | None = None) -> None:
+    def __init__(
+        self, torch_iter: Any, resume: Any, pass_id: int, *, discard: int = 0, release: Callable | None = None
+    ) -> None:
         self.torch_iter = torch_iter
         self.resume = resume
         self.pass_id = pass_id

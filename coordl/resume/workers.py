@@ -159,7 +159,9 @@ class ResumableStream(torch.utils.data.IterableDataset):
     def _padded(it: Iterator[Any], pads: int) -> Iterator[Any]:
         for _ in range(pads):
             yield PAD
-        while True:  # not ``yield from it``: that calls iter(it), and a dataset that is its own iterator restarts
+        while (
+            True
+        ):  # not ``yield from it``: that calls iter(it), and a dataset that is its own iterator restarts
             try:
                 item = next(it)
             except StopIteration:

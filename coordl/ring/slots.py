@@ -21,7 +21,17 @@ import torch
 from coordl.ring.layout import ALIGN, align, gather, leaf_layout
 from shmem.segment import Segment, free_bytes
 
-__all__ = ["FREE", "HEADER_BYTES", "LENT", "MAPPED_STATES", "PAGE_BYTES", "RECEIVERS", "RingBatch", "Stacked", "WorkerRing"]
+__all__ = [
+    "FREE",
+    "HEADER_BYTES",
+    "LENT",
+    "MAPPED_STATES",
+    "PAGE_BYTES",
+    "RECEIVERS",
+    "RingBatch",
+    "Stacked",
+    "WorkerRing",
+]
 
 PAGE_BYTES = 4096
 HEADER_BYTES = PAGE_BYTES  # one int32 state per slot; slots start on a page boundary
@@ -203,7 +213,9 @@ class WorkerRing:
             self.states[slot] = FREE
             return None
         leaves = [(off, dtype, (n, *shape)) for off, dtype, shape, _ in layouts]
-        return RingBatch(self.segment.path, slot, base, self.slot_bytes, leaves, scalars, self.spec, self.receiver)
+        return RingBatch(
+            self.segment.path, slot, base, self.slot_bytes, leaves, scalars, self.spec, self.receiver
+        )
 
     def _stack(self, values: list, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple) -> None:
         out = self.rows(offset, nbytes, dtype, shape, values[0])

@@ -113,8 +113,13 @@ def profile_gnn(
     stall = per_iter["sample_stall"] + per_iter["gather_stall"]
     hidden = min(1.0, max(0.0, 1.0 - stall / loading)) if loading > 0 else 1.0
     bound = {"compute": "compute", "prep": "sample", "fetch": "gather"}[
-        bound_of({"compute": per_iter["compute"], "prep_stall": per_iter["sample_stall"],
-                  "fetch_stall": per_iter["gather_stall"]})
+        bound_of(
+            {
+                "compute": per_iter["compute"],
+                "prep_stall": per_iter["sample_stall"],
+                "fetch_stall": per_iter["gather_stall"],
+            }
+        )
     ]
     return {
         "per_iter_s": per_iter,
@@ -136,6 +141,8 @@ def format_gnn_report(report: dict) -> str:
     for k in GNN_STALL_KEYS:
         lines.append(f"  {k:<13} {p[k] * 1e3:8.1f} ms  {p[k] / total:6.1%}")
     a = report["loading_alone_s"]
-    lines.append(f"loading alone: sample {a['sample'] * 1e3:.1f} ms + gather {a['gather'] * 1e3:.1f} ms per batch; "
-                 f"hidden behind compute: {report['hidden_fraction']:.0%}")
+    lines.append(
+        f"loading alone: sample {a['sample'] * 1e3:.1f} ms + gather {a['gather'] * 1e3:.1f} ms per batch; "
+        f"hidden behind compute: {report['hidden_fraction']:.0%}"
+    )
     return "\n".join(lines)

@@ -48,8 +48,6 @@ def _is_item_source(obj: Any) -> bool:
     return all(callable(getattr(obj, name, None)) for name in ("__len__", "fetch", "prep"))
 
 
-
-
 def find_item_source(loader: Any) -> Any | None:
     """The coordl item source (``fetch``/``prep``) behind a loader, if any."""
     for start in (getattr(loader, "source", None), getattr(loader, "dataset", None)):

@@ -74,8 +74,10 @@ def _prep_scaling(
     """Dataset size, cold fetch rate, then the loader alone (items from memory) at each worker count."""
     files = item_source.loader_files(loader, plan.data_path)
     info: dict = {"dataset": item_source.dataset_info(loader, files)}
-    bucket = None if plan.data_path else objectstore.find_bucket(
-        getattr(loader, "dataset", None), getattr(loader, "source", None)
+    bucket = (
+        None
+        if plan.data_path
+        else objectstore.find_bucket(getattr(loader, "dataset", None), getattr(loader, "source", None))
     )
     if bucket is not None:  # an object store: probed at the loader's concurrency, not read cold as files
         _probe_bucket(info, loader, bucket)
@@ -118,7 +120,9 @@ def _cold_fetch_rate(files: list[str], source: Any, threads: int, data_path: str
         if source is not None and not data_path:
             fetchrate.evict_files(files)
         return fetchrate.measure_fetch_rate(
-            files=None if source is not None and not data_path else (files or None), source=source, threads=threads
+            files=None if source is not None and not data_path else (files or None),
+            source=source,
+            threads=threads,
         )
     except ValueError as e:
         return {"error": str(e)}

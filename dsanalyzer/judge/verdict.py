@@ -1,6 +1,4 @@
-"""The report's verdict: the model's bound at the measured rates, its check against the run, and the fix.
-
-The verdict is a consequence of the numbers, in three steps:
+"""The report's verdict: the model's bound at the measured rates, its check against the run, and the fix, in three steps:
 
 1. **Bound.** The what-if model (:mod:`dsanalyzer.model.whatif`) evaluated at the measured configuration
    names the binding stage; that is the bound the verdict states.
@@ -102,7 +100,8 @@ def _causes(report: dict, model: Model, pred: Prediction, spread: dict | None, g
     if slower and other is not None and other >= OTHER_CPU_SHARE * model.cpus:
         per_core = (report.get("sysmon") or {}).get("cpu_percent_per_core") or [[]]
         machine = max(model.cpus, len(per_core[0]) if per_core and per_core[0] else 0)
-        where = f"the {model.cpus} cores" if machine == model.cpus else f"the machine's {machine} cores (the job had {model.cpus})"
+        had = "" if machine == model.cpus else f" (the job had {model.cpus})"
+        where = f"the {model.cpus} cores" if not had else f"the machine's {machine} cores{had}"
         causes.append(f"interference: other processes used {other:.2f} of {where} during the real run")
     if spread is not None:
         width = (spread["p90"] - spread["p10"]) / 2 / spread["median"]
@@ -266,7 +265,8 @@ def threads_note(model: Model, cpus: int, workers: int, **predict_kw) -> str | N
     kw = {"cache_bytes": model.cache_bytes, "storage_bytes_per_s": model.storage_bytes_per_s,
           "policy": model.cache_policy, **predict_kw}  # fmt: skip
     now = model.predict(cpus=cpus, workers=workers, **kw).samples_per_s
-    one = replace(model, torch_threads=1, threads_follow_cores=False).predict(cpus=cpus, workers=workers, **kw)
+    single = replace(model, torch_threads=1, threads_follow_cores=False)
+    one = single.predict(cpus=cpus, workers=workers, **kw)
     return (
         f"on {cpus} cores torch runs {cpus} intra-op threads in the main process (its default follows the "
         f"cores); between the step's parallel regions the idle ones spin, holding about {spin:.2f} of the "
@@ -370,7 +370,8 @@ def _no_fix_text(model: Model, bound: str, noun: str) -> str:
     if bound == "prep":
         if need["cpus_needed"] is None:
             return "prep saturates however many cores it gets: make prep cheaper (cache decoded samples)"
-        more = model.predict(model.cache_bytes, 2 * model.cpus, model.storage_bytes_per_s, policy=model.cache_policy)
+        kw = {"policy": model.cache_policy}
+        more = model.predict(model.cache_bytes, 2 * model.cpus, model.storage_bytes_per_s, **kw)
         return (
             f"{need['cpus_needed']} CPU cores for data prep would make it compute-bound (this machine has "
             f"{model.cpus}; with {2 * model.cpus} the what-if predicts {more.samples_per_s:,.0f} samples/s)"

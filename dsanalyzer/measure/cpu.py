@@ -20,6 +20,7 @@ def main_process_section(results: dict[str, dict], warmup: int, workers: int, sc
     With ``num_workers=0`` the main thread preps inside ``__next__``, so its receive cost is read from
     the loader-alone run with workers (at the most workers measured) instead.
     """
+
     def cpu(mode: str) -> dict | None:
         r = results.get(mode) or {}
         return summarize_cpu(r.get("wait_cpu_s") or [], r.get("step_cpu_s") or [], warmup)
@@ -52,5 +53,7 @@ def main_process_section(results: dict[str, dict], warmup: int, workers: int, sc
         receive = [r for r in scaling.get("receive_cpu_s_per_batch") or [] if r is not None]
         if receive:
             out["receive_cpu_s_per_batch"] = receive[-1]
-            out["method"] += "; receive from the loader-alone run with workers (the job loads in its main process)"
+            out["method"] += (
+                "; receive from the loader-alone run with workers (the job loads in its main process)"
+            )
     return out

@@ -79,10 +79,10 @@ def _opened_by(dataset: Any, index: int) -> list[str]:
 def trace_item_files(dataset: Any, samples: int = _SAMPLE_ITEMS, seed: int = 0) -> dict:
     """Load up to ``samples`` random items; the files they opened and their mean bytes per item.
 
-    Returns ``{}`` when the dataset has no length, fails to load, or its items open only empty
-files; ``{"opened_no_files": True, "method"}`` when every item loaded without opening a file; else
-    ``files`` (the dataset's files when their directory holds about one per item, else the opened
-    ones), ``avg_item_bytes``, ``path`` (their common directory) and ``method``.
+        Returns ``{}`` when the dataset has no length, fails to load, or its items open only empty
+    files; ``{"opened_no_files": True, "method"}`` when every item loaded without opening a file; else
+        ``files`` (the dataset's files when their directory holds about one per item, else the opened
+        ones), ``avg_item_bytes``, ``path`` (their common directory) and ``method``.
     """
     try:
         n = len(dataset)

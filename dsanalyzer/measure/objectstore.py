@@ -119,14 +119,18 @@ def _coordl_store(obj: Any) -> tuple[Any, dict[str, int]]:
 
 def _stages(obj: Any) -> bool:
     """Whether the dataset copies what it reads onto local disk (an ``nfs_cache`` stager)."""
-    return any(type(v).__module__.startswith("nfs_cache.") for v in list(getattr(obj, "__dict__", {}).values()))
+    return any(
+        type(v).__module__.startswith("nfs_cache.") for v in list(getattr(obj, "__dict__", {}).values())
+    )
 
 
 def find_bucket(*datasets: Any) -> BucketSource | None:
     """The bucket a dataset reads (the first of ``datasets`` that names one: a loader's dataset, its
     source), or None when its items are not ``s3://`` objects."""
     chain = [obj for d in datasets for obj in _chain(d)]
-    if any(_stages(obj) for obj in chain):  # staged to local disk (stage_dir=): after a first read, not a bucket
+    if any(
+        _stages(obj) for obj in chain
+    ):  # staged to local disk (stage_dir=): after a first read, not a bucket
         return None
     urls = next((u for u in map(_urls_of, chain) if u), [])
     if not urls:
@@ -139,7 +143,9 @@ def find_bucket(*datasets: Any) -> BucketSource | None:
     return BucketSource(urls, store, sizes)
 
 
-def _run_point(read: Callable[[str], int], keys: list[str], concurrency: int, budget_s: float, max_requests: int) -> dict:
+def _run_point(
+    read: Callable[[str], int], keys: list[str], concurrency: int, budget_s: float, max_requests: int
+) -> dict:
     """``concurrency`` threads each GET the next key as soon as their last one ended, until the budget."""
     lock = threading.Lock()
     pending = iter(keys * (1 + max_requests // max(1, len(keys))))
@@ -278,7 +284,10 @@ def bucket_section(
     if len(sizes) == len(bucket.keys):
         out["mean_object_bytes"], out["size_method"] = sum(sizes) / max(1, len(sizes)), "the bucket's listing"
     else:
-        out["mean_object_bytes"], out["size_method"] = probe["fetch"]["bytes"] / max(1, probe["fetch"]["items"]), "the probe's GETs"
+        out["mean_object_bytes"], out["size_method"] = (
+            probe["fetch"]["bytes"] / max(1, probe["fetch"]["items"]),
+            "the probe's GETs",
+        )
     out.update(probe)
     return out
 
@@ -313,4 +322,3 @@ def prep_without_fetch(scaling: dict, source: dict) -> dict:
         "fetch_subtracted": f"each worker's own GET ({own_s * 1e3:.1f} ms an item, the probed store) taken out: "
         "the dataset reads the bucket itself, so its items could not be served from memory",
     }
-

@@ -165,7 +165,9 @@ def _job_cpu() -> tuple[float, float]:
     for child in children:
         try:
             t = child.cpu_times()
-        except psutil.Error:  # exited between the listing and the read: its CPU is in RUSAGE_CHILDREN once reaped
+        except (
+            psutil.Error
+        ):  # exited between the listing and the read: its CPU is in RUSAGE_CHILDREN once reaped
             continue
         live += t.user + t.system
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -55,11 +55,14 @@ def facts() -> dict:
         cores = os.cpu_count() or 1
     fixed = str(os.getpid()) in _CALLED or any(os.environ.get(k) for k in _ENV)
     cuda = getattr(torch, "cuda", None)
-    on_gpu = bool(cuda is not None and cuda.is_initialized())  # a script that never touched the GPU: a CPU step
+    on_gpu = bool(
+        cuda is not None and cuda.is_initialized()
+    )  # a script that never touched the GPU: a CPU step
     return {
         "torch_threads": threads,
         "threads_follow_cores": not fixed and threads == cores,
-        "threads_fixed_by": "torch.set_num_threads" if str(os.getpid()) in _CALLED
+        "threads_fixed_by": "torch.set_num_threads"
+        if str(os.getpid()) in _CALLED
         else next((k for k in _ENV if os.environ.get(k)), None),  # fmt: skip
         "step_device": "cuda" if on_gpu else "cpu",
     }

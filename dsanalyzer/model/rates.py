@@ -69,11 +69,18 @@ class Prediction:
 
     def with_epoch_start(self, epoch_start_s: float, epoch_items: int) -> Prediction:
         """This steady rate with ``epoch_start_s`` lost at the start of every epoch of ``epoch_items``."""
-        if not epoch_start_s or epoch_start_s <= 0 or epoch_items <= 0 or not math.isfinite(self.samples_per_s):
+        if (
+            not epoch_start_s
+            or epoch_start_s <= 0
+            or epoch_items <= 0
+            or not math.isfinite(self.samples_per_s)
+        ):
             return self
         steady_epoch_s = epoch_items / self.samples_per_s
         epoch_s = steady_epoch_s + epoch_start_s
-        return replace(self, samples_per_s=epoch_items / epoch_s, epoch_s=epoch_s, steady_per_s=self.samples_per_s)
+        return replace(
+            self, samples_per_s=epoch_items / epoch_s, epoch_s=epoch_s, steady_per_s=self.samples_per_s
+        )
 
 
 @dataclass(frozen=True)
@@ -135,5 +142,11 @@ def compose(
         "prep_stall": max(0.0, b / no_fetch - b / step_per_s),
         "fetch_stall": max(0.0, b / rate - b / no_fetch),
     }
-    stages = {"compute": compute_per_s, "prep": prep_per_s, "fetch": fetch, "worker_cycle": cycle, "cpu": cpu_per_s}
+    stages = {
+        "compute": compute_per_s,
+        "prep": prep_per_s,
+        "fetch": fetch,
+        "worker_cycle": cycle,
+        "cpu": cpu_per_s,
+    }
     return Prediction(rate, dataset_items / rate, bound, stages, h, per_iter)

@@ -69,7 +69,12 @@ def _reaches(model: Model, target: float, **kw) -> bool:
 
 
 def cache_bytes_for_rate(
-    model: Model, target: float, cpus: int, storage: float, policy: str, gpu: float = 1.0,
+    model: Model,
+    target: float,
+    cpus: int,
+    storage: float,
+    policy: str,
+    gpu: float = 1.0,
     fetch_ahead: int | None = None,
 ) -> float | None:
     """Smallest cache (bytes) that reaches ``target`` samples/s, or None when no cache does."""
@@ -90,6 +95,7 @@ def cache_bytes_for_rate(
 def fetch_ahead_for_rate(model: Model, target: float, workers: int) -> int:
     """A bucket's read-ahead per worker: the fewest threads that reach ``target``, else the fewest that get
     within 2% of what :data:`MAX_FETCH_AHEAD` threads would (past that the store's ceiling binds)."""
+
     def rate(ahead: int) -> float:
         return model.predict(
             model.cache_bytes, model.cpus, model.storage_bytes_per_s, policy=model.cache_policy,

@@ -109,7 +109,9 @@ def fit(points: list[dict], item_bytes: float) -> StoreModel:
     # One at a time: T(b) = latency + b / stream, from a tiny range and a whole object.
     extra_bytes = full1["request_bytes"] - small1["request_bytes"]
     extra_s = full1["latency_s"] - small1["latency_s"]  # a whole object's transfer beyond the tiny one's
-    stream = extra_bytes / extra_s if extra_s > 0 and extra_bytes > 0 else 1e15  # too fast to see at this size
+    stream = (
+        extra_bytes / extra_s if extra_s > 0 and extra_bytes > 0 else 1e15
+    )  # too fast to see at this size
     latency = max(small1["latency_s"] - small1["request_bytes"] / stream, 1e-9)
     request_rate = small_top["requests_per_s"]
     r_lower = request_rate >= _SATURATED * top_c / (latency + small_top["request_bytes"] / stream)

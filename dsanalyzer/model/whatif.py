@@ -48,7 +48,9 @@ class Model:
     cache_bytes: float = 0.0
     cache_policy: str = "pagecache"
     prep_points: tuple = ()  # the measured (workers, samples/s) pairs the prep curve was fitted to
-    batch_overhead_s: float = 0.0  # the main thread's own CPU per batch receiving it (in series with the step)
+    batch_overhead_s: float = (
+        0.0  # the main thread's own CPU per batch receiving it (in series with the step)
+    )
     step_cpu_s: float | None = None  # the main process's CPU per step (None: not measured)
     prep_cpu_s: float | None = None  # CPU per sample of the data path, all processes (None: not measured)
     cpu_share: float = 1.0  # the share of its cores the job got while profiled
@@ -58,7 +60,9 @@ class Model:
     threads_follow_cores: bool = False  # torch's default: as many intra-op threads as cores
     step_on_cpu: bool = True  # the step runs on the CPU (its intra-op threads spin between regions)
     epoch_items: int | None = None  # samples one process reads per epoch (a DistributedSampler's share)
-    epoch_start_s: float = 0.0  # what starting an epoch costs beyond a steady batch (measured in the real run)
+    epoch_start_s: float = (
+        0.0  # what starting an epoch costs beyond a steady batch (measured in the real run)
+    )
     store: StoreModel | None = None  # an object store's fitted rates (None: files; see model/store.py)
     fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
     items_per_request: float = 1.0  # items one store request brings (a shard's items; 1 for loose files)
@@ -154,7 +158,11 @@ class Model:
                 reads = max(self.job_cpu_s - self.in_memory_cpu_s, 0.0)
                 base = self.in_memory_cpu_s + (1.0 - min(max(hit_ratio, 0.0), 1.0)) * reads
         if not base:
-            base = self.job_cpu_s if not self.prep_cpu_s else self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
+            base = (
+                self.job_cpu_s
+                if not self.prep_cpu_s
+                else self.prep_cpu_s + (self.step_cpu_s or 0.0) / self.batch_size
+            )
         if base and not self.step_on_cpu and self.step_cpu_s and gpu_speedup != 1.0:
             step = self.step_cpu_s / self.batch_size
             base = max(base - step * (1.0 - 1.0 / gpu_speedup), base * 1e-3)
@@ -228,7 +236,9 @@ class Model:
         if self.store is not None:
             costs = self._store_costs(hit_s, storage_bytes_per_s, w, fetch_ahead, items_per_request, h)
         else:
-            costs = ItemCosts(hit_s=hit_s, miss_s=s / storage_bytes_per_s, miss_overhead_s=self.storage_overhead_s)
+            costs = ItemCosts(
+                hit_s=hit_s, miss_s=s / storage_bytes_per_s, miss_overhead_s=self.storage_overhead_s
+            )
         return compose(
             step_per_s=self.compute_per_s * gpu_speedup,
             compute_per_s=self.compute_rate(gpu_speedup),
@@ -245,7 +255,9 @@ class Model:
         """Seconds one worker takes to make one batch at ``steady``'s operating point: ``w * B / W``, with
         ``W`` the loader's rate (fetch and worker cycle; the step not counted). An epoch's first batch
         waits that long: every worker starts its first batch at once."""
-        data = min(steady.stage_rates.get("fetch", math.inf), steady.stage_rates.get("worker_cycle", math.inf))
+        data = min(
+            steady.stage_rates.get("fetch", math.inf), steady.stage_rates.get("worker_cycle", math.inf)
+        )
         if not math.isfinite(data) or data <= 0:
             return 0.0
         return max(1, workers) * self.batch_size / data

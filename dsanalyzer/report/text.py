@@ -76,9 +76,7 @@ def source_line(report: dict) -> str:
     src = report.get("source") or {}
     if src.get("kind") != "bucket":
         return ""
-    text = (
-        f"bucket {src.get('url')} at {src.get('endpoint') or 'the default endpoint'}, {src.get('objects', '?')} objects"
-    )
+    text = f"bucket {src.get('url')} at {src.get('endpoint') or 'the default endpoint'}, {src.get('objects', '?')} objects"
     if src.get("mean_object_bytes"):
         text += f" of {src['mean_object_bytes'] / 1e3:,.1f} kB on average"
     if src.get("probe_error"):

@@ -20,7 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Context", "Skip", "SectionError", "SectionTimeout", "cli_argv", "fmt", "kill_tree", "median", "ratio"]
+__all__ = [
+    "Context",
+    "Skip",
+    "SectionError",
+    "SectionTimeout",
+    "cli_argv",
+    "fmt",
+    "kill_tree",
+    "median",
+    "ratio",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 _CLI = re.compile(r"import sys; sys\.argv\[0\] = '([\w-]+)'; ")
@@ -72,7 +82,9 @@ def cli_argv(name: str) -> list[str]:
 class Context:
     """What a section records (tables, notes, the commands it ran) and its scratch folder."""
 
-    def __init__(self, name: str, device: str, dry: bool, work: Path, result_path: Path, seconds: float = 600) -> None:
+    def __init__(
+        self, name: str, device: str, dry: bool, work: Path, result_path: Path, seconds: float = 600
+    ) -> None:
         self.name, self.device, self.dry = name, device, dry
         self.seconds = seconds  # the section's time limit (the parent stops it then)
         self.deadline = time.monotonic() + seconds

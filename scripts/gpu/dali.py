@@ -54,7 +54,9 @@ def _prep_table(ctx: Context, prep: dict, runs: int) -> None:
         rate = median([r["rate"] for r in results])
         vs = ratio(rate, base)
         target = "" if cfg == "dali" else ("yes" if vs is not None and vs >= 0.95 else "NO")
-        rows.append([NAMES[cfg], fmt(rate, 0), fmt(vs, 2), fmt(median([r["cpu_ms"] for r in results]), 2), target])
+        rows.append(
+            [NAMES[cfg], fmt(rate, 0), fmt(vs, 2), fmt(median([r["cpu_ms"] for r in results]), 2), target]
+        )
     ctx.table(f"Prep-bound, fully cached: train_pipeline(224) on the {ctx.device}, medians of {runs} runs",
               ["loader", "samples/s", "vs DALI alone", "CPU ms/sample", ">= 95%"], rows)  # fmt: skip
 
@@ -78,12 +80,23 @@ def run(ctx: Context) -> None:
     except ImportError as e:
         raise Skip(f"NVIDIA DALI is not importable ({e}): {WHEEL_NOTE}") from None
     n, runs = (60, 1) if ctx.dry else (1000, 3)
-    size = ["--n", str(n), "--classes", "4", "--epochs", "2" if ctx.dry else "3", "--batch-size", "16" if ctx.dry else "64"]
+    size = [
+        "--n",
+        str(n),
+        "--classes",
+        "4",
+        "--epochs",
+        "2" if ctx.dry else "3",
+        "--batch-size",
+        "16" if ctx.dry else "64",
+    ]
     prep = _bench(ctx, size + ["--runs", str(runs), "--skip-fetch-bound"], "prep", ctx.share(0.5))
     _prep_table(ctx, prep["prep"], runs)
     missing = slowstore_missing()
     if ctx.dry:
-        ctx.note("Fetch-bound part not run in a dry run (it throttles a loop device; needs root and cgroup v1).")
+        ctx.note(
+            "Fetch-bound part not run in a dry run (it throttles a loop device; needs root and cgroup v1)."
+        )
     elif missing:
         ctx.note(f"Fetch-bound part skipped: benchmarks/slowstore.py cannot run here ({missing}).")
     else:

@@ -51,10 +51,36 @@ def summarise(ctx: Context, report: dict, label: str) -> None:
 def run(ctx: Context) -> None:
     out = ctx.work / "demo"
     if ctx.dry:  # tiny: the wiring, not the numbers (an emulated 30 ms step on the CPU)
-        size = ["--items", "160", "--iters", "8", "--verify-runs", "1", "--min-seconds", "0", "--storage-mbps", "3"]
+        size = [
+            "--items",
+            "160",
+            "--iters",
+            "8",
+            "--verify-runs",
+            "1",
+            "--min-seconds",
+            "0",
+            "--storage-mbps",
+            "3",
+        ]
     else:
-        size = ["--items", "800", "--iters", "40", "--verify-runs", "3", "--min-seconds", "5", "--storage-mbps", "3"]
-    ctx.run([*cli_argv("dsanalyzer"), "demo", "--out", str(out), "--quiet", *size], timeout=ctx.remaining(), cpus=CPUS)
+        size = [
+            "--items",
+            "800",
+            "--iters",
+            "40",
+            "--verify-runs",
+            "3",
+            "--min-seconds",
+            "5",
+            "--storage-mbps",
+            "3",
+        ]
+    ctx.run(
+        [*cli_argv("dsanalyzer"), "demo", "--out", str(out), "--quiet", *size],
+        timeout=ctx.remaining(),
+        cpus=CPUS,
+    )
     path = out / "report.json"
     if not path.exists():
         raise SectionError(f"dsanalyzer demo wrote no {path}")

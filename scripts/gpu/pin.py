@@ -35,7 +35,9 @@ class Items:
         import numpy as np
 
         self.n, self.shape = n, shape
-        self.raw = np.random.default_rng(0).integers(0, 255, size=int(np.prod(shape)), dtype=np.uint8).tobytes()
+        self.raw = (
+            np.random.default_rng(0).integers(0, 255, size=int(np.prod(shape)), dtype=np.uint8).tobytes()
+        )
 
     def __len__(self) -> int:
         return self.n
@@ -79,7 +81,11 @@ def measure(cfg: str, data: Items, batch: int, device: str, warmup: int = 4) -> 
         if i == warmup:
             t_start, n = t1, 0
         pinned += int(x.is_pinned()) if cuda else 0
-        start, end = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else (None, None)
+        start, end = (
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            if cuda
+            else (None, None)
+        )
         if cuda:
             start.record()
         xg, yg = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -106,7 +112,9 @@ def measure(cfg: str, data: Items, batch: int, device: str, warmup: int = 4) -> 
 def run(ctx: Context) -> None:
     n, batch, rounds, shape = (96, 8, 1, (3, 32, 32)) if ctx.dry else (1536, 64, 3, SHAPE)
     data = Items(n, shape)
-    ctx.command(f"scripts/gpu/pin.py measure(cfg, Items({n}, {shape}), batch={batch}, device={ctx.device}) x {rounds}")
+    ctx.command(
+        f"scripts/gpu/pin.py measure(cfg, Items({n}, {shape}), batch={batch}, device={ctx.device}) x {rounds}"
+    )
     res: dict[str, list[dict]] = {c: [] for c in CONFIGS}
     names = list(CONFIGS)
     for r in range(rounds):

@@ -85,7 +85,11 @@ def machine_info(root: Path) -> dict[str, str]:
     import importlib.util
 
     try:
-        crop = "built" if importlib.util.find_spec("coordl.data._cropjpeg") else "not built (whole-image decodes)"
+        crop = (
+            "built"
+            if importlib.util.find_spec("coordl.data._cropjpeg")
+            else "not built (whole-image decodes)"
+        )
     except Exception as e:  # noqa: BLE001 - coordl itself does not import: the sections will say why
         crop = f"coordl does not import: {type(e).__name__}: {e}"
     info["coordl crop decoder"] = crop
@@ -111,7 +115,9 @@ def _table(t: dict) -> list[str]:
     return lines + ([""] + [t["note"]] if t.get("note") else []) + [""]
 
 
-def markdown(title: str, command: str, machine: dict[str, str], sections: list[dict], commands: bool = True) -> str:
+def markdown(
+    title: str, command: str, machine: dict[str, str], sections: list[dict], commands: bool = True
+) -> str:
     """The whole report: machine, a summary line per section, then each section's tables and commands."""
     out = [f"# {title}", "", f"Command: `{command}`", "", "| machine | |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in machine.items()]

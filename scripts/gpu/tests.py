@@ -37,7 +37,9 @@ def _outcomes(xml_path) -> list[tuple[str, str, str]]:
             if el is not None:
                 outcome = {"failure": "FAILED", "error": "ERROR", "skipped": "skipped"}[tag]
                 detail = el.get("message") or ""
-                if detail.startswith("collection") and el.text:  # the reason is in the text: (file, line, reason)
+                if (
+                    detail.startswith("collection") and el.text
+                ):  # the reason is in the text: (file, line, reason)
                     detail = el.text.strip().rsplit(", ", 1)[-1].strip("')\"")
                 detail = detail.splitlines()[0][:160] if detail else ""
                 break
@@ -63,7 +65,9 @@ def run(ctx: Context) -> None:
             ctx.table(f"{len(rows)} results of the gpu-marked tests in {len(files)} files: {summary}",
                       ["test", "outcome", "s", "detail"], [list(r) for r in rows])  # fmt: skip
     if not rows:
-        raise SectionError("pytest wrote no results:\n" + "\n".join(ctx.last_output.strip().splitlines()[-15:]))
+        raise SectionError(
+            "pytest wrote no results:\n" + "\n".join(ctx.last_output.strip().splitlines()[-15:])
+        )
     bad = [r[0] for r in rows if r[1] in ("FAILED", "ERROR")]
     if bad:
         raise SectionError(f"{len(bad)} gpu test(s) failed: " + ", ".join(bad))

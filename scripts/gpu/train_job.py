@@ -19,7 +19,11 @@ def build_model(width: int, blocks: int, classes: int):
 
     layers = [nn.Conv2d(3, width, 5, stride=2, padding=2), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
     for _ in range(blocks):
-        layers += [nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)]
+        layers += [
+            nn.Conv2d(width, width, 3, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+        ]
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes)]
     return nn.Sequential(*layers)
 
@@ -61,7 +65,9 @@ def main(argv: list[str]) -> int:
     import coordl
 
     torch.manual_seed(0)
-    data = coordl.ImageFolder(args.data, transform=coordl.transforms.train_transform(args.size, resize=args.size + 16))
+    data = coordl.ImageFolder(
+        args.data, transform=coordl.transforms.train_transform(args.size, resize=args.size + 16)
+    )
     loader = coordl.DataLoader(data, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                                drop_last=True, pin_memory=args.device == "cuda")  # fmt: skip
     model = build_model(args.width, args.blocks, len(data.classes)).to(args.device)

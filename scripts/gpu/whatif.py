@@ -70,7 +70,9 @@ def _profile(ctx: Context, width: int, blocks: int, job: list[str], iters: list[
 
 def _predict(ctx: Context, width: int, speedup: float) -> float:
     report = ctx.work / f"width-{width}" / "report.json"
-    out = ctx.run([*cli_argv("dsanalyzer"), "whatif", str(report), "--gpu-speedup", f"{speedup:.4g}"], timeout=60)
+    out = ctx.run(
+        [*cli_argv("dsanalyzer"), "whatif", str(report), "--gpu-speedup", f"{speedup:.4g}"], timeout=60
+    )
     last = out.strip().splitlines()[-1]
     if not last.startswith("predicted_samples_per_s="):
         raise SectionError(f"dsanalyzer whatif printed no prediction: {last!r}")
@@ -112,11 +114,28 @@ def run(ctx: Context) -> None:
     n, batch, size, workers = (96, 8, 32, 2) if dry else (1200, 64, 96, CPUS)
     widths, blocks = (DRY_WIDTHS, DRY_BLOCKS) if dry else (WIDTHS, BLOCKS)
     data = coordl.synth.make_dataset(ctx.work / "data", n, 10, width=320, height=240)
-    job = ["--data", str(data), "--device", ctx.device, "--size", str(size), "-b", str(batch), "--workers", str(workers)]
-    iters = ["--iters", "4", "--warmup", "1"] if dry else ["--iters", "30", "--warmup", "3", "--min-seconds", "3"]
-    ctx.command(f"scripts/gpu/whatif.py step_seconds(width, {blocks}, {ctx.device}, batch={batch}, size={size})")
+    job = [
+        "--data",
+        str(data),
+        "--device",
+        ctx.device,
+        "--size",
+        str(size),
+        "-b",
+        str(batch),
+        "--workers",
+        str(workers),
+    ]
+    iters = (
+        ["--iters", "4", "--warmup", "1"] if dry else ["--iters", "30", "--warmup", "3", "--min-seconds", "3"]
+    )
+    ctx.command(
+        f"scripts/gpu/whatif.py step_seconds(width, {blocks}, {ctx.device}, batch={batch}, size={size})"
+    )
     t = {w: step_seconds(w, blocks, ctx.device, batch, size) for w in widths}
-    ctx.note("Step of a random batch by width (ms): " + ", ".join(f"{w}: {1e3 * s:.2f}" for w, s in t.items()))
+    ctx.note(
+        "Step of a random batch by width (ms): " + ", ".join(f"{w}: {1e3 * s:.2f}" for w, s in t.items())
+    )
     heavy = widths[0] if dry else max([w for w in widths if t[w] <= MAX_STEP_S] or [min(widths)])
     reports = {heavy: _profile(ctx, heavy, blocks, job, iters)}
     prep = (reports[heavy].get("rates_per_s") or {}).get("prep") or 0.0

@@ -46,7 +46,13 @@ class Mixed(Items):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         base = super().__getitem__(index)
-        return {"x": base.float(), "a": np.full(3, index, np.int16), "i": index, "f": index / 2, "s": f"s{index}"}
+        return {
+            "x": base.float(),
+            "a": np.full(3, index, np.int16),
+            "i": index,
+            "f": index / 2,
+            "s": f"s{index}",
+        }
 
 
 class Keyed(tud.Dataset):
@@ -188,7 +194,9 @@ def assert_same_outcomes(ours: list[Any], theirs: list[Any], *, ordered: bool = 
         assert kinds[0] == kinds[1], f"coordl {kinds[0]} vs torch {kinds[1]}"
         for (kind, a), (_, b) in zip(epoch_ours, epoch_theirs, strict=True):
             if kind == "error":
-                assert same_errors(a, b), f"coordl raised {type(a).__name__}: {a}\ntorch raised {type(b).__name__}: {b}"
+                assert same_errors(a, b), (
+                    f"coordl raised {type(a).__name__}: {a}\ntorch raised {type(b).__name__}: {b}"
+                )
             else:
                 assert a == b
 
@@ -210,7 +218,9 @@ def both(make: Callable[[], Any], **kwargs: Any) -> tuple[Any, Any]:
             if callable(args.get(key)) and not hasattr(args[key], "__iter__"):
                 args[key] = args[key](dataset, torch.Generator().manual_seed(7))
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # coordl's "runs as one opaque stage", torch's worker count
+            warnings.simplefilter(
+                "ignore", UserWarning
+            )  # coordl's "runs as one opaque stage", torch's worker count
             built.append(cls(dataset, **args))
     return built[0], built[1]
 

@@ -184,7 +184,9 @@ def test_with_only_memory_tiers_a_read_thread_only_reads_storage() -> None:
     try:
         got = [int(t[0]) for t in ls._load_ahead(list(range(12)), None)]
         assert got == list(range(12))
-        assert len(stored) == 8 and all(t.startswith("coordl-fetch") for t in stored)  # the pace starts pooled
+        assert len(stored) == 8 and all(
+            t.startswith("coordl-fetch") for t in stored
+        )  # the pace starts pooled
         assert sorted(near.offered) == list(range(4, 12))
         assert set(near.offered_in) == {threading.current_thread().name}
         assert counters.snapshot()["storage_items_read"] == 8

@@ -66,7 +66,9 @@ def test_another_rank_attaches_to_the_same_cache(job: dict[str, str]) -> None:
         print(c.paths[0]); print(bytes(c.get(1)).decode()); c.put(2, b"from rank 1"); close_minio(c)
         """
     )
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env={**os.environ, **job}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, env={**os.environ, **job}, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     path, seen = out.stdout.split("\n")[:2]
     assert path == cache.paths[0] and seen == "from rank 0"
@@ -96,7 +98,9 @@ def test_a_process_that_exits_without_closing_leaves_no_rendezvous(job: dict[str
         print(node_cache._rendezvous(node_key("id:exit", 1 << 20, 10, None), None))
         """
     )
-    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env={**os.environ, **job}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, env={**os.environ, **job}, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert not os.path.exists(out.stdout.strip())
 

@@ -72,7 +72,9 @@ class FakeMinio:
 
 
 def test_auto_bypasses_only_when_the_rest_exceeds_the_room() -> None:
-    minio = FakeMinio(capacity=500_000, items=100, value_bytes=500_000)  # 5 KB items, 1000 of them: 4.5 MB outside
+    minio = FakeMinio(
+        capacity=500_000, items=100, value_bytes=500_000
+    )  # 5 KB items, 1000 of them: 4.5 MB outside
     assert PageCachePolicy("auto", minio, 1000, room=lambda: 4_000_000).bypass() is True
     p = PageCachePolicy("auto", minio, 1000, room=lambda: 5_000_000)
     assert p.bypass() is False and p.outside_bytes == 4_500_000 and p.room_bytes == 5_000_000
@@ -100,7 +102,9 @@ def test_fixed_modes_and_no_cache() -> None:
     minio = FakeMinio(capacity=1, items=1, value_bytes=10)
     assert PageCachePolicy("use", minio, 10**6, room=lambda: 0).bypass() is False
     assert PageCachePolicy("bypass", None, 10, room=lambda: 1 << 40).bypass() is True
-    assert PageCachePolicy("auto", None, 10**6, room=lambda: 0).bypass() is False  # no MinIO: the page cache is the cache
+    assert (
+        PageCachePolicy("auto", None, 10**6, room=lambda: 0).bypass() is False
+    )  # no MinIO: the page cache is the cache
     with pytest.raises(ValueError, match="page_cache"):
         PageCachePolicy("never", minio, 1)
 
@@ -136,7 +140,9 @@ def test_batches_equal_torch_and_bypass_leaves_misses_out_of_the_page_cache(disk
     tf = Compose([Decode(), CenterCrop(64), ToTensor()])
     ds = coordl.ImageFolder(disk_root, tf)
     half = sum(os.path.getsize(p) for p in _files(disk_root)) // 2
-    plain = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
+    plain = torch.utils.data.DataLoader(
+        ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3)
+    )
     wants = [_batches(plain) for _ in range(2)]  # two epochs
     for p in _files(disk_root):
         drop(p)
@@ -160,7 +166,9 @@ def test_auto_keeps_the_page_cache_when_memory_has_room(disk_root) -> None:
     ds = coordl.ImageFolder(disk_root, Compose([Decode(), CenterCrop(64), ToTensor()]))
     for p in _files(disk_root):
         drop(p)
-    assert page_cache_room() > 10 * sum(os.path.getsize(p) for p in _files(disk_root))  # a few hundred KB here
+    assert page_cache_room() > 10 * sum(
+        os.path.getsize(p) for p in _files(disk_root)
+    )  # a few hundred KB here
     with coordl.DataLoader(ds, batch_size=8, num_workers=2, cache_bytes=20_000) as dl:
         assert dl.page_cache == "auto"
         for _ in dl:

@@ -83,11 +83,15 @@ SAMPLERS = {
     },
     "subset random": {"sampler": lambda ds, g: tud.SubsetRandomSampler(range(3, 30), generator=g)},
     "weighted": {
-        "sampler": lambda ds, g: tud.WeightedRandomSampler([1.0 + (i % 3) for i in range(40)], 30, generator=g)
+        "sampler": lambda ds, g: tud.WeightedRandomSampler(
+            [1.0 + (i % 3) for i in range(40)], 30, generator=g
+        )
     },
     "batch sampler": {
         "batch_size": 1,
-        "batch_sampler": lambda ds, g: tud.BatchSampler(tud.RandomSampler(ds, generator=g), 6, drop_last=False),
+        "batch_sampler": lambda ds, g: tud.BatchSampler(
+            tud.RandomSampler(ds, generator=g), 6, drop_last=False
+        ),
     },
     "list sampler": {"sampler": [5, 3, 9, 9, 0, 39]},
 }
@@ -196,8 +200,16 @@ def test_worker_info(num_workers: int) -> None:
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_init_fn_configures_the_users_dataset(persistent: bool) -> None:
-    compare(Configured, batch_size=3, num_workers=2, worker_init_fn=configure_worker, persistent_workers=persistent)
-    compare(RangeStream, batch_size=4, num_workers=2, worker_init_fn=split_range, persistent_workers=persistent)
+    compare(
+        Configured,
+        batch_size=3,
+        num_workers=2,
+        worker_init_fn=configure_worker,
+        persistent_workers=persistent,
+    )
+    compare(
+        RangeStream, batch_size=4, num_workers=2, worker_init_fn=split_range, persistent_workers=persistent
+    )
 
 
 # A spawned or forkserver worker imports torch afresh (seconds each): one such case runs by default, the rest
@@ -294,7 +306,9 @@ def test_iterable_dataset_refuses_order_arguments_like_torch(kwargs) -> None:
     assert str(theirs.value) in str(ours.value)
 
 
-@pytest.mark.parametrize("name", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"])
+@pytest.mark.parametrize(
+    "name", ["batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"]
+)
 def test_assigning_constructor_attributes_after_init_raises_like_torch(name: str) -> None:
     ours, theirs = both(Items, batch_size=2)
     with ours:

@@ -56,13 +56,17 @@ def test_every_item_raising_gives_one_error_per_batch() -> None:
 def test_errors_with_and_without_the_batch_ring(batch_ring: bool) -> None:
     ours, theirs = both(lambda: Items(30, bad=frozenset({0, 9, 10, 29})), batch_size=3, num_workers=2)
     ours.close()
-    ours = coordl.DataLoader(Items(30, bad=frozenset({0, 9, 10, 29})), batch_size=3, num_workers=2, batch_ring=batch_ring)
+    ours = coordl.DataLoader(
+        Items(30, bad=frozenset({0, 9, 10, 29})), batch_size=3, num_workers=2, batch_ring=batch_ring
+    )
     with ours:
         assert_same_outcomes(outcomes(ours, 2), outcomes(theirs, 2))
 
 
 def test_persistent_workers_go_on_after_an_error() -> None:
-    compare(lambda: Items(20, bad=frozenset({3})), batch_size=2, num_workers=2, persistent_workers=True, epochs=2)
+    compare(
+        lambda: Items(20, bad=frozenset({3})), batch_size=2, num_workers=2, persistent_workers=True, epochs=2
+    )
 
 
 def test_in_order_false_goes_on_after_an_error() -> None:
@@ -70,7 +74,9 @@ def test_in_order_false_goes_on_after_an_error() -> None:
     with ours:
         a, b = outcomes(ours), outcomes(theirs)
     assert sorted(kind for kind, _ in a[0]) == sorted(kind for kind, _ in b[0])
-    assert sorted(repr(v) for k, v in a[0] if k == "batch") == sorted(repr(v) for k, v in b[0] if k == "batch")
+    assert sorted(repr(v) for k, v in a[0] if k == "batch") == sorted(
+        repr(v) for k, v in b[0] if k == "batch"
+    )
 
 
 def test_collate_error_costs_only_its_batch() -> None:

@@ -35,7 +35,9 @@ def run_many(method: str, runs: int, persistent: bool) -> None:
                 got = [(int(v), int(p)) for batch in dl for v, p in batch.tolist()]
                 assert sorted(v for v, _ in got) == list(range(sum(sizes))), (r, sizes)
                 pids.update(p for _, p in got)
-    left = [n for n in os.listdir("/dev/shm") if n.startswith("coordl-ring-") and int(n.split("-")[2]) in pids]
+    left = [
+        n for n in os.listdir("/dev/shm") if n.startswith("coordl-ring-") and int(n.split("-")[2]) in pids
+    ]
     assert left == []
 
 
@@ -83,6 +85,8 @@ class _FastOneBatch(tud.IterableDataset):
 def test_a_batch_of_an_exited_worker_is_still_readable() -> None:
     """torch waits for worker 0's first batch, receives worker 1's (kept for later) and its "done" marker,
     and tells worker 1 to exit before it hands that batch out."""
-    with coordl.DataLoader(_FastOneBatch(), batch_size=2, num_workers=2, multiprocessing_context="fork") as dl:
+    with coordl.DataLoader(
+        _FastOneBatch(), batch_size=2, num_workers=2, multiprocessing_context="fork"
+    ) as dl:
         assert [b[:, 0].tolist() for b in dl] == [[0, 1], [100, 101], [2, 3]]
         assert dl.stats()["ring_batches"] == 3  # the batches came through the ring

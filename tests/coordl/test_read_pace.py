@@ -92,7 +92,9 @@ def test_reads_that_block_stay_in_the_pool_with_rarer_and_rarer_probes(reader) -
     # probes after 16 reads, then 32, 64, 128, 256 more: 5 reads made in the prep thread out of 600
     assert pace.inline_reads == sum(_in_prep_thread(source)) == 5
     assert pace.slow and pace.blocked_s >= BLOCKED_LIMIT_S
-    assert all(t.startswith("coordl-fetch") for t in source.threads.values() if t != threading.current_thread().name)
+    assert all(
+        t.startswith("coordl-fetch") for t in source.threads.values() if t != threading.current_thread().name
+    )
 
 
 def test_probe_gap_is_bounded() -> None:

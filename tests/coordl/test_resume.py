@@ -143,7 +143,9 @@ def test_partitioned_rank_resumes_its_shard_order() -> None:
     from tests.coordl.ldr_sources import MemorySource
 
     def make() -> coordl.DataLoader:
-        return coordl.DataLoader(MemorySource(16), batch_size=4, shuffle=True, partitioned=True, cache_bytes=1 << 20)
+        return coordl.DataLoader(
+            MemorySource(16), batch_size=4, shuffle=True, partitioned=True, cache_bytes=1 << 20
+        )
 
     with make() as dl:
         whole = [b for _ in range(3) for b in dl]

@@ -26,7 +26,9 @@ from tests.coordl.resume_cases import (
     stream,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torchdata's set_vital, coordl's opaque-stage note
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning"
+)  # torchdata's set_vital, coordl's opaque-stage note
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +108,9 @@ def test_generator_given_resumes_exactly_in_torchs_order() -> None:
     permutation before the workers' base seed, torch after: their orders differ)."""
 
     def make(L):
-        return L(Items(10), batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(3))
+        return L(
+            Items(10), batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(3)
+        )
 
     _check(make, parity=False)
     assert stream(make(coordl.DataLoader), 2) == stream(make(torch.utils.data.DataLoader), 2)
@@ -124,7 +128,11 @@ def test_generator_given_resumes_exactly_in_torchs_order() -> None:
 def test_iterable_dataset_resumes_mid_epoch(workers: int, persistent: bool, stateful: bool) -> None:
     """Worker 0 finishes early; a Stateful iterator is restored in its worker, any other stream is
     replayed with the same worker seeds and the batches already handed out dropped."""
-    _check(lambda L: L(Stream(13, stateful=stateful), batch_size=2, num_workers=workers, persistent_workers=persistent))
+    _check(
+        lambda L: L(
+            Stream(13, stateful=stateful), batch_size=2, num_workers=workers, persistent_workers=persistent
+        )
+    )
 
 
 def test_iterable_without_state_replays_with_the_same_worker_seeds() -> None:
@@ -165,7 +173,9 @@ def test_state_before_iter_and_between_epochs(workers: int) -> None:
 
 def test_load_after_iter_replaces_the_running_epoch() -> None:
     def make():
-        return coordl.DataLoader(Items(12), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+        return coordl.DataLoader(
+            Items(12), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
+        )
 
     torch.manual_seed(0)
     full = stream(make(), 2)
@@ -202,7 +212,10 @@ def test_other_num_workers_or_length_is_a_clear_error() -> None:
         (Stream(12), {"num_workers": 2}, "iterable=False but this loader has iterable=True"),
     ]
     for dataset, kwargs, message in cases:
-        with coordl.DataLoader(dataset, batch_size=4, **kwargs) as dl, pytest.raises(ValueError, match=message):
+        with (
+            coordl.DataLoader(dataset, batch_size=4, **kwargs) as dl,
+            pytest.raises(ValueError, match=message),
+        ):
             dl.load_state_dict(state)
     # torchdata refuses another num_workers with an assert: code written for it catches AssertionError
     with coordl.DataLoader(Items(12), batch_size=4, num_workers=0) as dl, pytest.raises(AssertionError):
@@ -227,7 +240,8 @@ def test_caches_keep_their_contents(tmp_path) -> None:
             next(it)
             state = dl.state_dict()
             cached = {
-                k: dl.stats()[k] for k in ("cached_items", "cached_bytes", "sample_cache_items", "sample_cache_used_bytes")
+                k: dl.stats()[k]
+                for k in ("cached_items", "cached_bytes", "sample_cache_items", "sample_cache_used_bytes")
             }
             dl.load_state_dict(state)
             assert {k: dl.stats()[k] for k in cached} == cached
@@ -247,7 +261,9 @@ def test_batches_of_skipped_items_count_as_handed_out() -> None:
     from tests.coordl.ldr_sources import MemorySource
 
     def make():
-        return coordl.DataLoader(MemorySource(16, bad={4, 5, 6, 7}), batch_size=4, num_workers=2, on_error="skip")
+        return coordl.DataLoader(
+            MemorySource(16, bad={4, 5, 6, 7}), batch_size=4, num_workers=2, on_error="skip"
+        )
 
     with make() as dl:
         whole = [b.clone() for b in dl]

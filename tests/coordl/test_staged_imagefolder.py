@@ -56,7 +56,9 @@ def test_partial_stage_dir_refuses_instead_of_wrong_labels(tmp_path):
     from nfs_cache.layout import StageDirError
 
     src, dst = _tree(tmp_path / "src"), tmp_path / "dst"
-    summary = stage_all(src, dst, progress=False, budget_bytes=1500)  # class0 only: class1/2 would shift labels
+    summary = stage_all(
+        src, dst, progress=False, budget_bytes=1500
+    )  # class0 only: class1/2 would shift labels
     assert 0 < summary["staged_files"] < 12
     with pytest.raises(StageDirError, match=r"partial stage .*ImageFolder\('.*src', stage_dir='.*dst'\)"):
         coordl.ImageFolder(dst)

@@ -178,7 +178,9 @@ def test_train_transform_standard_recipe_crops_the_full_resolution_image():
         "Decode", "RandomResizedCrop", "RandomHorizontalFlip", "ToTensor", "Normalize",
     ]  # fmt: skip
     det, rest = tr.split()
-    assert repr(det) == "Compose([Decode(min_size=None, fastdct=False)])"  # the sample cache keeps the full image
+    assert (
+        repr(det) == "Compose([Decode(min_size=None, fastdct=False)])"
+    )  # the sample cache keeps the full image
     crop = tr.stages[1]
     assert (crop.scale, crop.ratio) == ((0.08, 1.0), (3 / 4, 4 / 3))
     raw = _jpeg(_pixels(120, 160))
@@ -189,9 +191,7 @@ def test_train_transform_standard_recipe_crops_the_full_resolution_image():
     assert whole.shape == (3, 64, 64) and torch.equal(whole, parts)
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"recipe": "resize_first_please"}, {"recipe": "standard", "resize": 80}]
-)
+@pytest.mark.parametrize("kwargs", [{"recipe": "resize_first_please"}, {"recipe": "standard", "resize": 80}])
 def test_train_transform_rejects_an_unknown_recipe_or_a_resize_it_would_ignore(kwargs):
     with pytest.raises(ValueError, match="recipe"):
         T.train_transform(64, **kwargs)

@@ -28,7 +28,9 @@ class PlainBucketDataset(torch.utils.data.Dataset):
         bucket, _, prefix = url[len("s3://") :].partition("/")
         self.bucket, self._client = bucket, None
         pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        keys = sorted(o["Key"] for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".jpg"))
+        keys = sorted(
+            o["Key"] for page in pages for o in page.get("Contents", []) if o["Key"].endswith(".jpg")
+        )
         self.urls = [f"s3://{bucket}/{k}" for k in keys]
         classes = sorted({k.split("/")[-2] for k in keys})
         self.targets = [classes.index(k.split("/")[-2]) for k in keys]

@@ -18,7 +18,22 @@ from tests.dsanalyzer.report.test_html import CHROMIUM, _chromium
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 def test_demo_report_shows_a_stall_a_rising_cache_curve_and_the_verified_fix(tmp_path, capsys):
     out = tmp_path / "demo"
-    rc = cli_main(["demo", "--quiet", "--items", "400", "--iters", "20", "--verify-runs", "2", "--min-seconds", "1", "--out", str(out)])
+    rc = cli_main(
+        [
+            "demo",
+            "--quiet",
+            "--items",
+            "400",
+            "--iters",
+            "20",
+            "--verify-runs",
+            "2",
+            "--min-seconds",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0, printed
     report = json.loads((out / "report.json").read_text())

@@ -51,7 +51,9 @@ class WrappingLoader:
 @pytest.fixture
 def probe(tmp_path, monkeypatch):
     def make(mode: str = "real", iters: int = 5, warmup: int = 1, min_seconds: float = 0.0) -> ProbeState:
-        state = ProbeState(HookConfig(mode, result_dir=str(tmp_path), iters=iters, warmup=warmup, min_seconds=min_seconds))
+        state = ProbeState(
+            HookConfig(mode, result_dir=str(tmp_path), iters=iters, warmup=warmup, min_seconds=min_seconds)
+        )
         monkeypatch.setattr(intercept, "_STATE", state)
         return state
 
@@ -95,7 +97,9 @@ def test_min_seconds_keeps_measuring_past_iters(probe, tmp_path):
     result = _result(tmp_path)
     assert len(result["wait_s"]) >= 2 + 6  # 6 x 50 ms of steps reach 0.3 s; 3 would have stopped at 0.15
     assert time.monotonic() - start >= 0.3
-    assert HookConfig.from_env(HookConfig("real", result_dir="d", min_seconds=2.5).to_env()).min_seconds == 2.5
+    assert (
+        HookConfig.from_env(HookConfig("real", result_dir="d", min_seconds=2.5).to_env()).min_seconds == 2.5
+    )
 
 
 def _epochs(loader, n: int = 10) -> None:
@@ -277,7 +281,9 @@ def test_a_script_without_a_loader_is_a_clear_error(tmp_path):
     script = tmp_path / "noloader.py"
     script.write_text("print('no loader here')\n")
     with pytest.raises(ProfileError, match="never iterated a torch.utils.data.DataLoader"):
-        run_child([PY, str(script)], HookConfig("real", result_dir=str(tmp_path / "res")), tmp_path / "log", 60)
+        run_child(
+            [PY, str(script)], HookConfig("real", result_dir=str(tmp_path / "res")), tmp_path / "log", 60
+        )
 
 
 def test_a_loader_that_yields_nothing_is_a_clear_error(tmp_path):
@@ -287,7 +293,9 @@ def test_a_loader_that_yields_nothing_is_a_clear_error(tmp_path):
         "for x in DataLoader([], batch_size=4):\n    pass\n"
     )
     with pytest.raises(ProfileError, match="yielded no batches"):
-        run_child([PY, str(script)], HookConfig("real", result_dir=str(tmp_path / "res")), tmp_path / "log", 60)
+        run_child(
+            [PY, str(script)], HookConfig("real", result_dir=str(tmp_path / "res")), tmp_path / "log", 60
+        )
 
 
 def test_a_missing_command_is_a_clear_error(tmp_path, capsys):
@@ -318,7 +326,9 @@ def test_progress_keeps_moving_while_min_seconds_keeps_measuring(monkeypatch, tm
 
     clock = [0.0]
     monkeypatch.setattr(recorder.time, "monotonic", lambda: clock[0])
-    rec = recorder.RunRecorder(HookConfig("real", result_dir=str(tmp_path), iters=10, warmup=2, min_seconds=10.0))
+    rec = recorder.RunRecorder(
+        HookConfig("real", result_dir=str(tmp_path), iters=10, warmup=2, min_seconds=10.0)
+    )
 
     def pull() -> list:
         clock[0] += 0.25
@@ -366,7 +376,18 @@ def test_sigterm_to_dsanalyzer_stops_the_profiled_job_too(tmp_path):
         "    def __getitem__(self, i): time.sleep(0.05); return i\n"
         "for _ in tud.DataLoader(Slow(), batch_size=4, num_workers=1): pass\n"
     )
-    cmd = [PY, "-m", "dsanalyzer.cli", "profile", "--quiet", "--out", str(tmp_path / "out"), "--", PY, str(script)]
+    cmd = [
+        PY,
+        "-m",
+        "dsanalyzer.cli",
+        "profile",
+        "--quiet",
+        "--out",
+        str(tmp_path / "out"),
+        "--",
+        PY,
+        str(script),
+    ]
     cli = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

@@ -56,7 +56,12 @@ for epoch in range(5):
 
 
 def _profile(
-    tmp_path: Path, script: Path, args: list[str], cpus: str | None = None, iters: int = 10, trace: bool = False
+    tmp_path: Path,
+    script: Path,
+    args: list[str],
+    cpus: str | None = None,
+    iters: int = 10,
+    trace: bool = False,
 ) -> dict:
     out = tmp_path / f"out-{script.stem}-{cpus or 'all'}"
     cmd = [str(BIN / "dsanalyzer"), "profile", "--quiet", "--iters", str(iters), "--warmup", "2",
@@ -119,7 +124,9 @@ def test_job_built_prep_bound_is_named_prep_on_1_and_2_cpus(tmp_path, cpus):
     assert len(loop) == len(report["runs"]["real"]["wait_s"])
     assert {e["tid"] for e in trace["traceEvents"] if e["ph"] == "i"} == {10}  # its one loader worker
     assert report["bound"] == "prep", report["advice"]
-    assert report["verdict"]["bound"] == "prep" and report["verdict"]["model_bound"] == "prep", report["advice"]
+    assert report["verdict"]["bound"] == "prep" and report["verdict"]["model_bound"] == "prep", report[
+        "advice"
+    ]
     _one_bound(report)
     assert report["verdict"]["more_cores"]["rises"]
     mp = report["main_process"]

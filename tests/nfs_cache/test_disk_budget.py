@@ -72,7 +72,9 @@ def test_two_stagers_at_once_stay_within_the_budget(dataset, tmp_path):
     stripe = StagedSource(root, tmp_path / "probe").locks.path_for
     b = next(n for n in names[1:] if stripe(n) != stripe(a))  # not one file lock: both must read at once
     budget = max(len(files[a]), len(files[b])) + min(len(files[a]), len(files[b])) // 2
-    stagers = [StagedSource(MeetingSource(str(root)), tmp_path / "stage", budget_bytes=budget) for _ in range(2)]
+    stagers = [
+        StagedSource(MeetingSource(str(root)), tmp_path / "stage", budget_bytes=budget) for _ in range(2)
+    ]
     threads = [threading.Thread(target=s.read, args=(rel,)) for s, rel in zip(stagers, (a, b), strict=True)]
     for t in threads:
         t.start()

@@ -73,6 +73,8 @@ def test_changed_remote_file_leaves_no_stale_visible_copy(dataset, tmp_path):
     (root / rel).write_bytes(b"new content")
     with StagedSource(root, tmp_path / "stage") as staged:
         staged.list_files()
-        assert not (tmp_path / "stage" / rel).exists()  # a reader of the plain folder cannot see the old bytes
+        assert not (
+            tmp_path / "stage" / rel
+        ).exists()  # a reader of the plain folder cannot see the old bytes
         assert staged.read(rel) == b"new content"
     assert (tmp_path / "stage" / rel).read_bytes() == b"new content"

@@ -77,7 +77,10 @@ def test_report_tables_escape_cells_and_a_second_run_gets_its_own_file(tmp_path)
     first = report_path(tmp_path, "NVIDIA H100 80GB HBM3", now)
     assert first.name == "2026-11-25-nvidia-h100-80gb-hbm3.md"
     first.write_text("x")
-    assert report_path(tmp_path, "NVIDIA H100 80GB HBM3", now).name == "2026-11-25-140506-nvidia-h100-80gb-hbm3.md"
+    assert (
+        report_path(tmp_path, "NVIDIA H100 80GB HBM3", now).name
+        == "2026-11-25-140506-nvidia-h100-80gb-hbm3.md"
+    )
 
 
 def test_a_failing_section_is_reported_and_the_next_one_still_runs(tmp_path):

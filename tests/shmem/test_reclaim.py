@@ -26,7 +26,12 @@ def made_by_a_dead_process(directory: Path, reader: str | None) -> Path:
         "print(s.path, flush=True)\n"
         "os.kill(os.getpid(), 9)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == -9, proc.stderr
     return Path(proc.stdout.strip())
 

@@ -50,5 +50,7 @@ def test_attaching_to_a_segment_its_owner_closed_names_it(tmp_path) -> None:
     seg = Segment.create("gone", 4096, tmp_path)
     state = pickle.dumps(seg)  # what a spawned worker receives
     seg.close()
-    with pytest.raises(FileNotFoundError, match=r"segment .*coordl-gone-.* is gone: the process that made it"):
+    with pytest.raises(
+        FileNotFoundError, match=r"segment .*coordl-gone-.* is gone: the process that made it"
+    ):
         pickle.loads(state)

@@ -15,7 +15,9 @@ from shmem.table import ROW_WORDS, AppendTable, table_bytes
 
 
 def _table(tmp_path, max_items=64, data_bytes=1 << 16, **kw) -> tuple[Segment, AppendTable]:
-    seg = Segment.create("tabletest", table_bytes(max_items, data_bytes, dense=kw.get("dense", False)), tmp_path)
+    seg = Segment.create(
+        "tabletest", table_bytes(max_items, data_bytes, dense=kw.get("dense", False)), tmp_path
+    )
     return seg, AppendTable.create(seg, max_items, data_bytes, **kw)
 
 
@@ -147,7 +149,9 @@ def test_each_process_checks_a_row_once(tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["x86-64", "weakly-ordered"])
-def test_a_row_one_reader_checked_is_not_checked_again_by_later_processes_on_x86(tmp_path, monkeypatch, shared) -> None:
+def test_a_row_one_reader_checked_is_not_checked_again_by_later_processes_on_x86(
+    tmp_path, monkeypatch, shared
+) -> None:
     """A loader's non-persistent workers are new processes each epoch: on x86-64 the first reader's mark in
     the row spares them the CRC; elsewhere each process checks each row once (the mark is not trusted)."""
     import shmem.table
@@ -173,7 +177,9 @@ def test_a_row_one_reader_checked_is_not_checked_again_by_later_processes_on_x86
     seg.close()
 
 
-def test_a_marked_row_whose_bytes_changed_is_refused_where_marks_are_not_trusted(tmp_path, monkeypatch) -> None:
+def test_a_marked_row_whose_bytes_changed_is_refused_where_marks_are_not_trusted(
+    tmp_path, monkeypatch
+) -> None:
     """The mark is an x86-64 shortcut, not part of the check: a weakly ordered reader still compares the CRC."""
     import shmem.table
 

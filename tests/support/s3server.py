@@ -57,7 +57,9 @@ def s3server_missing_reason(netns: bool = False) -> str:
         import boto3  # noqa: F401
         import moto.server  # noqa: F401
     except ImportError:
-        return "moto[server] and boto3 are not installed: pip install 'coordl[s3,dev]' (scripts/setup.sh does)"
+        return (
+            "moto[server] and boto3 are not installed: pip install 'coordl[s3,dev]' (scripts/setup.sh does)"
+        )
     if netns and (os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None):
         return "a network namespace needs root, iproute2 and tc"
     return ""
@@ -131,12 +133,12 @@ class S3Server:
     def create_bucket(self, bucket: str) -> None:
         self.client().create_bucket(Bucket=bucket)
 
-    def upload_dir(self, local_dir: str | os.PathLike, bucket: str, prefix: str = "", threads: int = 8) -> int:
+    def upload_dir(
+        self, local_dir: str | os.PathLike, bucket: str, prefix: str = "", threads: int = 8
+    ) -> int:
         """Upload every file under ``local_dir`` to ``bucket/prefix/<relpath>``; returns the count."""
         root = os.fspath(local_dir)
-        files = [
-            os.path.join(d, n) for d, _, names in os.walk(root) for n in names if not n.startswith(".")
-        ]
+        files = [os.path.join(d, n) for d, _, names in os.walk(root) for n in names if not n.startswith(".")]
         client = self.client()
 
         def put(path: str) -> None:
@@ -257,7 +259,12 @@ class S3Server:
         self.veth_host, veth_ns = f"{self.tag}h{short}", f"{self.tag}n{short}"
         used = _used_ipv4()
         base = next(
-            (f"10.214.{b}.{c}" for b in range(256) for c in range(0, 256, 4) if f"10.214.{b}.{c + 1}" not in used),
+            (
+                f"10.214.{b}.{c}"
+                for b in range(256)
+                for c in range(0, 256, 4)
+                if f"10.214.{b}.{c + 1}" not in used
+            ),
             None,
         )
         if base is None:

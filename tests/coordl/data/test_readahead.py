@@ -82,7 +82,9 @@ def test_errors_are_read_files_and_name_the_file(reader, tmp_path) -> None:
     with pytest.raises(IsADirectoryError):
         reader.submit(tmp_path).result()
     want = _write(tmp_path / "ok", 5000)
-    assert reader.submit(tmp_path / "ok", cached=False).result() == want  # the reader still works after errors
+    assert (
+        reader.submit(tmp_path / "ok", cached=False).result() == want
+    )  # the reader still works after errors
 
 
 def _in_thread(fn, timeout: float = 20.0):
@@ -218,7 +220,9 @@ def test_a_workers_storage_reads_of_local_files_go_through_the_read_ahead(tmp_pa
     gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
     want = [
         (x.clone(), y.clone())
-        for x, y in torch.utils.data.DataLoader(ImageFolder(str(root), tf), batch_size=8, shuffle=True, generator=gen())
+        for x, y in torch.utils.data.DataLoader(
+            ImageFolder(str(root), tf), batch_size=8, shuffle=True, generator=gen()
+        )
     ]
     with coordl.DataLoader(
         ImageFolder(str(root), tf), batch_size=8, shuffle=True, generator=gen(), num_workers=2,

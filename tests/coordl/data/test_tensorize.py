@@ -16,7 +16,9 @@ from coordl.data import cropdecode
 from coordl.data import transforms as T
 from coordl.ring.output_buffers import lend
 
-needs_kernel = pytest.mark.skipif(cropdecode.to_chw_float is None, reason="coordl.data._cropjpeg is not built")
+needs_kernel = pytest.mark.skipif(
+    cropdecode.to_chw_float is None, reason="coordl.data._cropjpeg is not built"
+)
 
 
 def _pixels(shape=(61, 83, 3), seed=0) -> np.ndarray:

@@ -37,7 +37,11 @@ def main() -> None:
     p.add_argument("--state")
     p.add_argument("--resume")
     args = p.parse_args()
-    config = DataLoaderConfiguration(use_stateful_dataloader=args.stateful, use_seedable_sampler=args.stateful, data_seed=0 if args.stateful else None)
+    config = DataLoaderConfiguration(
+        use_stateful_dataloader=args.stateful,
+        use_seedable_sampler=args.stateful,
+        data_seed=0 if args.stateful else None,
+    )
     accelerator = Accelerator(cpu=True, dataloader_config=config)
     loader = make_loader(args.loader)
     model = torch.nn.Linear(1, 1)

@@ -69,7 +69,9 @@ def loader_report(loader: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "loader_class": f"{type(loader).__module__}.{type(loader).__qualname__}",
         "sampler_class": type(getattr(loader, "sampler", None)).__name__,
-        "collate_fn": getattr(getattr(loader, "collate_fn", None), "__name__", repr(getattr(loader, "collate_fn", None))),
+        "collate_fn": getattr(
+            getattr(loader, "collate_fn", None), "__name__", repr(getattr(loader, "collate_fn", None))
+        ),
     }
     if isinstance(loader, coordl.DataLoader):
         out["epoch_stats"] = loader.epoch_stats()

@@ -45,7 +45,12 @@ class Module(L.LightningModule):
 
     def on_train_end(self) -> None:
         # In each rank's process (with ddp_spawn the launching process only holds a copy).
-        record = {"rank": self.global_rank, "world": self.trainer.world_size, "seen": self.seen, "steps": self.steps}
+        record = {
+            "rank": self.global_rank,
+            "world": self.trainer.world_size,
+            "seen": self.seen,
+            "steps": self.steps,
+        }
         record["warnings"] = [w for w in self.caught if "coordl" in w]
         write_rank(self.out, self.global_rank, {**record, **self.report})
 

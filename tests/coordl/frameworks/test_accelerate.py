@@ -32,7 +32,9 @@ def test_save_state_resumes_exactly_with_a_stateful_loader(tmp_path, kind: str) 
     pytest.importorskip("torchdata")
     full = accelerate(tmp_path / "full", "--loader", kind, "--stateful")
     state = tmp_path / "state"
-    cut = accelerate(tmp_path / "cut", "--loader", kind, "--stateful", "--save-at", "11", "--state", str(state))
+    cut = accelerate(
+        tmp_path / "cut", "--loader", kind, "--stateful", "--save-at", "11", "--state", str(state)
+    )
     resumed = accelerate(tmp_path / "resumed", "--loader", kind, "--stateful", "--resume", str(state))
     assert_sharded(full, NUM_ITEMS, epochs=2)
     for whole, before, after in zip(full, cut, resumed, strict=True):

@@ -18,9 +18,14 @@ def test_sharded_as_torchs_with_the_cache_shared_by_the_node(tmp_path) -> None:
     assert_sharded(torch_ranks, NUM_ITEMS, epochs=2)
     assert_sharded(ranks, NUM_ITEMS, epochs=2)
     for ours, theirs in zip(ranks, torch_ranks, strict=True):
-        assert ours["seen"] == theirs["seen"]  # the same items in the same order, both epochs (set_epoch applied)
+        assert (
+            ours["seen"] == theirs["seen"]
+        )  # the same items in the same order, both epochs (set_epoch applied)
         assert set(items(ours, 0)) != set(items(ours, 1))  # reshuffled across ranks each epoch
-        assert ours["loader_class"] == "coordl.dataloader.DataLoader" and ours["sampler_class"] == "DistributedSampler"
+        assert (
+            ours["loader_class"] == "coordl.dataloader.DataLoader"
+            and ours["sampler_class"] == "DistributedSampler"
+        )
         first, second = ours["epoch_stats"]
         assert first["cache_misses"] == NUM_ITEMS // 2 and first["cache_hits"] == 0
         # Epoch 2 hits every item although each rank now reads items the other one fetched: one cache per node.

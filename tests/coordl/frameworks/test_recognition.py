@@ -27,7 +27,9 @@ def test_it_is_a_torch_dataloader_with_torchs_attributes_for_the_users_arguments
         return torch.stack(samples)
 
     ds = Items()
-    with coordl.DataLoader(ds, batch_size=8, shuffle=True, num_workers=1, collate_fn=collate, cache_bytes=1 << 20) as dl:
+    with coordl.DataLoader(
+        ds, batch_size=8, shuffle=True, num_workers=1, collate_fn=collate, cache_bytes=1 << 20
+    ) as dl:
         assert isinstance(dl, tud.DataLoader)
         assert dl.collate_fn is collate  # with workers too: the batch ring stays inside
         assert isinstance(dl.sampler, tud.RandomSampler) and isinstance(dl.batch_sampler, tud.BatchSampler)
@@ -44,7 +46,9 @@ def test_it_is_a_torch_dataloader_with_torchs_attributes_for_the_users_arguments
 def lightning_rebuild(loader, rank: int):
     from lightning.pytorch.utilities.data import _update_dataloader
 
-    return _update_dataloader(loader, tud.DistributedSampler(loader.dataset, num_replicas=2, rank=rank, seed=0))
+    return _update_dataloader(
+        loader, tud.DistributedSampler(loader.dataset, num_replicas=2, rank=rank, seed=0)
+    )
 
 
 def made_in_a_hook(kind: str, **overrides):
@@ -69,10 +73,16 @@ def test_lightning_rebuilds_it_as_a_coordl_loader_sharded_like_torchs() -> None:
         assert got == batches(ref)  # the same items, in the same order, as torch's loader rebuilt alike
         per_rank[rank] = {i for b in got for i in b}
         assert dl.epoch_stats()[0]["cache_misses"] == len(per_rank[rank])
-        assert {i for b in batches(dl) for i in b} == per_rank[rank] and dl.epoch_stats()[1]["hit_ratio"] == 1.0
+        assert {i for b in batches(dl) for i in b} == per_rank[rank] and dl.epoch_stats()[1][
+            "hit_ratio"
+        ] == 1.0
         # The rebuilt loader took over the dropped one's fetch side (Lightning's sampler keeps its view
         # alive anyway): one cache, one counter table. What was the dropped loader's alone goes with it.
-        assert dl.dataset is original.dataset and dl._chain is original._chain and dl._counters is original._counters
+        assert (
+            dl.dataset is original.dataset
+            and dl._chain is original._chain
+            and dl._counters is original._counters
+        )
         own = [original._inner._skip_log.path]  # on_error="skip": the dropped loader's own skip log
         gone = weakref.ref(original)
         del original
@@ -93,7 +103,9 @@ def test_accelerate_prepare_keeps_the_tiers_and_the_users_collate() -> None:
 
     per_rank = {}
     for rank in (0, 1):
-        ref = prepare_data_loader(make_loader("torch", collate_fn=collate), num_processes=2, process_index=rank)
+        ref = prepare_data_loader(
+            make_loader("torch", collate_fn=collate), num_processes=2, process_index=rank
+        )
         with make_loader("coordl", collate_fn=collate) as loader:
             shard = prepare_data_loader(loader, num_processes=2, process_index=rank)
             assert shard.collate_fn is collate and type(shard.dataset).__name__ == "DatasetView"
@@ -101,7 +113,9 @@ def test_accelerate_prepare_keeps_the_tiers_and_the_users_collate() -> None:
             assert got == batches(ref)  # the same items in the same order as torch's loader prepared alike
             per_rank[rank] = {i for b in got for i in b}
     assert not per_rank[0] & per_rank[1] and per_rank[0] | per_rank[1] == set(range(NUM_ITEMS))
-    with make_loader("coordl", shuffle=False) as loader:  # the reads of Accelerate's loader go through the cache
+    with make_loader(
+        "coordl", shuffle=False
+    ) as loader:  # the reads of Accelerate's loader go through the cache
         shard = prepare_data_loader(loader, num_processes=2, process_index=0)
         for epoch in (0, 1):
             before = loader.stats()
@@ -125,7 +139,10 @@ def _unsharded_rank(rank: int, port: int, results) -> None:
                 warnings.simplefilter("always")
                 with coordl.DataLoader(Items(), batch_size=64, **kwargs) as dl:
                     n = sum(len(b) for b in dl) + sum(len(b) for b in dl)  # two epochs
-            out[name] = (n, [str(w.message) for w in caught if "coordl.DataLoader is iterated" in str(w.message)])
+            out[name] = (
+                n,
+                [str(w.message) for w in caught if "coordl.DataLoader is iterated" in str(w.message)],
+            )
         results[rank] = out
     finally:
         dist.destroy_process_group()
@@ -161,7 +178,9 @@ def test_ignite_deterministic_engine_rebuilds_it_as_a_coordl_loader() -> None:
         seen: list[list[int]] = []
         engine = DeterministicEngine(lambda engine, batch: seen.append([int(i) for i in batch]))
         used = {}
-        engine.add_event_handler(Events.EPOCH_COMPLETED, lambda e: used.setdefault("loader", e.state.dataloader))
+        engine.add_event_handler(
+            Events.EPOCH_COMPLETED, lambda e: used.setdefault("loader", e.state.dataloader)
+        )
         engine.run(loader, max_epochs=2)
         return seen, used["loader"]
 
@@ -170,7 +189,9 @@ def test_ignite_deterministic_engine_rebuilds_it_as_a_coordl_loader() -> None:
         ours, used = run(loader)
         assert ours == theirs
         assert type(used) is coordl.DataLoader and used is not loader
-        assert used.cache_bytes == loader.cache_bytes and used.dataset is loader.dataset  # took over its fetch side
+        assert (
+            used.cache_bytes == loader.cache_bytes and used.dataset is loader.dataset
+        )  # took over its fetch side
         assert used.epoch_stats()[1]["hit_ratio"] == 1.0
         used.close()
 
@@ -236,7 +257,11 @@ def test_accelerate_uneven_split_is_torchs(drop_last: bool, even_batches: bool) 
 def test_lightning_uneven_split_is_torchs(drop_last: bool) -> None:
     pytest.importorskip("lightning")
     for rank in (0, 1):
-        ref = lightning_rebuild(made_in_a_hook("torch", num_workers=0, drop_last=drop_last, batch_size=20), rank)
-        dl = lightning_rebuild(made_in_a_hook("coordl", num_workers=0, drop_last=drop_last, batch_size=20), rank)
+        ref = lightning_rebuild(
+            made_in_a_hook("torch", num_workers=0, drop_last=drop_last, batch_size=20), rank
+        )
+        dl = lightning_rebuild(
+            made_in_a_hook("coordl", num_workers=0, drop_last=drop_last, batch_size=20), rank
+        )
         with dl:
             assert len(dl) == len(ref) and batches(dl) == batches(ref)

@@ -79,8 +79,17 @@ def test_a_row_seen_half_written_is_read_from_the_file(rmat, tmp_path):
 
 def test_loader_stats_sum_over_workers(rmat, tmp_path):
     budget = 300 * rmat.feature_row_bytes
-    with NeighborLoader(rmat, rmat.train_idx, [4, 4], batch_size=128, num_workers=2, pipeline_depth=2,
-                        feature_cache_bytes=budget, seed=0, cache_dir=tmp_path) as loader:
+    with NeighborLoader(
+        rmat,
+        rmat.train_idx,
+        [4, 4],
+        batch_size=128,
+        num_workers=2,
+        pipeline_depth=2,
+        feature_cache_bytes=budget,
+        seed=0,
+        cache_dir=tmp_path,
+    ) as loader:
         rows = sum(len(b.input_nodes) for b in loader)
         s1 = loader.stats()
         assert s1["cache_hits"] + s1["cache_misses"] == rows == s1["input_nodes"]
@@ -97,9 +106,13 @@ def test_cache_too_large_for_directory_is_a_clean_error(rmat):
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
     free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
-    big = type(rmat)(rmat.indptr, rmat.indices, rmat.out_degree,
-                     np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (free // 4096 + 10, 1024), (0, 4)),
-                     None)
+    big = type(rmat)(
+        rmat.indptr,
+        rmat.indices,
+        rmat.out_degree,
+        np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (free // 4096 + 10, 1024), (0, 4)),
+        None,
+    )
     big.indptr = np.zeros(big.features.shape[0] + 1, dtype=np.int64)
     before = _segments("/dev/shm")
     with pytest.raises(MemoryError, match="feature_cache_bytes"):
@@ -108,8 +121,17 @@ def test_cache_too_large_for_directory_is_a_clean_error(rmat):
 
 
 def test_close_removes_the_segment(rmat, tmp_path):
-    loader = NeighborLoader(rmat, rmat.train_idx, [2], batch_size=256, feature_cache_bytes=1 << 16,
-                            num_workers=2, pipeline_depth=2, seed=0, cache_dir=tmp_path)
+    loader = NeighborLoader(
+        rmat,
+        rmat.train_idx,
+        [2],
+        batch_size=256,
+        feature_cache_bytes=1 << 16,
+        num_workers=2,
+        pipeline_depth=2,
+        seed=0,
+        cache_dir=tmp_path,
+    )
     list(loader)
     assert len(_segments(tmp_path)) == 1
     loader.close()

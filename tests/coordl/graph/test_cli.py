@@ -13,8 +13,14 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "coordl.graph.cli", *args], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "coordl.graph.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def test_synth_then_info(tmp_path):
@@ -28,7 +34,10 @@ def test_synth_then_info(tmp_path):
 
 def test_synth_is_deterministic_by_seed(tmp_path):
     for name in ("a", "b"):
-        assert _run("synth", str(tmp_path / name), "--nodes", "300", "--edges", "2000", "--seed", "5").returncode == 0
+        assert (
+            _run("synth", str(tmp_path / name), "--nodes", "300", "--edges", "2000", "--seed", "5").returncode
+            == 0
+        )
     for f in ("indices.bin", "features.bin", "labels.bin"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
 

@@ -60,8 +60,10 @@ def test_resave_into_own_directory_keeps_the_data(rmat_dir, tmp_path):
 def test_load_pyg_style_dict(tmp_path):
     edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
     x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
-    torch.save({"edge_index": edge_index, "x": x, "y": y, "train_mask": torch.tensor([True, False, True])},
-               tmp_path / "d.pt")
+    torch.save(
+        {"edge_index": edge_index, "x": x, "y": y, "train_mask": torch.tensor([True, False, True])},
+        tmp_path / "d.pt",
+    )
     g = Graph.load(tmp_path / "d.pt")
     assert edge_set(g) == {(0, 1), (1, 2), (2, 0)}
     np.testing.assert_allclose(g.features, x.numpy())

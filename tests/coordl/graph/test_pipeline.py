@@ -15,8 +15,9 @@ def _made(loader) -> int:
 
 @pytest.mark.parametrize("workers,depth", [(0, 3), (2, 4)])
 def test_loads_ahead_up_to_depth(rmat, workers, depth):
-    with NeighborLoader(rmat, rmat.train_idx, [3, 3], batch_size=16, num_workers=workers,
-                        pipeline_depth=depth, seed=0) as loader:
+    with NeighborLoader(
+        rmat, rmat.train_idx, [3, 3], batch_size=16, num_workers=workers, pipeline_depth=depth, seed=0
+    ) as loader:
         assert len(loader) > depth + 2
         it = iter(loader)
         next(it)  # the caller holds batch 0 and computes for a while

@@ -16,7 +16,9 @@ FANOUTS = [5, 3]
 
 
 def _loader(graph, **kw):
-    args = dict(fanouts=FANOUTS, batch_size=64, shuffle=True, seed=7, feature_cache_bytes=4096, pipeline_depth=0)
+    args = dict(
+        fanouts=FANOUTS, batch_size=64, shuffle=True, seed=7, feature_cache_bytes=4096, pipeline_depth=0
+    )
     args.update(kw)
     return NeighborLoader(graph, graph.train_idx, **args)
 
@@ -83,7 +85,9 @@ def test_deterministic_by_seed(rmat):
     assert fa != fc
 
 
-@pytest.mark.parametrize("mode", [dict(num_workers=0, pipeline_depth=3), dict(num_workers=2, pipeline_depth=4)])
+@pytest.mark.parametrize(
+    "mode", [dict(num_workers=0, pipeline_depth=3), dict(num_workers=2, pipeline_depth=4)]
+)
 def test_same_batches_for_any_worker_count(rmat, mode):
     with _loader(rmat) as serial, _loader(rmat, **mode) as other:
         for _ in range(2):  # epoch 0 and 1

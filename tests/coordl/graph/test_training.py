@@ -20,8 +20,17 @@ def test_graphsage_loss_drops(rmat):
     model = GraphSAGE(rmat.features.shape[1], 32, int(rmat.labels.max()) + 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
-    with NeighborLoader(rmat, rmat.train_idx, [5, 5], batch_size=128, shuffle=True, num_workers=0,
-                        pipeline_depth=2, feature_cache_bytes=1 << 14, seed=0) as loader:
+    with NeighborLoader(
+        rmat,
+        rmat.train_idx,
+        [5, 5],
+        batch_size=128,
+        shuffle=True,
+        num_workers=0,
+        pipeline_depth=2,
+        feature_cache_bytes=1 << 14,
+        seed=0,
+    ) as loader:
         for _ in range(3):
             epoch = []
             for batch in loader:

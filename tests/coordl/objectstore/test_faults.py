@@ -47,7 +47,9 @@ def test_a_body_cut_mid_response_is_retried_and_never_returned_half():
         store = ObjectStore("s3://data/train", {"endpoint_url": f"http://127.0.0.1:{srv.port}",
                             "aws_access_key_id": "k", "aws_secret_access_key": "s"},
                             attempts=3, backoff_s=0.01)  # fmt: skip
-        with pytest.raises(StoreUnavailableError, match=r"s3://data/train/a/1\.jpg: GET failed after 3 attempts"):
+        with pytest.raises(
+            StoreUnavailableError, match=r"s3://data/train/a/1\.jpg: GET failed after 3 attempts"
+        ):
             store.get("train/a/1.jpg")
         assert srv.requests == 3
         stats = store.stats()
@@ -81,7 +83,9 @@ def test_a_throttled_link_bounds_the_rate_and_reads_stay_correct(tmp_path):
         client = srv.client()
         for key, body in blobs.items():
             client.put_object(Bucket="slow", Key=f"train/{key}", Body=body)
-        ds = coordl.ImageFolder("s3://slow/train", transform=lambda b: b, storage_options=srv.storage_options())
+        ds = coordl.ImageFolder(
+            "s3://slow/train", transform=lambda b: b, storage_options=srv.storage_options()
+        )
         start = time.monotonic()
         got = {ds.items[i][0]: ds[i][0] for i in range(len(ds))}
         elapsed = time.monotonic() - start

@@ -74,7 +74,9 @@ def test_fetches_ahead_in_order_within_the_byte_budget():
 def test_a_local_shard_is_never_fetched_ahead_and_a_stale_plan_gives_way():
     sizes = {n: 10 for n in "abcd"}
     rec = _Recorder(sizes)
-    buf = rec.buffer = ShardBuffer(rec, max_shards=2, ahead_bytes=20, sizes=sizes, is_local=lambda n: n == "b")
+    buf = rec.buffer = ShardBuffer(
+        rec, max_shards=2, ahead_bytes=20, sizes=sizes, is_local=lambda n: n == "b"
+    )
     try:
         buf.want(["a", "b", "c"])
         _until(lambda: set(buf.ahead()) == {"a", "c"}, "a and c (b is local)")
@@ -175,7 +177,9 @@ def test_with_workers_every_shard_is_fetched_once_and_nothing_leaks(s3, packed):
             before = loader.stats()["store_requests"]
             seen = sorted(x for b in loader for x in b)
             requests = loader.stats()["store_requests"] - before
-            assert seen == sorted(coordl.TarShards(packed["pattern"], transform=_ident)[i] for i in range(N_ITEMS))
+            assert seen == sorted(
+                coordl.TarShards(packed["pattern"], transform=_ident)[i] for i in range(N_ITEMS)
+            )
             # one GET per shard, but for the epoch's tail, where batches may cross workers
             assert requests <= len(ds.shards) + 2
     finally:
@@ -187,7 +191,9 @@ def test_with_workers_every_shard_is_fetched_once_and_nothing_leaks(s3, packed):
     assert not glob.glob(f"/dev/shm/coordl-shardplan-{os.getpid()}-*")
 
 
-def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_half_kept(image_root, tmp_path):
+def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_half_kept(
+    image_root, tmp_path
+):
     from coordl.data.pack import pack
     from tests.support.s3server import S3Server, s3server_missing_reason
 
@@ -223,7 +229,9 @@ def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_
             srv.kill()
             go.set()
             nxt = next(i for i in order if ds.shards[int(ds._shard_of[i])] == second)
-            with pytest.raises(StoreUnavailableError, match=rf"s3://{BUCKET}/shards/{second}: GET failed after 3"):
+            with pytest.raises(
+                StoreUnavailableError, match=rf"s3://{BUCKET}/shards/{second}: GET failed after 3"
+            ):
                 ds[nxt]
             assert second not in ds._buffer.ahead()
         finally:
@@ -276,8 +284,11 @@ def test_locals_last_moves_staged_shards_to_the_end_of_a_stream():
 
 def test_from_epoch_2_the_tail_that_workers_share_is_read_from_staged_shards(s3, packed, tmp_path):
     name = os.path.basename(packed["pattern"])
-    sizes = [os.path.getsize(os.path.join(packed["local"], "shards", n))
-             for n in sorted(os.listdir(os.path.join(packed["local"], "shards"))) if n.endswith(".tar")]
+    sizes = [
+        os.path.getsize(os.path.join(packed["local"], "shards", n))
+        for n in sorted(os.listdir(os.path.join(packed["local"], "shards")))
+        if n.endswith(".tar")
+    ]
     ds = coordl.TarShards(f"s3://{BUCKET}/shards/{name}", transform=_ident, storage_options=s3.storage_options(),
                           stage_dir=tmp_path / "stage", stage_budget_bytes=sum(sizes) // 2)  # fmt: skip
     sampler = coordl.ShardSampler(ds, window=2, seed=5, batch_size=3, num_workers=2)
@@ -338,7 +349,9 @@ def test_a_sample_of_another_workers_shard_is_one_ranged_get(s3, packed, monkeyp
     sampler.plan.locate(0)
     streams = sampler.plan._streams
     mine, theirs = streams[0][0], streams[1][0]
-    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=0, num_workers=2))
+    monkeypatch.setattr(
+        torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=0, num_workers=2)
+    )
     try:
         before = ds.stats()
         ranges = ds.shard_ranges()
@@ -346,7 +359,9 @@ def test_a_sample_of_another_workers_shard_is_one_ranged_get(s3, packed, monkeyp
         assert ds[sample] == coordl.TarShards(packed["pattern"], transform=_ident)[sample]
         after = ds.stats()
         assert after["store_requests"] - before["store_requests"] == 1
-        assert after["store_bytes"] - before["store_bytes"] == int(ds._sizes[sample])  # the sample's bytes only
+        assert after["store_bytes"] - before["store_bytes"] == int(
+            ds._sizes[sample]
+        )  # the sample's bytes only
         assert not ds._buffer.holds(ds.shards[theirs])
         ds[ranges[mine][0]]  # its own shard: fetched whole
         assert ds._buffer.holds(ds.shards[mine])

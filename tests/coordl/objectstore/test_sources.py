@@ -49,7 +49,9 @@ def test_listing_is_cached_with_the_dataset_identity(s3):
     try:
         stale = coordl.ImageFolder("s3://data/train", storage_options=s3.storage_options())
         assert len(stale) == len(first)  # a fresh cached listing is trusted...
-        fresh = coordl.ImageFolder("s3://data/train", storage_options=s3.storage_options(), refresh_listing=True)
+        fresh = coordl.ImageFolder(
+            "s3://data/train", storage_options=s3.storage_options(), refresh_listing=True
+        )
         assert len(fresh) == len(first) + 1  # ...until asked to list again
         assert fresh.dataset_identity() != first.dataset_identity()
     finally:

@@ -41,10 +41,14 @@ def _job(opts, shm_dir, out, tag, barrier):
 
 
 def test_coordinated_jobs_fetch_each_object_once(s3, tmp_path):
-    coordl.ImageFolder("s3://data/train", storage_options=s3.storage_options())  # the listing, cached for both
+    coordl.ImageFolder(
+        "s3://data/train", storage_options=s3.storage_options()
+    )  # the listing, cached for both
     ctx = mp.get_context("fork")
     q, barrier = ctx.Queue(), ctx.Barrier(2)
-    procs = [ctx.Process(target=_job, args=(s3.storage_options(), str(tmp_path), q, i, barrier)) for i in range(2)]
+    procs = [
+        ctx.Process(target=_job, args=(s3.storage_options(), str(tmp_path), q, i, barrier)) for i in range(2)
+    ]
     for p in procs:
         p.start()
     results = {tag: (sums, req) for tag, sums, req in (q.get(timeout=120) for _ in procs)}
@@ -74,7 +78,9 @@ def test_partitioned_cache_over_a_bucket(s3, image_root):
     owners = OwnerMap(N_ITEMS, num_nodes=2, seed=3)
     caches = [MinioCache(4 << 20, N_ITEMS) for _ in range(2)]
     secret = b"bucket-partition-secret"
-    servers = [PeerServer(c, secret=secret, owns=lambda i, k=k: owners.owner(i) == k) for k, c in enumerate(caches)]
+    servers = [
+        PeerServer(c, secret=secret, owns=lambda i, k=k: owners.owner(i) == k) for k, c in enumerate(caches)
+    ]
     tiers = [
         PartitionedTier(owners, k, PeerClient([s.address for s in servers], secret=secret, timeout_s=2),
                         SharedCounters(["cache_hits", "cache_misses"]), local_cache=caches[k],
@@ -104,4 +110,7 @@ def test_partitioned_cache_over_a_bucket(s3, image_root):
             s.stop()
         for c in caches:
             c.close()
-    assert per_epoch == [N_ITEMS, 0]  # each object once (by its owner's first reader); epoch 2 all from caches
+    assert per_epoch == [
+        N_ITEMS,
+        0,
+    ]  # each object once (by its owner's first reader); epoch 2 all from caches

@@ -51,8 +51,17 @@ def main() -> None:
 
     kind = coordl.DataLoader if args.loader == "coordl" else torch.utils.data.DataLoader
     extra = {"timeout": 10} if args.loader == "torch" else {}
-    loader = kind(Items(), batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0), **extra)
-    reference = torch.utils.data.DataLoader(Items(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = kind(
+        Items(),
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        generator=torch.Generator().manual_seed(0),
+        **extra,
+    )
+    reference = torch.utils.data.DataLoader(
+        Items(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     for _ in range(args.threads):
         threading.Thread(target=native_threads, daemon=True).start()
     wrong = timeouts = 0
@@ -68,7 +77,17 @@ def main() -> None:
         wrong += got != want
     stop.set()
     version = ".".join(map(str, sys.version_info[:3]))
-    print(json.dumps({"loader": args.loader, "epochs": args.epochs, "wrong": wrong, "timeouts": timeouts, "python": version}))
+    print(
+        json.dumps(
+            {
+                "loader": args.loader,
+                "epochs": args.epochs,
+                "wrong": wrong,
+                "timeouts": timeouts,
+                "python": version,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

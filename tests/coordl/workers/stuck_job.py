@@ -39,7 +39,9 @@ def main() -> None:
     p.add_argument("--busy", type=float, default=0.0)
     p.add_argument("--stuck-after", type=float)
     p.add_argument("--fork-context", action="store_true")
-    p.add_argument("--custom-context", action="store_true", help="a ForkContext subclass of the program's own")
+    p.add_argument(
+        "--custom-context", action="store_true", help="a ForkContext subclass of the program's own"
+    )
     p.add_argument("--die", action="store_true", help="a child that takes a token is killed instead of stuck")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
@@ -74,6 +76,7 @@ def main() -> None:
     extra = {"multiprocessing_context": multiprocessing.get_context("fork")} if args.fork_context else {}
     if args.custom_context:
         extra = {"multiprocessing_context": OwnForkContext()}
+
     def same_arguments(kind: type) -> torch.utils.data.DataLoader:
         return kind(
             Items(), batch_size=8, shuffle=True, num_workers=args.workers, persistent_workers=args.persistent,
@@ -91,7 +94,12 @@ def main() -> None:
         except coordl.WorkerDiedError:  # it died before iter() returned: torch's handler raised it there
             print(json.dumps({"epoch": 0, "reported": ["iter"], "watching": False}), flush=True)
             return
-        deadline = time.monotonic() + coordl.workers.stuck.STUCK_AFTER_S + 2 * coordl.workers.stuck.LOOK_EVERY_S + 0.5
+        deadline = (
+            time.monotonic()
+            + coordl.workers.stuck.STUCK_AFTER_S
+            + 2 * coordl.workers.stuck.LOOK_EVERY_S
+            + 0.5
+        )
         reported = []
         while (left := deadline - time.monotonic()) > 0:
             try:

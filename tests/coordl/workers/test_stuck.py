@@ -28,7 +28,11 @@ def run(tmp_path: Path, stuck: int, *args: str, timeout: float = 120) -> tuple[l
         (tokens / f"{n:03d}").touch()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, str(JOB), str(tokens), *args], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, str(JOB), str(tokens), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     epochs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -68,7 +72,10 @@ def test_a_worker_that_stays_stuck_fails_the_epoch_after_three_replacements(tmp_
     # killed, and the epoch fails as torch's does when a worker dies, with the reason logged
     epochs, stderr = run(tmp_path, 4, "--workers", "1", "--stuck-after", "0.5")
     assert [(e["epoch"], e["error"]) for e in epochs] == [(0, "WorkerDiedError")]
-    assert re.search(r"DataLoader worker \(pids?\(?s?\)? [\d, ]+\)( is killed by signal: | exited unexpectedly)", epochs[0]["message"])
+    assert re.search(
+        r"DataLoader worker \(pids?\(?s?\)? [\d, ]+\)( is killed by signal: | exited unexpectedly)",
+        epochs[0]["message"],
+    )
     assert stderr.count("started pid") == 3
     assert "and so were 3 processes started in its place; killing it" in stderr
     stuck = [int(x) for x in (tmp_path / "stuck.log").read_text().split()]

@@ -135,7 +135,9 @@ def test_a_pipeline_without_readers_uses_data_or_names_the_flag(folder):
 
         pipe = Pipeline(batch_size=BATCH, num_threads=1, device_id=None, seed=1)
         with pipe:
-            pipe.set_outputs(fn.resize(fn.decoders.image(fn.external_source(source=source, batch=True)), size=16))
+            pipe.set_outputs(
+                fn.resize(fn.decoders.image(fn.external_source(source=source, batch=True)), size=16)
+            )
         return DALIGenericIterator([pipe], ["data"])
 
     blind = profile(make, lambda batch: None, iters=4, warmup=1, workers_list=[1])
@@ -156,7 +158,10 @@ def hook(tmp_path, monkeypatch):
     """The hook's patches on DALI's iterator and coordl's DALILoader (undone after the test)."""
     from coordl.dali import loader as dali_loader
 
-    for cls, names in ((DALIGenericIterator, ("__init__", "__next__")), (dali_loader.DALILoader, ("__iter__",))):
+    for cls, names in (
+        (DALIGenericIterator, ("__init__", "__next__")),
+        (dali_loader.DALILoader, ("__iter__",)),
+    ):
         for name in names:
             monkeypatch.setattr(cls, name, cls.__dict__[name])  # restores the original at teardown
     intercept._patch_module(dali_torch)
@@ -210,7 +215,9 @@ def test_a_dali_loader_is_timed_once_as_the_outermost_loader(hook, folder, tmp_p
     from coordl.dali import DALILoader, train_pipeline
 
     state = hook("real", iters=5, warmup=1)
-    loader = DALILoader(coordl.ImageFolder(folder), batch_size=BATCH, transform=train_pipeline(32), num_threads=1)
+    loader = DALILoader(
+        coordl.ImageFolder(folder), batch_size=BATCH, transform=train_pipeline(32), num_threads=1
+    )
     try:
         with pytest.raises(SystemExit):
             for _images, _labels in loader:
@@ -297,7 +304,9 @@ def test_gpu_decode_is_prep_stall_and_the_compute_run_replays_cuda_tensors(folde
     made, compute_batches = [], []
 
     def make():
-        made.append(DALIGenericIterator([_pipeline(folder, device="gpu")], ["data", "label"], reader_name="Reader"))
+        made.append(
+            DALIGenericIterator([_pipeline(folder, device="gpu")], ["data", "label"], reader_name="Reader")
+        )
         return made[-1]
 
     def step(batch):
@@ -307,7 +316,9 @@ def test_gpu_decode_is_prep_stall_and_the_compute_run_replays_cuda_tensors(folde
 
     report = profile(make, step, iters=20, warmup=3, workers_list=[2])
     assert len(compute_batches) == 23 and all(b is compute_batches[0] for b in compute_batches)
-    assert compute_batches[0][0]["data"].is_cuda and compute_batches[0][0]["label"].is_cuda  # replayed on the GPU
+    assert (
+        compute_batches[0][0]["data"].is_cuda and compute_batches[0][0]["label"].is_cuda
+    )  # replayed on the GPU
     assert report["loader"]["prep_device"] == "gpu" and report["dataset"]["items"] == ITEMS
     # the compute run decodes nothing; nvJPEG's share of the GPU in the other runs is prep stall
     assert report["per_iter_s"]["prep_stall"] > 0

@@ -29,12 +29,20 @@ class SlowRows:
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory) -> Graph:
-    return synth_graph(tmp_path_factory.mktemp("g") / "g", num_nodes=2000, num_edges=20_000, feature_dim=8, seed=2)
+    return synth_graph(
+        tmp_path_factory.mktemp("g") / "g", num_nodes=2000, num_edges=20_000, feature_dim=8, seed=2
+    )
 
 
 def _slow(graph: Graph) -> Graph:
-    return Graph(graph.indptr, graph.indices, graph.out_degree, SlowRows(np.asarray(graph.features)),
-                 graph.labels, graph.train_idx)
+    return Graph(
+        graph.indptr,
+        graph.indices,
+        graph.out_degree,
+        SlowRows(np.asarray(graph.features)),
+        graph.labels,
+        graph.train_idx,
+    )
 
 
 def _step(batch) -> None:
@@ -55,7 +63,9 @@ def test_report_shape_and_compute(graph):
 def test_slow_gather_is_a_gather_stall(graph):
     # Unpipelined, each batch waits GATHER_DELAY_S (4x the step) on reads; sampling costs the same in
     # the sample-only run, so T4 - T2 >= GATHER_DELAY_S minus timer jitter; half of it is a wide margin.
-    with NeighborLoader(_slow(graph), graph.train_idx, [4, 4], batch_size=64, pipeline_depth=0, seed=0) as loader:
+    with NeighborLoader(
+        _slow(graph), graph.train_idx, [4, 4], batch_size=64, pipeline_depth=0, seed=0
+    ) as loader:
         report = profile_gnn(loader, _step, iters=8, warmup=1)
     assert report["per_iter_s"]["gather_stall"] >= GATHER_DELAY_S / 2
     assert report["bound"] == "gather"
@@ -69,7 +79,9 @@ def test_pipelined_gather_is_hidden(graph):
     def long_step(batch) -> None:
         time.sleep(3 * GATHER_DELAY_S)
 
-    with NeighborLoader(_slow(graph), graph.train_idx, [4, 4], batch_size=64, pipeline_depth=2, seed=0) as loader:
+    with NeighborLoader(
+        _slow(graph), graph.train_idx, [4, 4], batch_size=64, pipeline_depth=2, seed=0
+    ) as loader:
         report = profile_gnn(loader, long_step, iters=8, warmup=2)
     assert report["per_iter_s"]["gather_stall"] < GATHER_DELAY_S / 2
     assert report["hidden_fraction"] > 0.5

@@ -176,12 +176,17 @@ def test_per_batch_overhead_is_named_when_it_caps_the_job():
 
 def test_bounds_that_differ_are_explained_with_numbers_and_the_stalls_win_an_unexplained_miss():
     rep = base(
-        prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}, fetch=FAST_STORAGE, cache_bytes=1e9
+        prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]},
+        fetch=FAST_STORAGE,
+        cache_bytes=1e9,
     )
     rep["bound"] = "prep"  # the stalls as measured: prep stall 44 ms of an 86 ms iteration
     v = verdict(at_model_rate(rep))  # the model (compute) matches the real run: its bound stands
     assert v["bound"] == v["model_bound"] == "compute" and v["measured_bound"] == "prep"
-    assert "the stalls as measured name prep (prep stall 44.0 ms, fetch stall 2.0 ms of a 86.0 ms" in v["sentence"]
+    assert (
+        "the stalls as measured name prep (prep stall 44.0 ms, fetch stall 2.0 ms of a 86.0 ms"
+        in v["sentence"]
+    )
     miss = verdict(with_real_run(rep, 300.0, iters=400))  # a miss by far that nothing measured explains
     assert miss["disagrees"] and not miss["causes"]
     assert miss["bound"] == "prep" and miss["model_bound"] == "compute"
@@ -213,7 +218,10 @@ def test_more_cores_names_torchs_intra_op_threads_when_they_are_its_default():
     m = Model.from_report(rep)
     one = replace(m, threads_follow_cores=False).predict(2e9, 2, 1e9, policy="pagecache", workers=2)
     assert f"{v['more_cores']['samples_per_s']:,.0f} samples/s" in note  # the prediction counts the spin
-    assert f"would give {one.samples_per_s:,.0f} samples/s" in note and one.samples_per_s > v["more_cores"]["samples_per_s"]
+    assert (
+        f"would give {one.samples_per_s:,.0f} samples/s" in note
+        and one.samples_per_s > v["more_cores"]["samples_per_s"]
+    )
     rep["main_process"].update(torch_threads=1, threads_follow_cores=False)  # fixed by the script: no spin
     assert verdict(at_model_rate(rep))["more_cores"]["note"] is None
     rep["main_process"].update(threads_follow_cores=True, step_device="cuda")  # a GPU step: threads asleep

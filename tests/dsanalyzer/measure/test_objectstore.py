@@ -49,7 +49,9 @@ def bucket(tmp_path_factory):
 
 def test_a_coordl_bucket_dataset_is_found_with_its_store_and_listing(bucket, tmp_path, monkeypatch):
     monkeypatch.setenv("COORDL_CACHE_DIR", str(tmp_path))
-    ds = coordl.ImageFolder("s3://data/train", transform=lambda b: b, storage_options=bucket.storage_options())
+    ds = coordl.ImageFolder(
+        "s3://data/train", transform=lambda b: b, storage_options=bucket.storage_options()
+    )
     loader = coordl.DataLoader(ds, batch_size=4, num_workers=0)
     found = find_bucket(loader.dataset, loader.source)
     assert found is not None and found.prefix == "train" and len(found.keys) == 40
@@ -63,7 +65,9 @@ def test_a_coordl_bucket_dataset_is_found_with_its_store_and_listing(bucket, tmp
     assert model["latency_s"] >= 0.010
     assert {p["concurrency"] for p in section["points"]} >= {1, 2, 8}
     assert check["concurrency"] == 2 and check["measured_items_per_s"] > 0
-    assert section["fetch"]["threads"] == 2 and section["fetch"]["items_per_s"] == check["measured_items_per_s"]
+    assert (
+        section["fetch"]["threads"] == 2 and section["fetch"]["items_per_s"] == check["measured_items_per_s"]
+    )
     assert ds.stats()["store_requests"] >= sum(p["requests"] for p in section["points"])  # its own store
 
 
@@ -71,7 +75,9 @@ def test_a_bucket_staged_to_local_disk_is_profiled_as_its_files_are(bucket, tmp_
     monkeypatch.setenv("COORDL_CACHE_DIR", str(tmp_path))
     ds = coordl.ImageFolder("s3://data/train", transform=lambda b: b, storage_options=bucket.storage_options(),
                             stage_dir=str(tmp_path / "stage"))  # fmt: skip
-    assert ds.describe(0).startswith("s3://")  # it names the bucket, yet reads local copies after the first read
+    assert ds.describe(0).startswith(
+        "s3://"
+    )  # it names the bucket, yet reads local copies after the first read
     assert find_bucket(ds) is None
 
 
@@ -89,7 +95,9 @@ def test_a_dataset_that_gets_its_objects_itself_has_its_round_trips_taken_out_of
     from dsanalyzer.measure.objectstore import prep_without_fetch
     from dsanalyzer.model.store import StoreModel
 
-    store = StoreModel(latency_s=0.025, stream_bytes_per_s=1e15, request_rate=1000.0, bandwidth_bytes_per_s=1e9)
+    store = StoreModel(
+        latency_s=0.025, stream_bytes_per_s=1e15, request_rate=1000.0, bandwidth_bytes_per_s=1e9
+    )
     prep = {1: 400.0, 2: 700.0}  # what the workers' CPU alone would do
     # each worker: one round trip, then its prep; what a loader-alone run of such a dataset measures
     measured = [k / (0.025 + k / p) for k, p in prep.items()]

@@ -63,7 +63,9 @@ def test_with_a_minio_cache_or_a_bucket_the_in_memory_runs_cpu_is_charged():
     # a miss's request (an HTTP GET, a read through coordl's cache) costs CPU a hit does not: the
     # real run read every item cold, so its CPU per sample would overcharge a partly cached what-if
     rep = one_cpu_prep_bound_report()
-    rep["main_process"].update(job_cpu_s_per_sample=3e-3, in_memory_job_cpu_s_per_sample=1.25e-3, torch_threads=1)
+    rep["main_process"].update(
+        job_cpu_s_per_sample=3e-3, in_memory_job_cpu_s_per_sample=1.25e-3, torch_threads=1
+    )
     assert Model.from_report(rep).cpu_per_sample() == pytest.approx(3e-3)  # the page cache: every read costs
     rep["cache_policy"] = "minio"
     assert Model.from_report(rep).cpu_per_sample() == pytest.approx(1.25e-3)
@@ -73,12 +75,18 @@ def test_a_page_cache_profile_charges_a_minio_what_ifs_reads_to_its_misses_only(
     # the demo's case: a slow page-cache run (its CPU per sample inflated by what the processes spend per
     # second, shared by few samples) and a MinIO fix that hits every item: the hits cost the in-memory run's CPU
     rep = one_cpu_prep_bound_report()
-    rep["main_process"].update(job_cpu_s_per_sample=3e-3, in_memory_job_cpu_s_per_sample=1.25e-3, torch_threads=1)
+    rep["main_process"].update(
+        job_cpu_s_per_sample=3e-3, in_memory_job_cpu_s_per_sample=1.25e-3, torch_threads=1
+    )
     m = Model.from_report(rep)
     assert m.cpu_per_sample(policy="minio", hit_ratio=1.0) == pytest.approx(1.25e-3)
     assert m.cpu_per_sample(policy="minio", hit_ratio=0.0) == pytest.approx(3e-3)
     assert m.cpu_per_sample(policy="minio", hit_ratio=0.5) == pytest.approx(2.125e-3)
-    assert m.cpu_per_sample(policy="pagecache", hit_ratio=1.0) == pytest.approx(3e-3)  # every read still costs
+    assert m.cpu_per_sample(policy="pagecache", hit_ratio=1.0) == pytest.approx(
+        3e-3
+    )  # every read still costs
     everything = m.predict(m.dataset_items * m.avg_item_bytes * 2, 1, 1e12, policy="minio", workers=1)
     nothing = m.predict(0, 1, 1e12, policy="minio", workers=1)
-    assert everything.samples_per_s > nothing.samples_per_s  # fast storage either way: only the reads' CPU differs
+    assert (
+        everything.samples_per_s > nothing.samples_per_s
+    )  # fast storage either way: only the reads' CPU differs

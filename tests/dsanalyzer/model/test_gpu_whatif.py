@@ -44,7 +44,9 @@ def test_a_faster_gpu_leaves_the_step_cpu_the_lighter_jobs_measured(width):
     heavy, light, s = _heavy_and(width)
     assert s > 2.5
     saved = (heavy.cpu_per_sample(1.0) - heavy.cpu_per_sample(s)) * heavy.batch_size
-    assert heavy.step_cpu_s - saved == pytest.approx(light.step_cpu_s, rel=0.05)  # 25.5 vs 25.6, 9.6 vs 9.5 ms
+    assert heavy.step_cpu_s - saved == pytest.approx(
+        light.step_cpu_s, rel=0.05
+    )  # 25.5 vs 25.6, 9.6 vs 9.5 ms
     assert heavy.cpu_per_sample(0.5) > heavy.cpu_per_sample(1.0)  # a slower GPU spins longer
 
 

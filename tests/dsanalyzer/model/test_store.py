@@ -100,7 +100,9 @@ def test_the_fetch_stage_is_the_stores_rate_at_the_loaders_concurrency_and_a_cac
     p = model.predict_measured()
     assert p.stage_rates["fetch"] == pytest.approx(STORE.items_per_s(4, ITEM))
     half = model.predict(model.dataset_bytes / 2, model.cpus, model.storage_bytes_per_s, policy="minio")
-    assert half.stage_rates["fetch"] == pytest.approx(2 * p.stage_rates["fetch"], rel=3e-3)  # hits: a memory copy
+    assert half.stage_rates["fetch"] == pytest.approx(
+        2 * p.stage_rates["fetch"], rel=3e-3
+    )  # hits: a memory copy
     more = model.predict(0, model.cpus, model.storage_bytes_per_s, policy="minio", fetch_ahead=8)
     assert more.stage_rates["fetch"] == pytest.approx(STORE.items_per_s(16, ITEM))
     shards = model.predict(0, model.cpus, model.storage_bytes_per_s, policy="minio", items_per_request=50)

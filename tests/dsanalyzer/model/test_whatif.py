@@ -165,8 +165,13 @@ def one_cpu_prep_bound_report() -> dict:
         machine={"cpus": 1, "memory_bytes": 24e9, "mem_bandwidth_bytes_per_s": 10e9},
         workers=1,
         rates_per_s={"compute": 12000.0, "prep": 900.0, "fetch": 5000.0, "observed": 830.0},
-        prep_scaling={"workers": [1], "samples_per_s": [900.0], "cores": 1,
-                      "cpu_s_per_sample": [1 / 900], "cpu_share": [1.0]},  # fmt: skip
+        prep_scaling={
+            "workers": [1],
+            "samples_per_s": [900.0],
+            "cores": 1,
+            "cpu_s_per_sample": [1 / 900],
+            "cpu_share": [1.0],
+        },  # fmt: skip
         main_process={"receive_cpu_s_per_batch": 0.0003, "step_cpu_s_per_batch": 32 / 12000},
         fetch={"bytes_per_s": 1e9, "items_per_s": 1e4},
         cache_bytes=2e9,
