@@ -36,6 +36,7 @@ def _job(url: str, **args) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 def test_profile_names_the_bucket_models_its_rate_and_verify_checks_a_cache(tmp_path, monkeypatch):
     reason = s3server_missing_reason()
     if reason:

@@ -15,6 +15,7 @@ from tests.dsanalyzer.report.test_html import CHROMIUM, _chromium
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 def test_demo_report_shows_a_stall_a_rising_cache_curve_and_the_verified_fix(tmp_path, capsys):
     out = tmp_path / "demo"

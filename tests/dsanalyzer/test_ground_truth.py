@@ -91,11 +91,13 @@ def _check(tmp_path, prep_spins: bool) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 def test_stalls_match_the_truth_within_5_percent(tmp_path):
     _on_a_shared_machine(lambda d: _check(d, prep_spins=False), tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 def test_stalls_match_the_truth_with_cpu_burning_prep(tmp_path):
     if _loaded():
         pytest.skip(f"machine too loaded for a CPU-timed truth (load {os.getloadavg()[0]:.1f})")
@@ -127,6 +129,7 @@ for epoch in range(100):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 def test_cli_profile_of_an_unmodified_script_matches_the_truth(tmp_path):
     _on_a_shared_machine(_check_cli, tmp_path)
 

@@ -25,7 +25,7 @@ from tests.dsanalyzer.report.test_trace import check_trace_format
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]  # rates on pinned cores: run alone (scripts/test.sh)
 
 PREP_BOUND = r"""
 import sys, time

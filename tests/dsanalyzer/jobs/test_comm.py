@@ -105,6 +105,7 @@ for epoch in range(100):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 def test_torchrun_profile_measures_an_injected_communication_delay(tmp_path, monkeypatch, capsys):
     delay_s = 0.08
     script = tmp_path / "train_ddp.py"
