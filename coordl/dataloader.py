@@ -29,8 +29,8 @@ import torch.utils.data
 from torch.utils.data.dataloader import default_collate
 
 from coordl.coordinated.loader import join_for_loader
-from coordl.data.adapt import as_item_source
-from coordl.data.source import is_item_source
+from coordl.datasets.adapt import as_item_source
+from coordl.datasets.source import is_item_source
 from coordl.epoch import EpochIterator, EpochStats, LoaderStats, Sized, SkipAwareCollate
 from coordl.fetch.chain import FetchChain
 from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from coordl.data.source import describe_item
+from coordl.datasets.source import describe_item
 from coordl.errors import CoordlTimeoutError, WorkerDiedError
 from shmem.forklock import PID
 from shmem.segment import DEFAULT_DIR, Segment

@@ -194,7 +194,7 @@ def test_with_workers_every_shard_is_fetched_once_and_nothing_leaks(s3, packed):
 def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_half_kept(
     image_root, tmp_path
 ):
-    from coordl.data.pack import pack
+    from coordl.packing.pack import pack
     from tests.support.s3server import S3Server, s3server_missing_reason
 
     if s3server_missing_reason():
@@ -275,7 +275,7 @@ def test_fetch_ahead_overlaps_the_gets_of_loose_files(s3, tmp_path, monkeypatch)
 
 
 def test_locals_last_moves_staged_shards_to_the_end_of_a_stream():
-    from coordl.data.shard_sampler import locals_last
+    from coordl.packed.shard_sampler import locals_last
 
     assert locals_last([5, 1, 7, 2, 9], {1, 2}, 2) == [5, 9, 7, 2, 1]
     assert locals_last([5, 1, 7], set(), 2) == [5, 1, 7]
@@ -370,7 +370,7 @@ def test_a_sample_of_another_workers_shard_is_one_ranged_get(s3, packed, monkeyp
 
 
 def test_a_plan_republished_for_the_same_epoch_is_never_read_half_old():
-    from coordl.data.shard_sampler import ShardPlan
+    from coordl.packed.shard_sampler import ShardPlan
 
     plan = ShardPlan(6, 2)
     assert plan.locate(0) is None  # nothing published
