@@ -37,13 +37,13 @@ from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
 from coordl.fetch.sample_cache import COUNTER_NAMES as SAMPLE_CACHE_COUNTERS
 from coordl.fetch.sample_cache import SampleCacheTier
 from coordl.fetch.view import DatasetView, unwrap_view
+from coordl.fetch.watch import WorkerWatch, translate_torch_error
 from coordl.options import check_dataset_options, validate_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
 from coordl.resume import Resume, group_state, load_group_state, torch_iterator
 from coordl.ring.reader import BatchRing
 from coordl.sharding import unsharded_warning
 from coordl.workers.start import forks_workers, start_workers
-from coordl.workers.watch import WorkerWatch, translate_torch_error
 from shmem.counters import SharedCounters
 
 __all__ = ["DataLoader"]

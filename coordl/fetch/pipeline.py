@@ -34,9 +34,9 @@ from coordl.fetch.keys import DatasetKeys
 from coordl.fetch.minio import MinioCache
 from coordl.fetch.pace import ReadPace
 from coordl.fetch.pagecache import PageCachePolicy, check_mode
+from coordl.fetch.watch import WorkerWatch
 from coordl.fileread.read import ReadAhead
 from coordl.ring.output_buffers import lend
-from coordl.workers.watch import WorkerWatch
 from shmem.counters import SharedCounters
 from shmem.segment import Segment
 

@@ -17,7 +17,8 @@ pair it with :class:`coordl.ShardSampler` so reads stay within a few shards at a
 each process also fetches the next shards of its stream ahead of use (``read_ahead_bytes``), so the link keeps
 working while the current shards' samples are decoded.
 
-Why this module is long: one class reads shards from three places (local, staged, bucket) behind one fetch.
+Where the shards are and how their bytes are read (local, staged, bucket) is :mod:`coordl.packed.shardfiles`;
+this module is the dataset over them: the samples' table, their labels and names.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import threading
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,30 +34,12 @@ import numpy as np
 
 from coordl.datasets.files import IMG_EXTENSIONS, _FileSource
 from coordl.errors import CorruptItemError
-from coordl.packed.shards import (
-    INDEX_SUFFIX,
-    NO_LABEL,
-    ShardIndex,
-    TruncatedShardError,
-    build_index,
-    expand_braces,
-    load_index,
-    load_uploaded_index,
-    save_index,
-)
-from shmem.forklock import ForkSafeLock
+from coordl.packed.shardfiles import DEFAULT_MAX_OPEN_SHARDS, ShardFiles, ShardReads
+from coordl.packed.shards import NO_LABEL, ShardIndex, TruncatedShardError, expand_braces
 
 __all__ = ["TarShards", "TruncatedShardError"]
 
 log = logging.getLogger("coordl.tar")
-
-# Guards the switch to a forked child's own descriptors: several fetch-ahead threads of a new worker
-# reach it at once. Made anew in each child (a lock copied by fork may be held by a parent's thread).
-_fork_lock = ForkSafeLock()
-
-# Shards kept open per process; reads of further shards open and close their file each time
-# (never closing a descriptor another thread may be reading from).
-DEFAULT_MAX_OPEN_SHARDS = 256
 
 
 def _split_pattern(pattern: str) -> tuple[str, str]:
@@ -72,17 +54,6 @@ def _split_pattern(pattern: str) -> tuple[str, str]:
         return pattern, ""
     directory, name = os.path.split(pattern)
     return directory or ".", name
-
-
-def _worker_stream(n_streams: int, default: int) -> int:
-    """The sampler's stream this loader worker reads (torch hands batch ``b`` to worker ``b % num_workers``);
-    ``default`` outside a worker or when the loader's workers are not the sampler's."""
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    if info is None or n_streams < 2 or info.num_workers != n_streams:
-        return default
-    return info.id
 
 
 class TarShards(_FileSource):
@@ -133,13 +104,13 @@ class TarShards(_FileSource):
         self.truncated = truncated
         self.max_open_shards = max_open_shards
         self.directory, name_pattern = _split_pattern(self.pattern)
-        self._staged = self._bucket = self._buffer = None
-        self.index_dir = os.fspath(index_dir) if index_dir is not None else None
-        if self.directory.lower().startswith(("s3://", "s3a://")):
-            self._open_bucket(storage_options, memory_shards, stage_dir)
-        if stage_dir is not None or ("://" in self.directory and self._bucket is None):
-            self._open_staged(stage_dir, stage_budget_bytes, prefetch)
-        remote = self._remote = self._list_remote()
+        files = self._files = ShardFiles(
+            self.pattern, self.directory, index_dir=os.fspath(index_dir) if index_dir is not None else None,
+            stage_dir=stage_dir, stage_budget_bytes=stage_budget_bytes, prefetch=prefetch,
+            max_open_shards=max_open_shards, storage_options=storage_options, memory_shards=memory_shards,
+        )  # fmt: skip
+        self.index_dir = files.index_dir
+        remote = files.listing
         names = (
             sorted(n for n in remote if n.endswith(".tar"))
             if not name_pattern
@@ -149,103 +120,12 @@ class TarShards(_FileSource):
         if missing or not names:
             raise FileNotFoundError(
                 f"TarShards({self.pattern!r}): {len(missing)} of {len(names)} shards missing, e.g. "
-                f"{self._where(missing[0]) if missing else self.directory + '/*.tar'}"
+                f"{files.where(missing[0]) if missing else self.directory + '/*.tar'}"
             )
         self.shards = names
-        if self._buffer is not None:
-            self._buffer.sizes = {n: remote[n][0] for n in names}
-            largest = max(self._buffer.sizes.values())
-            self._buffer.ahead_bytes = 2 * largest if read_ahead_bytes is None else int(read_ahead_bytes)
-            if self._staged is not None:
-                self._buffer.is_local = self._staged.is_staged
-        self._plan = None
-        indexes = [self._index(name, *remote[name]) for name in names]
-        self._build_tables(indexes)
-        self._init_local_state()
-
-    # -- construction -----------------------------------------------------------------------------
-
-    def _open_bucket(self, storage_options: Any, memory_shards: int | None, stage_dir: Any) -> None:
-        from coordl.objectstore.shards import DEFAULT_MEMORY_SHARDS, ShardBuffer
-        from coordl.objectstore.source import S3Source
-
-        self._bucket = S3Source(self.directory, storage_options)
-        self._buffer = ShardBuffer(self._bucket.read, memory_shards or DEFAULT_MEMORY_SHARDS)
-        if stage_dir is None and self.index_dir is None:
-            from coordl.objectstore.listing import default_cache_dir
-
-            digest = hashlib.sha256(self.directory.encode()).hexdigest()[:16]
-            self.index_dir = os.path.join(os.path.dirname(default_cache_dir()), "tar-index", digest)
-
-    def _open_staged(self, stage_dir: Any, budget: int | None, prefetch: bool) -> None:
-        if stage_dir is None:
-            raise ValueError(
-                f"TarShards({self.pattern!r}): a URL pattern needs stage_dir= (a local directory)"
-            )
-        from nfs_cache import StagedSource  # lazy: only staged shards need it
-        from shmem.counters import SharedCounters
-
-        self._staged = StagedSource(
-            self._bucket or self.directory, os.fspath(stage_dir), budget_bytes=budget, prefetch=prefetch,
-            counters=SharedCounters(["remote_bytes_read"]),
-        )  # fmt: skip
-        if (
-            self._buffer is not None
-        ):  # one GET per shard: staged whole when the budget has room, else in memory
-            self._buffer.fetch = self._staged.read
-        if self.index_dir is None:
-            self.index_dir = os.path.join(os.fspath(stage_dir), "tar-index")
-
-    def _list_remote(self) -> dict[str, tuple[int, int]]:
-        """name -> (size, mtime_ns) of the files directly in the shard directory."""
-        if self._bucket is not None and self._staged is None:
-            return {
-                f.relpath: (f.size, f.mtime_ns) for f in self._bucket.list_files() if "/" not in f.relpath
-            }
-        if self._staged is None:
-            if not os.path.isdir(self.directory):
-                raise FileNotFoundError(f"TarShards: {self.directory} is not a directory")
-            out = {}
-            for entry in os.scandir(self.directory):
-                if entry.is_file():
-                    st = entry.stat()
-                    out[entry.name] = (st.st_size, st.st_mtime_ns)
-            return out
-        self._staged.list_files()  # also forgets staged copies of shards that changed
-        return {
-            f.relpath: (f.size, f.mtime_ns) for f in self._staged.source.list_files() if "/" not in f.relpath
-        }
-
-    def _where(self, name: str) -> str:
-        if self._bucket is not None:
-            return self._bucket.describe(name)
-        return self._staged.describe(name) if self._staged is not None else os.path.join(self.directory, name)
-
-    def _index(self, name: str, size: int, mtime_ns: int) -> ShardIndex:
-        """The shard's index: beside it, else in ``index_dir``, else built (and stored where possible)."""
-        beside = name + INDEX_SUFFIX
-        candidates = []
-        if self._staged is None and self._bucket is None:
-            candidates.append(os.path.join(self.directory, beside))
-        if self.index_dir is not None:
-            candidates.append(os.path.join(self.index_dir, beside))
-        for path in candidates:
-            try:
-                with open(path, "rb") as f:
-                    found = load_index(f.read(), size, mtime_ns, self.extensions)
-            except OSError:  # absent, or not a readable file: build it
-                continue
-            if found is not None:
-                return self._check_cut(name, found)
-        if self._bucket is not None and beside in self._remote:  # uploaded with its shard: checked by size
-            found = load_uploaded_index(self._bucket.read(beside), size, self.extensions)
-            if found is not None:
-                return self._check_cut(name, found)
-        elif self._staged is not None and beside in self._remote:
-            found = load_index(self._staged.read(beside), size, mtime_ns, self.extensions)
-            if found is not None:
-                return self._check_cut(name, found)
-        return self._check_cut(name, self._build_and_store(name, mtime_ns, candidates))
+        files.use(names, read_ahead_bytes)
+        self._build_tables([self._check_cut(name, files.find_index(name, self.extensions)) for name in names])
+        self._reads = ShardReads(files)
 
     def _check_cut(self, name: str, index: ShardIndex) -> ShardIndex:
         """A truncated shard raises, or with ``truncated="skip"`` keeps what precedes the cut (logged)."""
@@ -256,41 +136,6 @@ class TarShards(_FileSource):
         if index.cut:
             log.warning("coordl: %s: %d samples kept before the cut: %s", name, len(index), index.cut)
         return index
-
-    def _build_and_store(self, name: str, mtime_ns: int, candidates: list[str]) -> ShardIndex:
-        path = self._local_shard(name)
-        try:
-            index = build_index(path, self.extensions, mtime_ns, keep_partial=True)
-        finally:
-            if path.endswith(".tmp"):  # the temporary copy of a bucket's shard
-                os.unlink(path)
-        for path in candidates:
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                save_index(index, path, self.extensions)
-                return index
-            except OSError:
-                continue
-        log.warning("coordl: no writable place for the index of %s: it is rebuilt on every start", name)
-        return index
-
-    def _local_shard(self, name: str) -> str:
-        """A local path to the shard's bytes (staging it first when staged; a temporary copy from a bucket)."""
-        if self._bucket is not None:  # through the buffer: one GET, staged whole if the budget has room
-            os.makedirs(self.index_dir, exist_ok=True)
-            tmp = os.path.join(self.index_dir, f".{name}.{os.getpid()}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(self._buffer.get(name))
-            return tmp
-        if self._staged is None:
-            return os.path.join(self.directory, name)
-        if not self._staged.is_staged(name):
-            self._staged.read(name)
-        if not self._staged.is_staged(name):
-            raise OSError(
-                f"{self._where(name)}: cannot index an unstaged shard ({self._staged.staging_stopped})"
-            )
-        return self._staged.local_path(name)
 
     def _build_tables(self, indexes: list[ShardIndex]) -> None:
         counts = [len(ix) for ix in indexes]
@@ -313,25 +158,6 @@ class TarShards(_FileSource):
                 f"TarShards({self.pattern!r}): no members with extensions {self.extensions}"
             )
 
-    def _init_local_state(self) -> None:
-        for fd in getattr(self, "_fds", {}).values():  # a forked child's copies of the parent's files
-            os.close(fd)
-        self._fds: dict[int, int] = {}
-        self._fd_lock = threading.Lock()
-        self._local_shards: set[int] = set()
-        self._plan_front: dict[tuple[int, int], int] = {}  # (epoch, stream) -> furthest shard read ahead from
-        self._fd_pid = os.getpid()  # last: a thread that sees this pid finds the fresh state above
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        for name in ("_fds", "_fd_lock", "_local_shards", "_plan_front", "_fd_pid"):
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._init_local_state()
-
     # -- reads --------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -349,74 +175,13 @@ class TarShards(_FileSource):
     def describe(self, index: int) -> str:
         """``<shard>:<member> @ offset N`` (used in error messages)."""
         shard = self.shards[int(self._shard_of[index])]
-        return f"{self._where(shard)}:{self.member_name(index)} @ offset {int(self._offsets[index])}"
-
-    def _shard_path(self, s: int) -> str:
-        """Local path to read shard ``s`` from (staged copy, staging it on first use, or the source)."""
-        name = self.shards[s]
-        if self._staged is None:
-            return os.path.join(self.directory, name)
-        if s in self._local_shards:
-            return self._staged.local_path(name)
-        if not self._staged.is_staged(name):
-            self._staged.read(name)  # stages the whole shard (unless the budget or the disk is full)
-        if self._staged.is_staged(name):
-            self._local_shards.add(s)
-            return self._staged.local_path(name)
-        local_root = getattr(self._staged.source, "root", None)
-        if local_root is None:
-            raise OSError(
-                f"{self._where(name)}: staging stopped ({self._staged.staging_stopped}) and this source "
-                "cannot read byte ranges: raise stage_budget_bytes or free space in stage_dir"
-            )
-        return os.path.join(local_root, name)  # a mounted directory: read the range there
-
-    def _fd(self, s: int) -> tuple[int, bool]:
-        """(descriptor, owned): owned descriptors stay open for later reads."""
-        if self._fd_pid != os.getpid():  # a forked copy: the parent's descriptors share its file offsets
-            with _fork_lock:  # once per child, though its fetch-ahead threads all arrive here first
-                if self._fd_pid != os.getpid():
-                    self._init_local_state()
-        fd = self._fds.get(s)
-        if fd is not None:
-            return fd, True
-        path = self._shard_path(s)
-        with self._fd_lock:
-            fd = self._fds.get(s)
-            if fd is not None:
-                return fd, True
-            new = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            # Samples are read at random offsets: read-ahead would fetch neighbours never asked for
-            # (measured on a throttled disk: 24-38% slower than loose files without this).
-            os.posix_fadvise(new, 0, 0, os.POSIX_FADV_RANDOM)
-            if len(self._fds) < self.max_open_shards:
-                self._fds[s] = new
-                return new, True
-            return new, False
+        return f"{self._files.where(shard)}:{self.member_name(index)} @ offset {int(self._offsets[index])}"
 
     def _read(self, index: int) -> bytes:
         if not 0 <= index < len(self.keys):
             raise IndexError(f"TarShards: index {index} out of range (0..{len(self.keys) - 1})")
-        s = int(self._shard_of[index])
-        offset, size = int(self._offsets[index]), int(self._sizes[index])
-        foreign = self._plan is not None and self._read_ahead(s)
-        if self._buffer is not None and not self._has_local(s):
-            name = self.shards[s]
-            if foreign and not self._buffer.holds(name):  # the epoch's tail: this sample only, one ranged GET
-                data = self._bucket.read_range(name, offset, size)
-            else:
-                data = self._buffer.slice(name, offset, size)
-            if len(data) == size:
-                return data
-            where = self.describe(index)
-            raise CorruptItemError(f"{where}: read {len(data)} of {size} bytes (truncated shard)", path=where,
-                                   index=index)  # fmt: skip
-        fd, owned = self._fd(s)
-        try:
-            data = os.pread(fd, size, offset)
-        finally:
-            if not owned:
-                os.close(fd)
+        size = int(self._sizes[index])
+        data = self._reads.read(int(self._shard_of[index]), int(self._offsets[index]), size)
         if len(data) != size:
             where = self.describe(index)
             raise CorruptItemError(
@@ -426,48 +191,15 @@ class TarShards(_FileSource):
 
     def wants_shard_plan(self) -> bool:
         """True when whole shards are streamed from a bucket and fetched ahead (see :class:`coordl.ShardSampler`)."""
-        return self._buffer is not None and self._buffer.ahead_bytes > 0
+        return self._reads.wants_plan()
 
     def attach_shard_plan(self, plan: Any) -> None:
         """The sampler's :class:`~coordl.packed.shard_sampler.ShardPlan`: which shards each reader reads next."""
-        self._plan = plan
-
-    def _read_ahead(self, s: int) -> bool:
-        """On reaching a shard further along this reader's stream, name the shards after it to the buffer.
-
-        True when ``s`` is in another loader worker's stream: the sampler hands a worker whose shards ran out
-        the last samples of another's, and fetching that shard whole would GET it twice in the epoch (8-16 MB
-        of 90 measured); the caller reads those few samples by range instead (when no staged copy serves).
-        """
-        found = self._plan.locate(s)
-        if found is None:
-            return False
-        epoch, stream, position = found
-        if stream != _worker_stream(self._plan.n_streams, stream):
-            return True
-        if self._plan_front.get((epoch, stream), -1) >= position:
-            return False  # samples of a window interleave: only a step forward renews the list
-        self._plan_front[(epoch, stream)] = position
-        # from this shard's window on: its shards may wait fetched ahead and unread, and must not be dropped
-        self._buffer.want([self.shards[t] for t in self._plan.ahead_of(stream, position)])
-        return False
+        self._reads.attach_plan(plan)
 
     def local_shards(self) -> list[int]:
         """Shards read from a local staged copy (none when nothing is staged), for :class:`coordl.ShardSampler`."""
-        if self._staged is None:
-            return []
-        return [s for s, name in enumerate(self.shards) if self._staged.is_staged(name)]
-
-    def _has_local(self, s: int) -> bool:
-        """True when shard ``s`` is (or can now be) read from a local staged copy."""
-        if self._staged is None:
-            return False
-        if s in self._local_shards:
-            return True
-        if self._staged.is_staged(self.shards[s]):
-            self._local_shards.add(s)
-            return True
-        return False  # the buffer's fetch (StagedSource.read) stages it whole if the budget has room
+        return self._files.local_shards()
 
     def target(self, index: int) -> Any:
         label = int(self._labels[index])
@@ -480,17 +212,12 @@ class TarShards(_FileSource):
 
     def storage_files(self) -> list[str]:
         """The files this source reads from (the shards; their staged copies when staged), e.g. to evict them."""
-        if self._staged is None:
-            return [os.path.join(self.directory, n) for n in self.shards]
-        return [self._staged.local_path(n) for n in self.shards if self._staged.is_staged(n)]
+        return self._files.storage_files()
 
     def stats(self) -> dict[str, int]:
         """Staging counters (``staged_items`` = shards, ``staged_bytes``, ``remote_bytes_read``) and a bucket's
         (``store_requests``, ``store_bytes``, ``store_retries``); empty for local shards."""
-        out = dict(self._staged.stats()) if self._staged is not None else {}
-        if self._bucket is not None:
-            out.update(self._bucket.stats())
-        return out
+        return self._files.stats()
 
     def shard_ranges(self) -> list[tuple[int, int]]:
         """``[(first, end)]`` sample indexes of each shard, for :class:`coordl.ShardSampler`."""
@@ -508,9 +235,4 @@ class TarShards(_FileSource):
 
     def close(self) -> None:
         """Close the shard files this process holds open and stop fetching shards ahead."""
-        if self._buffer is not None:
-            self._buffer.close()
-        with self._fd_lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+        self._reads.close()

@@ -140,7 +140,7 @@ def test_the_sampler_plan_drives_the_gets_in_its_order(s3, packed):
     expected = _plan_order(ds, sampler)
     sampler.set_epoch(0)
     rec, fetched_ahead = [], threading.Event()
-    fetch = ds._buffer.fetch
+    fetch = ds._files.buffer.fetch
 
     def recorded(name: str) -> bytes:
         me = threading.current_thread().name
@@ -151,7 +151,7 @@ def test_the_sampler_plan_drives_the_gets_in_its_order(s3, packed):
         rec.append((me, name))
         return fetch(name)
 
-    ds._buffer.fetch = recorded
+    ds._files.buffer.fetch = recorded
     try:
         before = ds.stats()["store_requests"]
         got = [ds[i] for i in sampler]
@@ -207,14 +207,14 @@ def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_
         stage = tmp_path / "stage"
         ds = coordl.TarShards(f"s3://{BUCKET}/shards/{os.path.basename(tar.pattern)}", transform=_ident,
                               storage_options=srv.storage_options(), stage_dir=stage)  # fmt: skip
-        store: ObjectStore = ds._bucket.store
+        store: ObjectStore = ds._files.bucket.store
         store.attempts, store.backoff_s = 3, 0.05
         sampler = coordl.ShardSampler(ds, window=1, seed=0)
         order = list(sampler)
         sampler.set_epoch(0)
         first, second = (ds.shards[int(ds._shard_of[order[0]])], _plan_order(ds, sampler)[1])
         started, go = threading.Event(), threading.Event()
-        fetch = ds._buffer.fetch
+        fetch = ds._files.buffer.fetch
 
         def gated(name: str) -> bytes:
             if threading.current_thread().name == "coordl-shard-ahead" and name != first:
@@ -222,7 +222,7 @@ def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_
                 go.wait(30)
             return fetch(name)
 
-        ds._buffer.fetch = gated
+        ds._files.buffer.fetch = gated
         try:
             assert ds[order[0]]  # shard `first` read; the thread starts on `second` and waits at the gate
             assert started.wait(30)
@@ -233,7 +233,7 @@ def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_
                 StoreUnavailableError, match=rf"s3://{BUCKET}/shards/{second}: GET failed after 3"
             ):
                 ds[nxt]
-            assert second not in ds._buffer.ahead()
+            assert second not in ds._files.buffer.ahead()
         finally:
             ds.close()
         staged = {p.name for p in stage.rglob("*") if p.is_file()}
@@ -362,9 +362,9 @@ def test_a_sample_of_another_workers_shard_is_one_ranged_get(s3, packed, monkeyp
         assert after["store_bytes"] - before["store_bytes"] == int(
             ds._sizes[sample]
         )  # the sample's bytes only
-        assert not ds._buffer.holds(ds.shards[theirs])
+        assert not ds._files.buffer.holds(ds.shards[theirs])
         ds[ranges[mine][0]]  # its own shard: fetched whole
-        assert ds._buffer.holds(ds.shards[mine])
+        assert ds._files.buffer.holds(ds.shards[mine])
     finally:
         ds.close()
 

@@ -54,7 +54,7 @@ def test_few_open_descriptors_still_read_everything(tar_pattern):
     assert [len(ds.fetch(i)) for i in range(len(ds))] == [
         len(TarShards(tar_pattern).fetch(i)) for i in range(len(ds))
     ]
-    assert len(ds._fds) == 1
+    assert len(ds._reads._fds) == 1
 
 
 def test_index_is_stored_beside_the_shard_and_reused(tar_pattern, tmp_path, monkeypatch):

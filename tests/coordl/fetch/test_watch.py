@@ -8,7 +8,7 @@ import os
 import pytest
 
 from coordl.errors import WorkerDiedError
-from coordl.workers.watch import translate_torch_error
+from coordl.fetch.watch import translate_torch_error
 
 
 class _Worker:
@@ -49,7 +49,7 @@ def test_a_forked_worker_records_its_own_pid_and_item(tmp_path) -> None:
     """``on_item`` keeps no per-call getpid: a fork hook gives a forked worker its own pid."""
     import multiprocessing as mp
 
-    from coordl.workers.watch import WorkerWatch
+    from coordl.fetch.watch import WorkerWatch
 
     watch = WorkerWatch(2, directory=tmp_path)
     watch.on_item(1, 3)  # the parent's pid in row 1
