@@ -64,10 +64,10 @@ def test_index_is_stored_beside_the_shard_and_reused(tar_pattern, tmp_path, monk
         with open(path, "rb") as src, open(shard_dir / os.path.basename(path), "wb") as dst:
             dst.write(src.read())  # no .idx beside these copies
     calls = []
-    import coordl.packed.tar as tar_module
+    import coordl.packed.shardfiles as shardfiles
 
-    real = tar_module.build_index
-    monkeypatch.setattr(tar_module, "build_index", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    real = shardfiles.build_index
+    monkeypatch.setattr(shardfiles, "build_index", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     first = TarShards(str(shard_dir))
     assert len(calls) == len(first.shards) and all(os.path.exists(p + ".idx") for p in calls)
     TarShards(str(shard_dir))
