@@ -187,7 +187,7 @@ def test_server_killed_mid_epoch_is_a_clear_error_and_caches_nothing_partial(ima
         srv.create_bucket(BUCKET)
         srv.upload_dir(image_root, BUCKET, "train")
         ds = coordl.ImageFolder("s3://data/train", transform=_ident, storage_options=srv.storage_options())
-        store: ObjectStore = ds._files.bucket.store
+        store: ObjectStore = ds._bucket.store
         store.attempts, store.backoff_s = 4, 0.05
         assert ds.fetch(0)
         srv.kill()
@@ -205,7 +205,7 @@ def test_killed_server_through_the_loader(image_root):
         srv.create_bucket(BUCKET)
         srv.upload_dir(image_root, BUCKET, "train")
         ds = coordl.ImageFolder("s3://data/train", transform=_ident, storage_options=srv.storage_options())
-        ds._files.bucket.store.attempts, ds._files.bucket.store.backoff_s = 3, 0.05
+        ds._bucket.store.attempts, ds._bucket.store.backoff_s = 3, 0.05
         loader = coordl.DataLoader(ds, batch_size=4, num_workers=2, cache_bytes=64 << 20,
                                    collate_fn=lambda b: b)  # fmt: skip
         try:
