@@ -1,11 +1,11 @@
 """Builds coordl's two optional C extensions; everything else is in pyproject.toml.
 
-``coordl.data._cropjpeg`` decodes only the region of a JPEG that a random crop keeps, against the system
+``coordl.prep._cropjpeg`` decodes only the region of a JPEG that a random crop keeps, against the system
 libjpeg-turbo (Debian: libjpeg62-turbo-dev, in scripts/setup.sh's APT_PACKAGES). It is optional: without a
 compiler or the headers the install succeeds and coordl falls back to full decodes (one warning at run time).
 
-``coordl.data._readahead`` reads whole files in native threads, for a loader worker's read-ahead (see
-coordl/data/fileread.py); without it the read-ahead uses Python threads.
+``coordl.fileread._readahead`` reads whole files in native threads, for a loader worker's read-ahead (see
+coordl/fileread/read.py); without it the read-ahead uses Python threads.
 """
 
 from setuptools import Extension, setup
@@ -13,9 +13,9 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "coordl.data._cropjpeg",
+            "coordl.prep._cropjpeg",
             [
-                f"coordl/data/_jpeg/{name}.c"
+                f"coordl/prep/_jpeg/{name}.c"
                 for name in ("cropjpeg", "header", "jpegerr", "restarts", "window")
             ],
             libraries=["jpeg"],
@@ -23,8 +23,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "coordl.data._readahead",
-            ["coordl/data/_fileread/readahead.c"],
+            "coordl.fileread._readahead",
+            ["coordl/fileread/readahead.c"],
             extra_compile_args=["-O2", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,

@@ -85,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     args.root = args.root or os.path.join(tempfile.gettempdir(), f"coordl-bench-coord-{args.images}")
 
-    from coordl.data.synth import make_dataset
+    from coordl.datasets.synth import make_dataset
 
     root = str(make_dataset(args.root, n=args.images, classes=10, seed=0))
     for path in Path(root).rglob("*.jpg"):  # warm the page cache: this benchmark is about prep

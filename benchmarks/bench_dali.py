@@ -79,7 +79,7 @@ def _loader(args: argparse.Namespace) -> object:
     import torch
 
     import coordl
-    from coordl.data.transforms import train_transform
+    from coordl.prep.transforms import train_transform
 
     gen = torch.Generator().manual_seed(args.seed)
     common = dict(batch_size=args.batch_size, shuffle=True, generator=gen)
@@ -264,7 +264,7 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from coordl.data import synth
+    from coordl.datasets import synth
 
     src = synth.make_dataset(
         Path(args.data_dir) / f"synth-{args.n}-{args.classes}", n=args.n, classes=args.classes

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from coordl.data.synth import make_dataset  # noqa: E402
+from coordl.datasets.synth import make_dataset  # noqa: E402
 from dsanalyzer.model.whatif import Model  # noqa: E402
 from dsanalyzer.profiler import profile_command  # noqa: E402
 from dsanalyzer.verify import verify_command  # noqa: E402

@@ -117,8 +117,8 @@ class PillowFolder:
     """An ImageFolder-style dataset doing torchvision's PIL path: open, convert, resize, crop, flip."""
 
     def __init__(self, root: str) -> None:
-        from coordl.data.datasets import ImageFolder
-        from coordl.data.transforms import RandomResizedCrop
+        from coordl.datasets.files import ImageFolder
+        from coordl.prep.transforms import RandomResizedCrop
 
         self.samples = ImageFolder(root).samples
         self.rrc = RandomResizedCrop(CROP)  # only its crop-parameter sampler (torch RNG)
@@ -158,8 +158,8 @@ class InMemoryFolder:
     in the worker when its turn comes, as the bound's loops read it."""
 
     def __init__(self, root: str, transform, cache_fraction: float = 1.0) -> None:
-        from coordl.data.datasets import ImageFolder
-        from coordl.data.fileread import read_file
+        from coordl.datasets.files import ImageFolder
+        from coordl.fileread.read import read_file
 
         samples = ImageFolder(root).samples
         kept = cached_items(len(samples), cache_fraction)
@@ -279,9 +279,9 @@ def child(args: argparse.Namespace) -> None:
             limit_s = 0.0 if args.child == "i" else float("inf")
             coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=limit_s)
         if args.child == "k":  # attribution only: the read-ahead's Python threads, as without the extension
-            import coordl.data.fileread
+            import coordl.fileread.read
 
-            coordl.data.fileread._readahead = None
+            coordl.fileread.read._readahead = None
         ring, persistent = COORDL[args.child], args.child in ("h", "j", "k", "l", "m")
         page_cache = "use" if args.child == "j" else "auto"  # j: attribution of page_cache= (before it)
         if args.child == "m":
@@ -650,7 +650,7 @@ def main() -> None:
 
     from slowstore import SlowStore, copy_tree
 
-    from coordl.data import synth
+    from coordl.datasets import synth
 
     src = synth.make_dataset(
         Path(args.data_dir) / f"synth-{args.n}-{args.classes}", n=args.n, classes=args.classes
@@ -661,7 +661,7 @@ def main() -> None:
     if any(
         r in prep_recipes.INDEXED for r in args.recipes
     ):  # the same images, rewritten by coordl crop-index
-        from coordl.data.cropindex import index_tree
+        from coordl.prep.cropindex import index_tree
 
         indexed_src = Path(args.data_dir) / f"synth-{args.n}-{args.classes}-crop-indexed"
         index_tree(src, indexed_src)

@@ -169,7 +169,7 @@ def _cpu_s(extra_pids: list[int]) -> float:
 
 def loader(root: Path, epochs: int, servers: list, num_workers: int) -> dict[str, dict[str, float]]:
     import coordl
-    from coordl.data.transforms import train_transform
+    from coordl.prep.transforms import train_transform
     from memcache import RedisStore
 
     ds = coordl.ImageFolder(
@@ -240,7 +240,7 @@ def main() -> int:
         if args.raw_only or not servers:
             return 0
 
-        from coordl.data.synth import make_dataset
+        from coordl.datasets.synth import make_dataset
 
         root = make_dataset(f"{args.data}-{args.images}", n=args.images, classes=10, workers=1)
         print(f"\n# loader: {args.images} synthetic 500x375 JPEGs, train_transform(224), 2 workers, epoch 2+")

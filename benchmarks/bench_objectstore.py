@@ -240,8 +240,8 @@ def _shim_torchvision(work: Path) -> str:
 def _prepare(args, work: Path) -> dict:
     sys.path.insert(0, str(ROOT))
     import coordl
-    from coordl.data.pack import pack
-    from coordl.data.synth import make_dataset
+    from coordl.datasets.synth import make_dataset
+    from coordl.packing.pack import pack
 
     key = {"n": args.n, "size": args.size, "shard_mb": args.shard_mb, "peers": bool(args.peers_python)}
     done = work / "prepared.json"

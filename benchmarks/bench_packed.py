@@ -86,9 +86,9 @@ def _blkio_reader(cgroup: str, device: str):
 
 def _dataset(kind: str, where: str, stage: str | None):
     import coordl
-    from coordl.data.lmdb import LMDBDataset
-    from coordl.data.tar import TarShards
-    from coordl.data.transforms import eval_transform
+    from coordl.packed.lmdb import LMDBDataset
+    from coordl.packed.tar import TarShards
+    from coordl.prep.transforms import eval_transform
 
     tf = eval_transform(64, resize=72)  # DCT-scaled decode: cheap prep, storage sets the pace
     if kind == "loose":
@@ -142,9 +142,9 @@ def child(args: argparse.Namespace) -> None:
 
 
 def make_data(work: str, n: int) -> dict[str, str]:
-    from coordl.data.datasets import ImageFolder
-    from coordl.data.pack import pack
-    from coordl.data.synth import make_dataset
+    from coordl.datasets.files import ImageFolder
+    from coordl.datasets.synth import make_dataset
+    from coordl.packing.pack import pack
 
     loose = str(make_dataset(os.path.join(work, "loose"), n=n, classes=10, seed=0))
     lmdb_dir, tar_dir = os.path.join(work, "lmdb"), os.path.join(work, "tar")

@@ -52,8 +52,8 @@ def cached_items(n: int, cache_fraction: float, order: list[int] | None = None) 
 
 def _items(root: str, part: int, parts: int, reads: bool, cache_fraction: float) -> list:
     """This process's items: bytes in memory, or (with ``reads``) the path of an item read each time."""
-    from coordl.data.datasets import ImageFolder
-    from coordl.data.fileread import read_file
+    from coordl.datasets.files import ImageFolder
+    from coordl.fileread.read import read_file
 
     ds = ImageFolder(root)
     if not reads:
@@ -69,7 +69,7 @@ def _loop(
 ) -> None:
     import torch
 
-    from coordl.data.fileread import read_file
+    from coordl.fileread.read import read_file
 
     torch.set_num_threads(1)
     items = _items(root, part, parts, reads, fraction)

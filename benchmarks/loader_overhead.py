@@ -170,8 +170,8 @@ def main() -> None:
     if args.child:
         child(args.child, args.root, args.epochs, args.workers, args.recipe)
         return
-    from coordl.data.cropindex import index_tree
-    from coordl.data.synth import make_dataset
+    from coordl.datasets.synth import make_dataset
+    from coordl.prep.cropindex import index_tree
 
     with tempfile.TemporaryDirectory(
         prefix="loader-overhead-", dir=os.environ.get("COORDL_BENCH_DIR")

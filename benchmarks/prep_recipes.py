@@ -40,7 +40,7 @@ SIZES = ((500, 375), (1000, 750))
 
 def make_transform(recipe: str, size: int = CROP) -> Any:
     """The coordl.transforms pipeline of ``recipe`` (one of :data:`RECIPES`)."""
-    from coordl.data.transforms import Compose, train_transform
+    from coordl.prep.transforms import Compose, train_transform
 
     if recipe == "resize_first":
         return train_transform(size, recipe="resize_first")
@@ -56,7 +56,7 @@ def dali_graph(recipe: str, jpegs: Any) -> Any:
     from nvidia.dali import fn, types
 
     from coordl.dali.ops import DALITransform
-    from coordl.data import recipe as params
+    from coordl.prep import recipe as params
 
     if recipe != "resize_first":
         return DALITransform(CROP, fused=recipe == "standard")(jpegs, "cpu")
@@ -72,7 +72,7 @@ def dali_graph(recipe: str, jpegs: Any) -> Any:
 def _images(width: int, height: int, count: int) -> list[bytes]:
     import simplejpeg
 
-    from coordl.data.synth import make_image
+    from coordl.datasets.synth import make_image
 
     return [
         simplejpeg.encode_jpeg(make_image(i, 10, width, height, 0), quality=90, colorsubsampling="420")
@@ -84,7 +84,7 @@ def recipe_bytes(recipe: str, raws: list[bytes]) -> list[bytes]:
     """The JPEG bytes ``recipe`` reads: ``raws``, or their crop-indexed rewrite."""
     if recipe not in INDEXED:
         return raws
-    from coordl.data.cropindex import add_restarts
+    from coordl.prep.cropindex import add_restarts
 
     return [add_restarts(r) for r in raws]
 
@@ -139,9 +139,9 @@ def pixel_check(raws: list[bytes], samples: int = 64) -> tuple[int, int, float]:
     crop-decoded samples and a full decode + the same crop, as uint8 after the resize to 224."""
     import torch
 
-    from coordl.data import cropdecode
-    from coordl.data.decode import decode_image
-    from coordl.data.transforms import RandomResizedCrop, _resize
+    from coordl.prep import cropdecode
+    from coordl.prep.decode import decode_image
+    from coordl.prep.transforms import RandomResizedCrop, _resize
 
     gen = torch.Generator().manual_seed(0)
     rrc = RandomResizedCrop(CROP, generator=gen)
@@ -215,7 +215,7 @@ def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, 
 # The held-out check: images not used to tune crop decode (other content, sizes, qualities, chroma
 # subsampling, progressive). "photo": the real photograph matplotlib ships (sample_data/grace_hopper.jpg,
 # 512x600), mirror-tiled to the size and cut at random offsets, so its local statistics stay a photo's;
-# "synthetic": coordl.data.synth images of another seed than the benchmark's. (label, source, width,
+# "synthetic": coordl.datasets.synth images of another seed than the benchmark's. (label, source, width,
 # height, quality, Pillow subsampling 0/1/2 = 4:4:4/4:2:2/4:2:0, progressive)
 HELD_OUT = (
     ("photo as shipped (512x600)", "photo-file", 0, 0, 0, 0, False),
@@ -243,8 +243,8 @@ def _held_out_images(
 
     from PIL import Image
 
-    from coordl.data.decode import decode_image
-    from coordl.data.synth import make_image
+    from coordl.datasets.synth import make_image
+    from coordl.prep.decode import decode_image
 
     if source == "photo-file":
         with open(_photo_path(), "rb") as f:
@@ -277,8 +277,8 @@ def held_out_table(rounds: int = 5, count: int = 64) -> dict[str, Any]:
     """Print (and return) CPU ms per sample of the three recipes on the :data:`HELD_OUT` images."""
     import torch
 
-    from coordl.data import cropdecode
-    from coordl.data.transforms import RandomResizedCrop
+    from coordl.prep import cropdecode
+    from coordl.prep.transforms import RandomResizedCrop
 
     torch.set_num_threads(1)
     print(

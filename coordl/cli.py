@@ -21,13 +21,13 @@ __all__ = ["main", "build_parser"]
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:
-    from coordl.data import synth
+    from coordl.datasets import synth
 
     synth.add_parser(sub)
 
 
 def _add_crop_index(sub: argparse._SubParsersAction) -> None:
-    from coordl.data import cropindex
+    from coordl.prep import cropindex
 
     cropindex.add_parser(sub)
 
@@ -45,7 +45,7 @@ def _add_stage(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_pack(sub: argparse._SubParsersAction) -> None:
-    from coordl.data import pack
+    from coordl.packing import pack
 
     pack.add_parser(sub)
 

@@ -29,21 +29,21 @@ import torch.utils.data
 from torch.utils.data.dataloader import default_collate
 
 from coordl.coordinated.loader import join_for_loader
-from coordl.data.adapt import as_item_source
-from coordl.data.source import is_item_source
+from coordl.datasets.adapt import as_item_source
+from coordl.datasets.source import is_item_source
 from coordl.epoch import EpochIterator, EpochStats, LoaderStats, Sized, SkipAwareCollate
 from coordl.fetch.chain import FetchChain
 from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
 from coordl.fetch.sample_cache import COUNTER_NAMES as SAMPLE_CACHE_COUNTERS
 from coordl.fetch.sample_cache import SampleCacheTier
 from coordl.fetch.view import DatasetView, unwrap_view
+from coordl.fetch.watch import WorkerWatch, translate_torch_error
 from coordl.options import check_dataset_options, validate_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
 from coordl.resume import Resume, group_state, load_group_state, torch_iterator
 from coordl.ring.reader import BatchRing
 from coordl.sharding import unsharded_warning
 from coordl.workers.start import forks_workers, start_workers
-from coordl.workers.watch import WorkerWatch, translate_torch_error
 from shmem.counters import SharedCounters
 
 __all__ = ["DataLoader"]

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coordl.data.datasets import ImageFolder
+from coordl.datasets.files import ImageFolder
 from shmem.segment import flock_timeout
 
 __all__ = ["ThrottledImageFolder", "run_demo", "add_parser"]
@@ -98,8 +98,8 @@ def run_demo(
     import torch
 
     import coordl
-    from coordl.data import synth
-    from coordl.data.transforms import train_transform
+    from coordl.datasets import synth
+    from coordl.prep.transforms import train_transform
 
     synth.make_dataset(root, n=n, classes=10, seed=0, progress=progress)
     dataset_bytes = sum(p.stat().st_size for p in root.glob("class_*/*.jpg"))

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch.utils.data
 
-from coordl.data.source import has_split_prep
+from coordl.datasets.source import has_split_prep
 from coordl.fetch.pagecache import check_mode
 
 __all__ = ["check_dataset_options", "validate_options"]

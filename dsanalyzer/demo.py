@@ -36,7 +36,7 @@ DEFAULT_STEP_MS = 30.0
 
 def demo_dataset(items: int) -> Path:
     """The synthetic dataset (created once per size; later calls return at once)."""
-    from coordl.data.synth import make_dataset
+    from coordl.datasets.synth import make_dataset
 
     root = Path(tempfile.gettempdir()) / f"dsanalyzer-demo-data-{items}"
     return make_dataset(root, items, _CLASSES, width=_SIZE[0], height=_SIZE[1])

@@ -40,7 +40,7 @@ stamp=.venv/.coordl-installed
 # every extra asked for now (the editable install compiles the extensions in place).
 have_extras() {
   [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ] && [ ! setup.py -nt "$stamp" ] \
-    && [ -z "$(find coordl/data/_jpeg coordl/data/_fileread -newer "$stamp" -print -quit)" ] || return 1
+    && [ -z "$(find coordl/prep/_jpeg coordl/fileread -name "*.[ch]" -newer "$stamp" -print -quit)" ] || return 1
   local e
   for e in ${EXTRAS//,/ }; do
     grep -qx "$e" <(tr ',' '\n' < "$stamp") || return 1

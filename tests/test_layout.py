@@ -9,6 +9,14 @@ Inside ``dsanalyzer``, folders by role, lowest first: ``model`` (imports nothing
 -> ``measure`` -> (``jobs``, ``judge``) -> ``report`` -> the command line and the orchestrators at the
 top (``dsanalyzer/*.py``). A module imports its own folder or a lower floor, never a folder beside or
 above it.
+
+Inside ``coordl``, rooms (a folder, or a module directly under ``coordl/``) by floor, lowest first
+(:data:`COORDL_FLOOR`): the shared error and argument types; the rooms that need nothing else of coordl
+(the batch ring, file reading, the object store, the partitioned and coordinated caches, graphs, the
+epoch); prep (decode, transforms); datasets (the item protocol, image-file datasets); packed formats and
+resumable state; the packer and the fetch path; starting workers, DALI and the options; the DataLoader;
+the demo; the command line. A module imports its own room or a lower floor, never a room beside or
+above it; no folder of coordl holds over ~2,000 lines of Python without a reason in its ``__init__``.
 """
 
 from __future__ import annotations
@@ -107,6 +115,71 @@ def test_dsanalyzer_rooms_point_down() -> None:
                     f"{path.relative_to(ROOT)}:{line} imports {target} ({to_room or 'top'} is not below {room})"
                 )
     assert not wrong, "dsanalyzer imports that do not point down:\n" + "\n".join(wrong)
+
+
+COORDL_FLOOR = {
+    "errors": 0, "argtypes": 0, "sharding": 0,
+    "ring": 1, "fileread": 1, "objectstore": 1, "partitioned": 1, "coordinated": 1, "graph": 1, "epoch": 1,
+    "prep": 2,
+    "datasets": 3,
+    "packed": 4, "resume": 4,
+    "packing": 5, "fetch": 5,
+    "workers": 6, "dali": 6, "options": 6,
+    "dataloader": 7,
+    "demo": 8,
+    "cli": 9,
+}  # fmt: skip
+# ``import coordl`` hands on every public name, up to coordl.DataLoader: the face stands on its floor.
+COORDL_FACE_FLOOR = COORDL_FLOOR["dataloader"]
+MAX_FOLDER_LINES = 2000
+FOLDER_REASON = "Why this folder is large:"
+
+
+def _coordl_room(name: str) -> str:
+    """The room of a coordl module: its folder or module directly under ``coordl/`` ("" for the package's face)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_coordl_rooms_point_down() -> None:
+    """Every room of coordl has a floor, and imports only its own room or a lower floor."""
+    rooms = {
+        p.stem for p in (ROOT / "coordl").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()
+    }
+    assert rooms - {"__init__"} == set(COORDL_FLOOR), "place each room of coordl/ on a floor in COORDL_FLOOR"
+    wrong = []
+    for name, path in MODULES.items():
+        room = _coordl_room(name)
+        if not name.startswith("coordl.") or not room:
+            continue
+        found = _imports(path, name)
+        submodule_lines = {line for target, line in found if target.startswith("coordl.")}
+        for target, line in found:
+            if target == "coordl" and line not in submodule_lines:  # the face: its lazy exports
+                to_room, to_floor = "coordl (the package's face)", COORDL_FACE_FLOOR
+            elif target.startswith("coordl."):
+                to_room = _coordl_room(target)
+                to_floor = COORDL_FLOOR[to_room]
+            else:
+                continue
+            if to_room != room and to_floor >= COORDL_FLOOR[room]:
+                wrong.append(
+                    f"{path.relative_to(ROOT)}:{line} imports {target} ({to_room} is not below {room})"
+                )
+    assert not wrong, "coordl imports that do not point down:\n" + "\n".join(dict.fromkeys(wrong))
+
+
+def test_coordl_folders_hold_at_most_2000_lines_or_a_reason() -> None:
+    big = []
+    for folder in sorted(p for p in (ROOT / "coordl").iterdir() if (p / "__init__.py").is_file()):
+        lines = sum(len(f.read_text().splitlines()) for f in folder.rglob("*.py"))
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        if lines > MAX_FOLDER_LINES and FOLDER_REASON not in doc:
+            big.append(f"{folder.relative_to(ROOT)}/: {lines} lines")
+    assert not big, (
+        f"folders over {MAX_FOLDER_LINES} lines of Python without '{FOLDER_REASON}' in their __init__:\n"
+        + "\n".join(big)
+    )
 
 
 def test_no_import_cycles() -> None:

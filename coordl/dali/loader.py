@@ -31,8 +31,8 @@ from coordl.dali.feed import BatchFeed, EpochPlan, item_labels
 from coordl.dali.ops import DALITransform, train_pipeline
 from coordl.dali.options import device_id_for, start_method, validate
 from coordl.dali.pipeline import build_iterator, find_corrupt
-from coordl.data.adapt import as_item_source
-from coordl.data.source import is_item_source
+from coordl.datasets.adapt import as_item_source
+from coordl.datasets.source import is_item_source
 from coordl.epoch import EpochStats, LoaderStats
 from coordl.errors import CoordlError
 from coordl.fetch.chain import FetchChain

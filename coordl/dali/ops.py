@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordl.data import recipe
+from coordl.prep import recipe
 
 __all__ = ["DALITransform", "train_pipeline", "eval_pipeline", "IMAGENET_MEAN", "IMAGENET_STD"]
 
@@ -49,7 +49,7 @@ class DALITransform:
         mean, std: per channel, in [0, 1] units (scaled by 255 for DALI's uint8 input).
         flip: train only: random horizontal flip with probability 0.5.
 
-    The defaults are :mod:`coordl.data.recipe`'s, the same as ``coordl.transforms.train_transform`` /
+    The defaults are :mod:`coordl.prep.recipe`'s, the same as ``coordl.transforms.train_transform`` /
     ``eval_transform`` use on the CPU (DALI resizes without antialiasing, the CPU path with it).
         fused: train only: decode just the crop window (``decoders.image_random_crop``) instead of the
             whole image followed by ``fn.random_resized_crop``. Same distribution, less decode work.

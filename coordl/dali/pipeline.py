@@ -93,8 +93,8 @@ def find_corrupt(source: Any, indices: list[int]) -> CorruptItemError | None:
     DALI reports a decode failure for a whole batch (and, with prefetching, not always the batch being
     read); the loader asks this about the batches that may have failed, so the user gets the file.
     """
-    from coordl.data.decode import decode_image
-    from coordl.data.source import describe_item
+    from coordl.datasets.source import describe_item
+    from coordl.prep.decode import decode_image
 
     for index in indices:
         try:

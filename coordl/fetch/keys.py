@@ -9,32 +9,22 @@ keyed by item index (an int), so:
 * a dataset coordl runs as one opaque stage (no fetch/prep split: no tier holds its raw bytes anyway)
   that defines ``__getitems__`` gets each batch in one call, as in torch.
 
-``dataset`` is the user's: behind coordl's adapters (:mod:`coordl.data.adapt`) their ``.dataset``.
+``dataset`` is the user's: behind coordl's adapters (:mod:`coordl.datasets.adapt`) their ``.dataset``.
 """
 
 from __future__ import annotations
 
 import logging
-import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
-from coordl.data.adapt import OpaqueSource, TorchvisionStyleSource
+from coordl.datasets.adapt import OpaqueSource, TorchvisionStyleSource
 from coordl.errors import CorruptItemError
 from shmem.counters import SharedCounters
 
-__all__ = ["DatasetKeys", "is_index"]
+__all__ = ["DatasetKeys"]
 
 log = logging.getLogger("coordl")
-
-
-def is_index(key: Any) -> bool:
-    """An item index (the fetch tiers' key): an int or NumPy integer; a bool, list, slice... is a key."""
-    if isinstance(key, int):  # int and its subclasses (a seeded index) without the ABC check: per item
-        return type(key) is not bool
-    return isinstance(key, numbers.Integral) and not isinstance(key, np.bool_)
 
 
 class DatasetKeys:

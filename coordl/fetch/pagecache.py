@@ -5,7 +5,7 @@ epoch, and whether the OS page cache helps those reads depends on memory: when t
 fits in the memory left for the page cache, the page cache serves them from the second epoch on; when it
 does not, random access thrashes it (the CoorDL paper's finding), and every read costs a page-cache
 insertion and a reclaim for nothing. Then the loader reads past the page cache
-(:func:`coordl.data.fileread.read_file` with ``cached=False``).
+(:func:`coordl.fileread.read.read_file` with ``cached=False``).
 
 ``page_cache="auto"`` (the default) decides, in each worker process, from:
 

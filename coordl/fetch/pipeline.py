@@ -28,15 +28,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch.utils.data
 
-from coordl.data.fileread import ReadAhead
-from coordl.data.source import describe_item
+from coordl.datasets.source import describe_item, is_index
 from coordl.errors import CorruptItemError
-from coordl.fetch.keys import DatasetKeys, is_index
+from coordl.fetch.keys import DatasetKeys
 from coordl.fetch.minio import MinioCache
 from coordl.fetch.pace import ReadPace
 from coordl.fetch.pagecache import PageCachePolicy, check_mode
+from coordl.fetch.watch import WorkerWatch
+from coordl.fileread.read import ReadAhead
 from coordl.ring.output_buffers import lend
-from coordl.workers.watch import WorkerWatch
 from shmem.counters import SharedCounters
 from shmem.segment import Segment
 

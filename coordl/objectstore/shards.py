@@ -4,7 +4,7 @@ Why whole shards and not a ranged GET per sample: a ranged GET costs one request
 exactly as a loose file does, so shards read by ranges save nothing on an object store. A whole shard (10-100
 MB) is one request whose latency is amortised over hundreds of samples and whose transfer runs at the link's
 rate. Memory is the cost: each process keeps at most ``max_shards`` shards (least recently used go first), so
-the order of reads must stay within a few shards at a time: :class:`coordl.data.ShardSampler` shuffles shards
+the order of reads must stay within a few shards at a time: :class:`coordl.ShardSampler` shuffles shards
 and then samples within a window of shards, as Mosaic Streaming, WebDataset and LitData do. (A shard may also
 be staged whole to local disk or ``/dev/shm`` with ``stage_dir=``; then it is fetched once per node.)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from coordl.fetch.keys import is_index
+from coordl.datasets.source import is_index
 from coordl.resume.state import is_stateful
 
 __all__ = ["ResumableSampler", "SeededIndex", "item_seed"]

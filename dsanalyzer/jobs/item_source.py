@@ -43,7 +43,7 @@ def _unwrap(obj: Any) -> list[Any]:
 
 
 def _is_item_source(obj: Any) -> bool:
-    # The item-source protocol (coordl.data.source.ItemSource) is duck-typed: a source need not come
+    # The item-source protocol (coordl.datasets.source.ItemSource) is duck-typed: a source need not come
     # from coordl, so the check is structural and never imports coordl.
     return all(callable(getattr(obj, name, None)) for name in ("__len__", "fetch", "prep"))
 

@@ -87,7 +87,7 @@ def machine_info(root: Path) -> dict[str, str]:
     try:
         crop = (
             "built"
-            if importlib.util.find_spec("coordl.data._cropjpeg")
+            if importlib.util.find_spec("coordl.prep._cropjpeg")
             else "not built (whole-image decodes)"
         )
     except Exception as e:  # noqa: BLE001 - coordl itself does not import: the sections will say why

@@ -10,7 +10,7 @@ import torch
 
 import coordl
 from coordl.coordinated.job import Group
-from coordl.data.synth import make_dataset
+from coordl.datasets.synth import make_dataset
 
 
 def _job(root, shm_dir, out, tag, barrier):

@@ -1,4 +1,4 @@
-"""coordl.data.datasets: ImageFolder / FileListDataset protocol, the split, errors, and as_item_source."""
+"""coordl.datasets.files: ImageFolder / FileListDataset protocol, the split, errors, and as_item_source."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
-from coordl.data import synth
-from coordl.data import transforms as T
-from coordl.data.adapt import OpaqueSource, TorchvisionStyleSource, as_item_source
-from coordl.data.datasets import FileListDataset, ImageFolder
-from coordl.data.source import has_split_prep, is_item_source
+from coordl.datasets import synth
+from coordl.datasets.adapt import OpaqueSource, TorchvisionStyleSource, as_item_source
+from coordl.datasets.files import FileListDataset, ImageFolder
+from coordl.datasets.source import has_split_prep, is_item_source
 from coordl.errors import CorruptItemError
+from coordl.prep import transforms as T
 
 
 @pytest.fixture(scope="module")

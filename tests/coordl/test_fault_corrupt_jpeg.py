@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import coordl
-from coordl.data.synth import make_dataset
+from coordl.datasets.synth import make_dataset
 from coordl.errors import CorruptItemError
 from memcache import LocalStore
 

@@ -71,7 +71,7 @@ def test_reads_overlap_in_a_worker_and_not_without_fetch_ahead() -> None:
 
 
 def test_default_follows_the_sources_declaration(tmp_path) -> None:
-    from coordl.data.synth import make_dataset
+    from coordl.datasets.synth import make_dataset
 
     root = make_dataset(tmp_path / "imgs", n=4, classes=2, width=32, height=24, workers=1)
     with coordl.DataLoader(coordl.ImageFolder(str(root)), batch_size=2, num_workers=1) as dl:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import coordl
-from coordl.data.transforms import train_transform
+from coordl.prep.transforms import train_transform
 from coordl.ring import output_buffers
 from coordl.ring.output_buffers import lend, new_output
 from tests.coordl.ldr_sources import MemorySource
@@ -81,7 +81,7 @@ def test_samples_returned_any_way_give_torchs_batches(how: str) -> None:
 
 
 def test_imagefolder_batches_are_made_in_place_and_match_torch(tmp_path) -> None:
-    from coordl.data import synth
+    from coordl.datasets import synth
 
     root = synth.make_dataset(tmp_path / "ds", n=40, classes=2, width=64, height=48)
     tf = train_transform(32, 40)

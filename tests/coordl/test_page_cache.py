@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import coordl
-from coordl.data.transforms import CenterCrop, Compose, Decode, ToTensor
 from coordl.fetch import pagecache
 from coordl.fetch.pagecache import RECHECK_READS, PageCachePolicy, page_cache_room
+from coordl.prep.transforms import CenterCrop, Compose, Decode, ToTensor
 from tests.coordl.pagecache_files import direct_dir, drop, resident_pages
 
 # -- the room: /proc/meminfo and the memory cgroups, from fake trees ---------------------------------
@@ -119,7 +119,7 @@ def test_loader_refuses_a_bad_mode_naming_the_option(tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def disk_root(tmp_path_factory) -> Iterator[str]:
-    from coordl.data.synth import make_dataset
+    from coordl.datasets.synth import make_dataset
 
     with direct_dir(tmp_path_factory) as d:
         root = os.path.join(d, "folder")

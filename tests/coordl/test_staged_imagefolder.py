@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import coordl
-from coordl.data.synth import make_dataset
+from coordl.datasets.synth import make_dataset
 
 
 def test_remote_bytes_are_counted_across_workers_and_epoch_two_is_local(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import simplejpeg
 
 from coordl.cli import main as cli_main
-from coordl.data import synth
+from coordl.datasets import synth
 
 
 def _digest(root) -> str:

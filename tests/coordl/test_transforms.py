@@ -10,8 +10,8 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from coordl.data import transforms as T
 from coordl.errors import CorruptItemError
+from coordl.prep import transforms as T
 
 
 def _pixels(h: int = 60, w: int = 80) -> np.ndarray:

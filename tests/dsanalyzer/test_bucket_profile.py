@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from coordl.data.synth import make_dataset
+from coordl.datasets.synth import make_dataset
 from dsanalyzer.judge.verify import TARGET_ERROR
 from dsanalyzer.profiler import profile_command
 from dsanalyzer.report.text import summary_text

@@ -43,7 +43,7 @@ print(json.dumps({{k: stats.get(k, 0) for k in ("sample_cache_hits", "sample_cac
 
 @pytest.fixture(scope="module")
 def image_root(tmp_path_factory) -> str:
-    from coordl.data.synth import make_dataset
+    from coordl.datasets.synth import make_dataset
 
     return str(make_dataset(tmp_path_factory.mktemp("imgs"), n=N, classes=3, width=64, height=48, seed=0))
 

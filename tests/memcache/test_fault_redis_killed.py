@@ -15,8 +15,8 @@ import time
 import pytest
 
 import coordl
-from coordl.data.synth import make_dataset
-from coordl.data.transforms import eval_transform
+from coordl.datasets.synth import make_dataset
+from coordl.prep.transforms import eval_transform
 from memcache import RedisStore
 
 pytestmark = pytest.mark.redis

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import coordl
-from coordl.data.synth import make_dataset
-from coordl.data.transforms import train_transform
+from coordl.datasets.synth import make_dataset
+from coordl.prep.transforms import train_transform
 from memcache import KeySpace, LocalStore, RedisStore
 
 N = 24

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from coordl.data.synth import make_dataset
+from coordl.datasets.synth import make_dataset
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import coordl
-from coordl.data.pack import pack
-from coordl.data.synth import make_dataset
+from coordl.datasets.synth import make_dataset
+from coordl.packing.pack import pack
 from tests.support.s3server import S3Server, s3server_missing_reason
 
 N_ITEMS = 24

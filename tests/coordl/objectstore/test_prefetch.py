@@ -140,7 +140,7 @@ def test_the_sampler_plan_drives_the_gets_in_its_order(s3, packed):
     expected = _plan_order(ds, sampler)
     sampler.set_epoch(0)
     rec, fetched_ahead = [], threading.Event()
-    fetch = ds._buffer.fetch
+    fetch = ds._files.buffer.fetch
 
     def recorded(name: str) -> bytes:
         me = threading.current_thread().name
@@ -151,7 +151,7 @@ def test_the_sampler_plan_drives_the_gets_in_its_order(s3, packed):
         rec.append((me, name))
         return fetch(name)
 
-    ds._buffer.fetch = recorded
+    ds._files.buffer.fetch = recorded
     try:
         before = ds.stats()["store_requests"]
         got = [ds[i] for i in sampler]
@@ -194,7 +194,7 @@ def test_with_workers_every_shard_is_fetched_once_and_nothing_leaks(s3, packed):
 def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_half_kept(
     image_root, tmp_path
 ):
-    from coordl.data.pack import pack
+    from coordl.packing.pack import pack
     from tests.support.s3server import S3Server, s3server_missing_reason
 
     if s3server_missing_reason():
@@ -207,14 +207,14 @@ def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_
         stage = tmp_path / "stage"
         ds = coordl.TarShards(f"s3://{BUCKET}/shards/{os.path.basename(tar.pattern)}", transform=_ident,
                               storage_options=srv.storage_options(), stage_dir=stage)  # fmt: skip
-        store: ObjectStore = ds._bucket.store
+        store: ObjectStore = ds._files.bucket.store
         store.attempts, store.backoff_s = 3, 0.05
         sampler = coordl.ShardSampler(ds, window=1, seed=0)
         order = list(sampler)
         sampler.set_epoch(0)
         first, second = (ds.shards[int(ds._shard_of[order[0]])], _plan_order(ds, sampler)[1])
         started, go = threading.Event(), threading.Event()
-        fetch = ds._buffer.fetch
+        fetch = ds._files.buffer.fetch
 
         def gated(name: str) -> bytes:
             if threading.current_thread().name == "coordl-shard-ahead" and name != first:
@@ -222,7 +222,7 @@ def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_
                 go.wait(30)
             return fetch(name)
 
-        ds._buffer.fetch = gated
+        ds._files.buffer.fetch = gated
         try:
             assert ds[order[0]]  # shard `first` read; the thread starts on `second` and waits at the gate
             assert started.wait(30)
@@ -233,7 +233,7 @@ def test_a_server_killed_mid_fetch_ahead_is_an_error_naming_the_key_and_nothing_
                 StoreUnavailableError, match=rf"s3://{BUCKET}/shards/{second}: GET failed after 3"
             ):
                 ds[nxt]
-            assert second not in ds._buffer.ahead()
+            assert second not in ds._files.buffer.ahead()
         finally:
             ds.close()
         staged = {p.name for p in stage.rglob("*") if p.is_file()}
@@ -275,7 +275,7 @@ def test_fetch_ahead_overlaps_the_gets_of_loose_files(s3, tmp_path, monkeypatch)
 
 
 def test_locals_last_moves_staged_shards_to_the_end_of_a_stream():
-    from coordl.data.shard_sampler import locals_last
+    from coordl.packed.shard_sampler import locals_last
 
     assert locals_last([5, 1, 7, 2, 9], {1, 2}, 2) == [5, 9, 7, 2, 1]
     assert locals_last([5, 1, 7], set(), 2) == [5, 1, 7]
@@ -362,15 +362,15 @@ def test_a_sample_of_another_workers_shard_is_one_ranged_get(s3, packed, monkeyp
         assert after["store_bytes"] - before["store_bytes"] == int(
             ds._sizes[sample]
         )  # the sample's bytes only
-        assert not ds._buffer.holds(ds.shards[theirs])
+        assert not ds._files.buffer.holds(ds.shards[theirs])
         ds[ranges[mine][0]]  # its own shard: fetched whole
-        assert ds._buffer.holds(ds.shards[mine])
+        assert ds._files.buffer.holds(ds.shards[mine])
     finally:
         ds.close()
 
 
 def test_a_plan_republished_for_the_same_epoch_is_never_read_half_old():
-    from coordl.data.shard_sampler import ShardPlan
+    from coordl.packed.shard_sampler import ShardPlan
 
     plan = ShardPlan(6, 2)
     assert plan.locate(0) is None  # nothing published

@@ -24,7 +24,7 @@ from nvidia.dali.pipeline import Pipeline  # noqa: E402
 from nvidia.dali.plugin import pytorch as dali_torch  # noqa: E402
 from nvidia.dali.plugin.pytorch import DALIClassificationIterator, DALIGenericIterator, LastBatchPolicy  # noqa: E402
 
-from coordl.data.synth import make_dataset  # noqa: E402
+from coordl.datasets.synth import make_dataset  # noqa: E402
 from dsanalyzer import intercept  # noqa: E402
 from dsanalyzer.cli import main as cli_main  # noqa: E402
 from dsanalyzer.intercept import ProbeState  # noqa: E402

@@ -1,0 +1,162 @@
+"""Which item each loader worker is on, so a worker's death can be reported by the item that killed it.
+
+torch reports a dead worker as "DataLoader worker (pid 123) is killed by signal: ..." and nothing more:
+the user cannot tell which file crashed the decoder or blew the memory. Each worker writes its pid and
+the index of the item it is preparing into its own row of a tiny shared table (two int64 stores per
+item, no lock); when torch reports the death, the main process looks the pid up and names the item.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Any
+
+import numpy as np
+
+from coordl.datasets.source import describe_item
+from coordl.errors import CoordlTimeoutError, WorkerDiedError
+from shmem.forklock import PID
+from shmem.segment import DEFAULT_DIR, Segment
+
+__all__ = ["WorkerWatch", "is_worker_death", "translate_torch_error", "worker_died_error"]
+
+_IDLE = -1
+_PIDS_RE = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\)")
+
+
+_MIN_ROWS = 64
+
+
+class WorkerWatch:
+    """A shared table of ``(pid, current item)`` per worker id.
+
+    Args:
+        num_workers: the loader's ``num_workers``; one row each (at least 64 rows).
+        directory: where the table lives (``/dev/shm`` by default).
+    """
+
+    def __init__(self, num_workers: int, directory: str | os.PathLike = DEFAULT_DIR) -> None:
+        # Room beyond num_workers: a profiler may rerun the same loader with more workers.
+        self.num_workers = max(_MIN_ROWS, int(num_workers))
+        self._segment = Segment.create("watch", self.num_workers * 2 * 8, directory)
+        self._segment.reserve(0, self._segment.size)
+        self._attach()
+        self._table[:, 1] = _IDLE
+
+    def _attach(self) -> None:
+        self._table = self._segment.array(np.int64, 0, self.num_workers * 2).reshape(self.num_workers, 2)
+        self._words = memoryview(self._table.reshape(-1))  # the same words, flat: cheaper per store
+
+    def on_item(self, worker_id: int, index: int) -> None:
+        """Record that ``worker_id`` (this process) now works on item ``index``."""
+        if worker_id >= self.num_workers:
+            return  # bookkeeping only: never fail a load for it
+        words = self._words
+        words[2 * worker_id] = PID[0]  # kept by a fork hook: on_item runs once per item
+        words[2 * worker_id + 1] = index
+
+    def idle(self, worker_id: int) -> None:
+        if worker_id < self.num_workers:
+            self._table[worker_id, 1] = _IDLE
+
+    def item_of(self, pid: int) -> int | None:
+        """The item the worker with ``pid`` was on when last seen, or None."""
+        if self._table is None:
+            return None
+        for wpid, index in self._table:
+            if int(wpid) == pid and int(index) != _IDLE:
+                return int(index)
+        return None
+
+    def close(self) -> None:
+        self._table = self._words = None
+        self._segment.close()
+
+    def __getstate__(self) -> dict:
+        return {"num_workers": self.num_workers, "segment": self._segment}
+
+    def __setstate__(self, state: dict) -> None:
+        self.num_workers = state["num_workers"]
+        self._segment = state["segment"]
+        self._attach()
+
+
+def is_worker_death(error: BaseException) -> bool:
+    """True for the RuntimeErrors torch raises when a worker process dies."""
+    return (
+        isinstance(error, RuntimeError)
+        and _PIDS_RE.search(str(error)) is not None
+        and ("exited unexpectedly" in str(error) or "killed by signal" in str(error))
+    )
+
+
+def worker_died_error(
+    error: BaseException, watch: WorkerWatch | None, source: object, exitcodes: dict[int, int | None]
+) -> WorkerDiedError:
+    """A :class:`WorkerDiedError` naming each dead worker's pid, how it died, and its item."""
+    m = _PIDS_RE.search(str(error))
+    pids = [int(p) for p in m.group(1).replace(" ", "").split(",") if p] if m else []
+    parts = []
+    for pid in pids:
+        how = _describe_exit(exitcodes.get(pid), str(error))
+        index = watch.item_of(pid) if watch is not None else None
+        what = describe_item(source, index) if index is not None else "no item (between items)"
+        parts.append(f"worker pid {pid} {how} while preparing {what}")
+    detail = "; ".join(parts) or "no worker named"
+    # torch's own words first: code that matches torch's message ("DataLoader worker (pid 123) is killed
+    # by signal: ...", "... exited unexpectedly") still matches.
+    return WorkerDiedError(
+        f"{str(error).rstrip('. ')}: {detail}. Common causes: out of memory (check dmesg for the OOM killer, "
+        f"lower num_workers or batch_size), a crash in a native decoder on this item, or a full /dev/shm "
+        f"(use cache_dir= or docker run --shm-size=...)."
+    )
+
+
+def _describe_exit(exitcode: int | None, message: str) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    if exitcode is not None:
+        return f"exited with code {exitcode}"
+    m = re.search(r"killed by signal: ([^.]+)", message)
+    return f"was killed by signal ({m.group(1)})" if m else "exited unexpectedly"
+
+
+def translate_torch_error(
+    error: RuntimeError, torch_iter: Any, watch: WorkerWatch | None, source: Any
+) -> BaseException | None:
+    """coordl's error for one of torch's ``RuntimeError``s (a worker's death, a timeout), else None.
+
+    A worker killed while the main process unpickles its batch (torch's file-descriptor sharing asks the
+    worker for the fd) surfaces as a ``ConnectionError`` or ``EOFError`` from the data queue: that is a
+    death too when a worker has exited (waited for briefly: the reset may arrive before the exit is seen;
+    torch's SIGCHLD handler may raise its own report of the death inside that wait).
+    """
+    if isinstance(error, (ConnectionError, EOFError)):
+        workers = list(getattr(torch_iter, "_workers", []))
+        deadline = time.monotonic() + 1.0
+        try:
+            while workers and all(w.is_alive() for w in workers) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        except RuntimeError as death:  # torch's SIGCHLD handler reported the death meanwhile, in this wait
+            if not is_worker_death(death):
+                raise
+            return worker_died_error(death, watch, source, {w.pid: w.exitcode for w in workers})
+        dead = {w.pid: w.exitcode for w in workers if not w.is_alive()}
+        if not dead:
+            return None
+        return worker_died_error(
+            RuntimeError(f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly ({error!r})"),
+            watch, source, dead,
+        )  # fmt: skip
+    if is_worker_death(error):
+        exitcodes = {w.pid: w.exitcode for w in getattr(torch_iter, "_workers", [])}
+        return worker_died_error(error, watch, source, exitcodes)
+    if "DataLoader timed out after" in str(error):
+        return CoordlTimeoutError(f"{error} (the timeout= option of coordl.DataLoader)")
+    return None
