@@ -282,7 +282,7 @@ class LoaderSource(torch.utils.data.Dataset):
         """The storage read of ``index`` started in a read-ahead thread: a handle with ``result()``.
 
         A source naming the local file it reads (``local_file``) has it read by native threads that
-        never take the GIL (:class:`coordl.data.fileread.ReadAhead`); any other read runs its
+        never take the GIL (:class:`coordl.fileread.read.ReadAhead`); any other read runs its
         ``fetch`` in the Python pool.
         """
         local_file = getattr(self.source, "local_file", None)
