@@ -151,11 +151,21 @@ next(it)
 print("PIDS", *[w.pid for w in loader._torch._iterator._workers], flush=True)
 mode = sys.argv[1]
 if mode == "worker":
+    msg = "NO ERROR"
     try:
         for b in it:
             time.sleep(0.05)
     except Exception as e:
-        print("ERROR", type(e).__name__, str(e)[:300], flush=True)
+        msg = "ERROR %s %s" % (type(e).__name__, str(e)[:300])
+    # torch's SIGCHLD handler can raise again (the other worker exiting) between any two bytecodes: one
+    # write per line, retried, so a second RuntimeError cannot cut the report in half
+    for _ in range(5):
+        try:
+            sys.stdout.write(msg + "\\n")
+            sys.stdout.flush()
+            break
+        except RuntimeError:
+            pass
     loader.close()
     print("CLOSED", flush=True)
 else:
