@@ -66,7 +66,7 @@ def _attached(header: np.ndarray) -> np.ndarray:
 
 def reclaim_stale_stores(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:
     """Remove stores in ``directory`` none of whose attached processes is alive. Returns their paths."""
-    removed = []
+    removed: list[str] = []
     try:
         names = [n for n in os.listdir(directory) if n.startswith(_FILE_PREFIX)]
     except FileNotFoundError:
@@ -289,7 +289,7 @@ class LocalStore:
         return {k: getattr(self, k) for k in ("capacity_bytes", "name", "directory", "max_items", "verify")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
     def __repr__(self) -> str:
         return f"LocalStore(capacity_bytes={self.capacity_bytes}, name={self.name!r}, directory={self.directory!r})"

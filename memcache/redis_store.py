@@ -222,7 +222,7 @@ class RedisStore:
     def __setstate__(self, state: dict) -> None:
         nodes = state.pop("nodes")
         password = state.pop("password")
-        self.__init__(nodes, password, **state)
+        type(self).__init__(self, nodes, password, **state)
 
     def __repr__(self) -> str:
         return f"RedisStore(nodes={self.nodes!r}, password={'***' if self.password else None})"

@@ -33,6 +33,7 @@ import weakref
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import psutil
 
 __all__ = [
@@ -257,7 +258,7 @@ class Segment:
                 return False
             raise
 
-    def array(self, dtype: np.dtype | str, offset: int, count: int) -> np.ndarray:
+    def array(self, dtype: npt.DTypeLike, offset: int, count: int) -> np.ndarray:
         """A NumPy view of ``count`` elements of ``dtype`` at byte ``offset``."""
         return np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offset)
 
@@ -310,7 +311,7 @@ class Segment:
                 "before this process (a spawned worker) could attach",
                 path,
             ) from None
-        self.__init__(path, size, owner=False)
+        type(self).__init__(self, path, size, owner=False)
 
     def __repr__(self) -> str:
         return f"Segment({self.path!r}, size={self.size})"

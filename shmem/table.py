@@ -331,7 +331,7 @@ class AppendTable:
         return {"segment": self.segment, "base": self.base}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["segment"], state["base"])
+        type(self).__init__(self, state["segment"], state["base"])
 
 
 class _FileLock:

@@ -63,7 +63,7 @@ class RingCollate:
         }  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
     def __call__(self, batch: list) -> Any:
         if type(batch) is Stacked:

@@ -48,7 +48,7 @@ class WorkerWatch:
 
     def _attach(self) -> None:
         self._table = self._segment.array(np.int64, 0, self.num_workers * 2).reshape(self.num_workers, 2)
-        self._words = memoryview(self._table.reshape(-1))  # the same words, flat: cheaper per store
+        self._words = self._table.reshape(-1).data  # the same words, flat: cheaper per store
 
     def on_item(self, worker_id: int, index: int) -> None:
         """Record that ``worker_id`` (this process) now works on item ``index``."""
