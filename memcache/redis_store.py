@@ -152,7 +152,8 @@ class RedisStore:
                 self._stats["misses"] += len(node_keys) - done
         return out
 
-    def _decode_into(self, out: dict, key: str, value: bytes | None) -> None:
+    def _decode_into(self, out: dict, key: str, value: bytes | str | None) -> None:
+        # (redis-py types replies as str too, for clients made with decode_responses: never ours.)
         if value is None:
             self._stats["misses"] += 1
             return

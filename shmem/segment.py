@@ -189,11 +189,14 @@ class Segment:
         self.path = path
         self.size = size
         self._fd = os.open(path, os.O_RDWR)
-        self._mmap = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._mmap: mmap.mmap | None = mmap.mmap(
+            self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+        )
         self.buf = memoryview(self._mmap)
-        self._owner_pid = os.getpid() if owner else None
-        self._finalizer = None
+        self._owner_pid: int | None = None
+        self._finalizer: weakref.finalize | None = None
         if owner:
+            self._owner_pid = os.getpid()
             self._finalizer = weakref.finalize(self, _unlink_if_owner, path, self._owner_pid)
             atexit.register(self._finalizer)
 
@@ -260,6 +263,8 @@ class Segment:
 
     def array(self, dtype: npt.DTypeLike, offset: int, count: int) -> np.ndarray:
         """A NumPy view of ``count`` elements of ``dtype`` at byte ``offset``."""
+        if self._mmap is None:
+            raise ValueError(f"shared-memory segment {self.path} is closed")
         return np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offset)
 
     def fileno(self) -> int:

@@ -95,7 +95,8 @@ class RingCollate:
 
     def _adoptable(self, slot_bytes: int) -> Segment | None:
         """The segment the main process offered this worker, if its slots have this size."""
-        offer = self.adopt.get(getattr(torch.utils.data.get_worker_info(), "id", None))
+        info = torch.utils.data.get_worker_info()
+        offer = self.adopt.get(info.id) if info is not None else None
         self.adopt = {}
         if offer is None:
             return None
