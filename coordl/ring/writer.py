@@ -95,8 +95,8 @@ class RingCollate:
 
     def _adoptable(self, slot_bytes: int) -> Segment | None:
         """The segment the main process offered this worker, if its slots have this size."""
-        info = torch.utils.data.get_worker_info()
-        offer = self.adopt.get(info.id) if info is not None else None
+        worker_id = getattr(torch.utils.data.get_worker_info(), "id", None)
+        offer = self.adopt.get(worker_id) if worker_id is not None else None
         self.adopt = {}
         if offer is None:
             return None
