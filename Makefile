@@ -1,5 +1,5 @@
 # The two commands of the quick start: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo test lint bench clean gpu-wheels gpu-check
+.PHONY: setup demo test lint typecheck bench clean gpu-wheels gpu-check
 
 setup:
 	@bash scripts/setup.sh
@@ -18,6 +18,12 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+# mypy over shmem, memcache, nfs_cache, coordl and dsanalyzer at the level set in pyproject.toml ([tool.mypy]).
+typecheck: setup
+	@COORDL_EXTRAS=dev,nfs,dali,s3,frameworks bash scripts/setup.sh
+	.venv/bin/mypy
 
 bench: setup
 	COORDL_EXTRAS=dev,nfs,dali,s3,frameworks bash scripts/setup.sh
@@ -34,4 +40,4 @@ gpu-check:
 	$(GPU_PY) scripts/gpu_check.py $(if $(DRY),--dry-run) $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf .venv .pytest_cache .ruff_cache reports/runs
+	rm -rf .venv .pytest_cache .ruff_cache .mypy_cache reports/runs

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from shmem.lazy import lazy_exports
 
-__version__ = "0.1.0"
-
 _LAZY = {
+    "__version__": "coordl._version",
     "DataLoader": "coordl.dataloader",
     "WorkerDiedError": "coordl.errors",
     "CorruptItemError": "coordl.errors",
@@ -32,4 +31,4 @@ _LAZY = {
     "dali": "coordl.dali",
 }
 
-__getattr__, __dir__, __all__ = lazy_exports("coordl", globals(), _LAZY, eager=["__version__"])
+__getattr__, __dir__, __all__ = lazy_exports("coordl", globals(), _LAZY)

@@ -412,7 +412,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             shape["batches_per_epoch"] = len(self)
         return shape
 
-    def _translate(self, error: RuntimeError, torch_iter: Any) -> BaseException | None:
+    def _translate(self, error: Exception, torch_iter: Any) -> BaseException | None:
         """A coordl error for torch's worker-death and timeout RuntimeErrors, else None."""
         return translate_torch_error(error, torch_iterator(torch_iter), self._watch, self.source)
 

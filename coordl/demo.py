@@ -56,8 +56,8 @@ class ThrottledImageFolder(ImageFolder):
         self.bandwidth_bytes_per_s = float(bandwidth_bytes_per_s)
         self.lock_path = lock_path
 
-    def _read(self, index: int) -> bytes:
-        data = super()._read(index)
+    def _read(self, index: int, cached: bool = True) -> bytes:
+        data = super()._read(index, cached)
         with open(self.lock_path, "a+b") as lock:
             flock_timeout(lock.fileno(), LOCK_TIMEOUT_S, f"lock on simulated storage link {self.lock_path}")
             try:
@@ -109,7 +109,13 @@ def run_demo(
             root, train_transform(224), storage_mb_s * 1e6, os.path.join(tmp, "link.lock")
         )
         torch.manual_seed(0)
-        base = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers)
+        # (torch's annotation names Dataset; its loader takes any object with __getitem__ and __len__)
+        base: torch.utils.data.DataLoader = torch.utils.data.DataLoader(
+            ds,  # type: ignore[arg-type]
+            batch_size=batch_size,
+            shuffle=True,
+            num_workers=workers,
+        )
         # torch's loader counts nothing: every item is read from storage every epoch.
         rates = _run_epochs(base, epochs, "torch.utils.data.DataLoader", progress)
         per_epoch = [{"hit_ratio": 0.0, "storage_bytes_read": dataset_bytes} for _ in rates]

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordl.errors import WorkerDiedError
+
+if TYPE_CHECKING:
+    from shmem.counters import SharedCounters
 
 __all__ = ["EmptyBatch", "EpochIterator", "EpochStats", "LoaderStats", "SkipAwareCollate", "Sized"]
 
@@ -70,6 +73,13 @@ class LoaderStats:
     ``close()``), and names in :meth:`_stat_parts` the parts that add keys of their own.
     """
 
+    dataset: Any
+    source: Any
+    _counters: SharedCounters
+    _epoch_stats: EpochStats
+    _closed: bool
+    _final_stats: dict[str, Any] | None
+
     def _stat_parts(self) -> tuple[Any, ...]:
         return ()
 
@@ -107,7 +117,8 @@ class EpochIterator:
 
     Args:
         it: the underlying iterator (torch's, or the coordinated group's).
-        translate: maps a ``RuntimeError`` of ``it`` to a coordl error, or None to re-raise it.
+        translate: maps a ``RuntimeError`` (or a queue's ``ConnectionError``, ``EOFError``) of ``it`` to a
+            coordl error, or None to re-raise it.
         unwrap: turns what ``it`` yields into the user's batch (the batch ring's views).
         on_end: called once when ``it`` is exhausted.
         on_batch: called after each batch handed to the user (counts batches for resumable state).
@@ -119,7 +130,7 @@ class EpochIterator:
         self,
         it: Any,
         *,
-        translate: Callable[[RuntimeError, Any], BaseException | None],
+        translate: Callable[[Exception, Any], BaseException | None],
         unwrap: Callable[[Any], Any],
         on_end: Callable[[], None],
         on_batch: Callable[[], None],

@@ -36,7 +36,7 @@ class CorruptItemError(CoordlError, ValueError):
             text += f" (item {self.index})"
         return text if self.where is None else f"{text} (in {self.where})"
 
-    def __reduce__(self):  # survives the trip from a worker process to the main process
+    def __reduce__(self) -> tuple:  # survives the trip from a worker process to the main process
         return (_rebuild_corrupt, (super().__str__(), self.path, self.index))
 
 

@@ -202,7 +202,7 @@ def patch_loader_class(cls: type) -> None:
         return _STATE.iter_for(self, orig)
 
     __iter__._dsanalyzer_patched = True  # type: ignore[attr-defined]
-    cls.__iter__ = __iter__  # type: ignore[method-assign]
+    setattr(cls, "__iter__", __iter__)  # noqa: B010 (the class is any loader class: patched in place)
 
 
 def patch_dali_iterator_class(cls: type) -> None:
@@ -234,8 +234,9 @@ def patch_dali_iterator_class(cls: type) -> None:
 
     __next__._dsanalyzer_patched = True  # type: ignore[attr-defined]
     __init__._dsanalyzer_patched = True  # type: ignore[attr-defined]
-    cls.__next__ = __next__  # type: ignore[method-assign]
-    cls.__init__ = __init__  # type: ignore[method-assign]
+    # setattr: the class is any loader class the job imported, patched in place.
+    setattr(cls, "__next__", __next__)  # noqa: B010
+    setattr(cls, "__init__", __init__)  # noqa: B010
 
 
 def patch_ddp_class(cls: type) -> None:

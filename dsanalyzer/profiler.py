@@ -376,7 +376,11 @@ def profile(
             try:
                 info = prepared.info
                 if mode == "compute":
-                    info.update(_drive(lambda r=prepared.replay: r, train_step, n))
+
+                    def replay(r: Any = prepared.replay) -> Any:  # every epoch replays the same batches
+                        return r
+
+                    info.update(_drive(replay, train_step, n))
                 elif mode != "prep_scaling":
                     info.update(_drive(open_iter, train_step, n))
             finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from dsanalyzer.judge.verdict import advice_sentence, threads_note
@@ -81,7 +82,7 @@ def _rate_cell(rate: float, bound: str) -> str:
 
 
 def _table(
-    model: Model, policy: str, storage: float, gpu: float, cpus_list: list[int], caches: list[float]
+    model: Model, policy: str, storage: float, gpu: float, cpus_list: list[int], caches: Sequence[float]
 ) -> str:
     head = f"{'cache':>10} {'hit':>5} | " + " ".join(f"{f'{c} cpus':>11}" for c in cpus_list)
     lines = [head, "-" * len(head)]

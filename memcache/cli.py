@@ -101,7 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if args.foreground:
         try:
-            while server._proc.poll() is None:
+            while server._proc is not None and server._proc.poll() is None:
                 time.sleep(0.5)
         except KeyboardInterrupt:
             server.stop()

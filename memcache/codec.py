@@ -25,7 +25,7 @@ class CodecError(ValueError):
 
 def payload_view(array: np.ndarray) -> memoryview:
     """The C-order bytes of ``array`` as a flat byte view (no copy when already contiguous)."""
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
 def _leaf(array: np.ndarray) -> np.ndarray:

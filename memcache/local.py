@@ -66,7 +66,7 @@ def _attached(header: np.ndarray) -> np.ndarray:
 
 def reclaim_stale_stores(directory: str | os.PathLike = DEFAULT_DIR) -> list[str]:
     """Remove stores in ``directory`` none of whose attached processes is alive. Returns their paths."""
-    removed = []
+    removed: list[str] = []
     try:
         names = [n for n in os.listdir(directory) if n.startswith(_FILE_PREFIX)]
     except FileNotFoundError:
@@ -166,14 +166,14 @@ class LocalStore:
         try:
             if os.fstat(fd).st_size == 0:
                 self._size_file(fd)
-            self._seg = Segment.attach(self.path)
-            magic = int(self._seg.array(np.int64, 0, 1)[0])
+            seg = self._seg = Segment.attach(self.path)
+            magic = int(seg.array(np.int64, 0, 1)[0])
             if magic == 0:  # new, or its creator died before laying it out: lay it out (under the lock)
-                self._initialize(fd)
+                self._initialize(fd, seg)
             elif magic != _MAGIC:
                 raise ValueError(f"{self.path} is not a memcache LocalStore (bad magic); remove it")
-            self._header = self._seg.array(np.int64, 0, _HEADER_BYTES // 8)
-            self._table = AppendTable(self._seg, _HEADER_BYTES)
+            self._header = seg.array(np.int64, 0, _HEADER_BYTES // 8)
+            self._table = AppendTable(seg, _HEADER_BYTES)
             members.join(_attached(self._header), what=f"LocalStore {self.path}: attached processes")
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -190,22 +190,22 @@ class LocalStore:
             )
         os.ftruncate(fd, self.capacity_bytes)
 
-    def _initialize(self, fd: int) -> None:
+    def _initialize(self, fd: int, seg: Segment) -> None:
         """Lay out the header and the table in a new store's file (the caller holds the lock)."""
         index_bytes = table_bytes(self.max_items, 0)
         data_bytes = self.capacity_bytes - _HEADER_BYTES - index_bytes
         try:
-            if not self._seg.reserve(0, _HEADER_BYTES):
+            if not seg.reserve(0, _HEADER_BYTES):
                 raise OSError(28, "no space")
             AppendTable.create(
-                self._seg, self.max_items, data_bytes, stop_when_full=True, base=_HEADER_BYTES
+                seg, self.max_items, data_bytes, stop_when_full=True, base=_HEADER_BYTES
             ).close()
         except OSError as e:
             os.ftruncate(fd, 0)
             raise OSError(
                 e.errno, f"LocalStore {self.path}: no room for its index in {self.directory}"
             ) from e
-        header = self._seg.array(np.int64, 0, _HEADER_BYTES // 8)
+        header = seg.array(np.int64, 0, _HEADER_BYTES // 8)
         header[_H_SIZE] = self.capacity_bytes
         header[_H_MAGIC] = _MAGIC  # last: a half-made store is never taken for one
 
@@ -279,9 +279,10 @@ class LocalStore:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
-        self._table.close()
-        self._table = self._header = None
-        self._seg.close()
+        self._table.close()  # drops its views of the segment
+        self._header = np.empty(0, np.int64)  # and this one, before unmapping
+        if self._seg is not None:
+            self._seg.close()
         self._seg = None
         self._pid = -1
 
@@ -289,7 +290,7 @@ class LocalStore:
         return {k: getattr(self, k) for k in ("capacity_bytes", "name", "directory", "max_items", "verify")}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
     def __repr__(self) -> str:
         return f"LocalStore(capacity_bytes={self.capacity_bytes}, name={self.name!r}, directory={self.directory!r})"

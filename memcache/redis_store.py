@@ -152,7 +152,8 @@ class RedisStore:
                 self._stats["misses"] += len(node_keys) - done
         return out
 
-    def _decode_into(self, out: dict, key: str, value: bytes | None) -> None:
+    def _decode_into(self, out: dict, key: str, value: bytes | str | None) -> None:
+        # (redis-py types replies as str too, for clients made with decode_responses: never ours.)
         if value is None:
             self._stats["misses"] += 1
             return
@@ -222,7 +223,7 @@ class RedisStore:
     def __setstate__(self, state: dict) -> None:
         nodes = state.pop("nodes")
         password = state.pop("password")
-        self.__init__(nodes, password, **state)
+        type(self).__init__(self, nodes, password, **state)
 
     def __repr__(self) -> str:
         return f"RedisStore(nodes={self.nodes!r}, password={'***' if self.password else None})"

@@ -129,7 +129,7 @@ def start_redis(
     if exe is None:
         raise FileNotFoundError(f"{executable} not found: install Debian's redis-server (scripts/setup.sh)")
     own = workdir is None
-    wd = tempfile.mkdtemp(prefix="memcache-redis-") if own else os.fspath(workdir)
+    wd = tempfile.mkdtemp(prefix="memcache-redis-") if workdir is None else os.fspath(workdir)
     Path(wd).mkdir(parents=True, exist_ok=True)
     tries = 5 if port is None else 1
     last_error = ""

@@ -232,7 +232,7 @@ class NfsSource(Source):
         return {"url": self.url, "timeout_s": self.timeout_s, "read_chunk_bytes": self.read_chunk_bytes}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["url"], state["timeout_s"], state["read_chunk_bytes"])
+        type(self).__init__(self, state["url"], state["timeout_s"], state["read_chunk_bytes"])
 
     def _conn(self) -> _NfsConnection:
         if self._pid != os.getpid():  # forked: the parent's contexts belong to the parent
@@ -290,7 +290,7 @@ class FsspecSource(Source):
         return {"url": self.url}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["url"])
+        type(self).__init__(self, state["url"])
 
     def _get_fs(self) -> Any:
         if self._fs is None or self._fs_pid != os.getpid():

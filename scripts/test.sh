@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Lint, then the test suite. Slow tests run when CI=true or COORDL_SLOW=1.
+# Lint, format check and type check (seconds; any failure ends the run), then the test suite.
+# Slow tests run when CI=true or COORDL_SLOW=1.
 #
 # The suite runs in two phases (docs/testing.md):
 #   1. every test not marked `exclusive`, in parallel over COORDL_TEST_WORKERS pytest-xdist workers (default 4 on
@@ -12,6 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy   # its files and level are in pyproject.toml's [tool.mypy]
 args=(-q -ra -p no:cacheprovider)
 mark=""
 if [ "${CI:-}" = "true" ] || [ "${COORDL_SLOW:-0}" = "1" ]; then

@@ -164,7 +164,7 @@ class _Plan:
             raise CodecError(f"{path}: ndim {arr.ndim} exceeds {MAX_NDIM}")
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d)
-        view = memoryview(arr.reshape(-1).view(np.uint8))
+        view = arr.reshape(-1).view(np.uint8).data
         return {"a": self._leaf(view), "dtype": dt.str, "shape": list(arr.shape)}
 
     def prefix(self, key: str | bytes, kind: int, checksum: bool) -> bytes:

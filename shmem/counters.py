@@ -116,7 +116,7 @@ class SharedCounters:
 
     def close(self) -> None:
         self._mine = None
-        self._table = None  # drop the views before unmapping
+        self._table = np.empty((0, 0), np.int64)  # drop the views before unmapping
         self._segment.close()
 
     def __getstate__(self) -> dict:

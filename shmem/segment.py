@@ -33,6 +33,7 @@ import weakref
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import psutil
 
 __all__ = [
@@ -188,11 +189,14 @@ class Segment:
         self.path = path
         self.size = size
         self._fd = os.open(path, os.O_RDWR)
-        self._mmap = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._mmap: mmap.mmap | None = mmap.mmap(
+            self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+        )
         self.buf = memoryview(self._mmap)
-        self._owner_pid = os.getpid() if owner else None
-        self._finalizer = None
+        self._owner_pid: int | None = None
+        self._finalizer: weakref.finalize | None = None
         if owner:
+            self._owner_pid = os.getpid()
             self._finalizer = weakref.finalize(self, _unlink_if_owner, path, self._owner_pid)
             atexit.register(self._finalizer)
 
@@ -257,8 +261,10 @@ class Segment:
                 return False
             raise
 
-    def array(self, dtype: np.dtype | str, offset: int, count: int) -> np.ndarray:
+    def array(self, dtype: npt.DTypeLike, offset: int, count: int) -> np.ndarray:
         """A NumPy view of ``count`` elements of ``dtype`` at byte ``offset``."""
+        if self._mmap is None:
+            raise ValueError(f"shared-memory segment {self.path} is closed")
         return np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offset)
 
     def fileno(self) -> int:
@@ -310,7 +316,7 @@ class Segment:
                 "before this process (a spawned worker) could attach",
                 path,
             ) from None
-        self.__init__(path, size, owner=False)
+        type(self).__init__(self, path, size, owner=False)
 
     def __repr__(self) -> str:
         return f"Segment({self.path!r}, size={self.size})"

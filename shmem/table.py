@@ -220,7 +220,7 @@ class AppendTable:
 
     # -- writing: claim under the lock, copy without it, publish the check ----------------------------
 
-    def put(self, lo: int, hi: int, parts: Sequence[bytes | memoryview]) -> bool:
+    def put(self, lo: int, hi: int, parts: Sequence[bytes | bytearray | memoryview]) -> bool:
         """Store the concatenation of ``parts`` under ``(lo, hi)``. False when present, full or no room."""
         if lo == 0:
             raise ValueError("table keys need lo != 0 (0 marks an empty row)")
@@ -297,7 +297,9 @@ class AppendTable:
                 if self._lock_pid != pid:
                     self._lock_fd = self.segment.reopen()
                     self._lock_pid = pid
-        return _FileLock(self._lock_fd, self._thread_lock)
+        fd = self._lock_fd
+        assert fd is not None  # set with the pid just checked
+        return _FileLock(fd, self._thread_lock)
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
@@ -323,15 +325,16 @@ class AppendTable:
         if self._lock_fd is not None and self._lock_pid == os.getpid():
             os.close(self._lock_fd)
         self._lock_fd, self._lock_pid = None, -1
-        if self._row_words is not None:
-            self._row_words.release()
-        self._row_words = self._header = self._buf = None
+        # Drop the views before the caller unmaps (empty ones: a use after close fails on its index).
+        self._row_words.release()
+        self._row_words, self._buf = memoryview(b"").cast("q"), memoryview(b"")
+        self._header = np.empty(0, np.int64)
 
     def __getstate__(self) -> dict:
         return {"segment": self.segment, "base": self.base}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["segment"], state["base"])
+        type(self).__init__(self, state["segment"], state["base"])
 
 
 class _FileLock:

@@ -37,7 +37,8 @@ def start_method(requested: str | None) -> str:
     try:
         from nvidia.dali import backend
 
-        cuda_up = bool(backend.IsDriverInitialized())
+        # (DALI's backend stub leaves it out; an older DALI without it raises AttributeError, caught below)
+        cuda_up = bool(backend.IsDriverInitialized())  # type: ignore[attr-defined]
     except (ImportError, AttributeError):
         cuda_up = torch.cuda.is_initialized()
     return "spawn" if cuda_up or torch.cuda.is_initialized() else "fork"

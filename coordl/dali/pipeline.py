@@ -61,6 +61,8 @@ def build_iterator(
         py_num_workers=max(1, py_num_workers),
         py_start_method=py_start_method,
     )
+    # In parallel mode, batches the workers compute ahead (DALI refuses it otherwise).
+    ahead: dict[str, Any] = {"prefetch_queue_depth": prefetch_queue_depth} if parallel else {}
     with pipe:
         jpegs, labels = fn.external_source(
             source=feed,
@@ -69,8 +71,7 @@ def build_iterator(
             batch_info=True,
             parallel=parallel,
             dtype=[types.UINT8, types.INT64],
-            # In parallel mode, batches the workers compute ahead (DALI refuses it otherwise).
-            **({"prefetch_queue_depth": prefetch_queue_depth} if parallel else {}),
+            **ahead,
         )
         images = transform(jpegs, device)
         if device == "gpu":

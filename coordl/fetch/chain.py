@@ -89,8 +89,9 @@ class FetchChain:
     def close(self) -> None:
         """Stop the tiers (e.g. the node's cache server), then free the cache."""
         for tier in self.tiers:
-            if callable(getattr(tier, "close", None)):
-                tier.close()
+            close = getattr(tier, "close", None)
+            if callable(close):
+                close()
         if self.minio is not None:
             close_minio(self.minio)
 

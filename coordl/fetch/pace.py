@@ -105,7 +105,8 @@ class ReadPace:
         probe, self._probing = self._probing, False
         if self.slow and not probe:
             return  # a read decided before the switch to the pool: the next probe judges
-        if self.blocked_s < self.limit_s:
+        blocked = self.blocked_s  # not None: a read was just recorded
+        if blocked is not None and blocked < self.limit_s:
             self.slow, self._gap = False, PROBE_FIRST
             return
         if probe:  # storage still slow: wait longer before the next probe

@@ -48,7 +48,7 @@ class WorkerWatch:
 
     def _attach(self) -> None:
         self._table = self._segment.array(np.int64, 0, self.num_workers * 2).reshape(self.num_workers, 2)
-        self._words = memoryview(self._table.reshape(-1))  # the same words, flat: cheaper per store
+        self._words = self._table.reshape(-1).data  # the same words, flat: cheaper per store
 
     def on_item(self, worker_id: int, index: int) -> None:
         """Record that ``worker_id`` (this process) now works on item ``index``."""
@@ -64,15 +64,14 @@ class WorkerWatch:
 
     def item_of(self, pid: int) -> int | None:
         """The item the worker with ``pid`` was on when last seen, or None."""
-        if self._table is None:
-            return None
         for wpid, index in self._table:
             if int(wpid) == pid and int(index) != _IDLE:
                 return int(index)
         return None
 
     def close(self) -> None:
-        self._table = self._words = None
+        # Drop the views before unmapping: empty ones, so a closed watch knows no item.
+        self._table, self._words = np.empty((0, 2), np.int64), memoryview(b"").cast("q")
         self._segment.close()
 
     def __getstate__(self) -> dict:
@@ -128,7 +127,7 @@ def _describe_exit(exitcode: int | None, message: str) -> str:
 
 
 def translate_torch_error(
-    error: RuntimeError, torch_iter: Any, watch: WorkerWatch | None, source: Any
+    error: Exception, torch_iter: Any, watch: WorkerWatch | None, source: Any
 ) -> BaseException | None:
     """coordl's error for one of torch's ``RuntimeError``s (a worker's death, a timeout), else None.
 

@@ -62,14 +62,14 @@ class Batch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with every tensor on ``device``."""
 
-        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=non_blocking)
+        def mv(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
 
         return Batch(
             seed_nodes=mv(self.seed_nodes),
             input_nodes=mv(self.input_nodes),
             x=mv(self.x),
-            y=mv(self.y),
+            y=None if self.y is None else mv(self.y),
             edges=[(mv(s), mv(d)) for s, d in self.edges],
             sizes=list(self.sizes),
             local_edges=[(mv(s), mv(d)) for s, d in self.local_edges],

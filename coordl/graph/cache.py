@@ -109,11 +109,15 @@ class FeatureCache:
     def _rows_offset(self) -> int:
         return _align(self.num_nodes * 4) + _align(self.slots * 4)
 
+    def _no_views(self) -> None:
+        """Empty views: of a cache with no slots, and of a closed one (views go before the mapping)."""
+        self._slot_of = np.full(0, -1, dtype=np.int32)
+        self._filled = np.zeros(0, dtype=np.uint32)
+        self._rows: np.ndarray = np.zeros(0, dtype=np.uint8)
+
     def _attach(self) -> None:
         if self._segment is None:
-            self._slot_of = np.full(0, -1, dtype=np.int32)
-            self._filled = np.zeros(0, dtype=np.uint32)
-            self._rows = None
+            self._no_views()
             return
         seg, feats = self._segment, self.graph.features
         self._slot_of = seg.array(np.int32, 0, self.num_nodes)
@@ -189,7 +193,7 @@ class FeatureCache:
 
     def close(self) -> None:
         """Unmap (and, in the owner, remove) the segment."""
-        self._slot_of = self._filled = self._rows = None  # views go before the mapping
+        self._no_views()
         if self._segment is not None:
             self._segment.close()
             self._segment = None

@@ -185,6 +185,7 @@ def _demo(args: argparse.Namespace) -> int:
                 start, total, right, seen = time.perf_counter(), 0.0, 0, 0
                 for batch in loader:
                     out = model(batch)
+                    assert batch.y is not None  # the graph has labels (checked above)
                     loss = torch.nn.functional.cross_entropy(out, batch.y)
                     opt.zero_grad()
                     loss.backward()

@@ -207,7 +207,10 @@ class Graph:
             raise GraphFormatError(
                 f"version {header.get('version')!r}, this coordl reads {VERSION}", header_path
             )
-        arrays = {name: _map(p, header, name, required=name not in _OPTIONAL) for name in _ARRAYS}
+        # (an optional array absent from the files is None)
+        arrays: dict[str, Any] = {
+            name: _map(p, header, name, required=name not in _OPTIONAL) for name in _ARRAYS
+        }
         graph = cls(**arrays, path=str(p.resolve()))
         _check_consistent(graph, header_path)
         return graph
@@ -227,7 +230,7 @@ class Graph:
 def _is_mapped_from(arr: np.ndarray, target: Path) -> bool:
     # Re-saving a memmap into its own file would truncate what it reads from: it is already there.
     filename = getattr(arr, "filename", None)
-    return bool(filename) and target.exists() and os.path.samefile(filename, target)
+    return filename is not None and target.exists() and os.path.samefile(filename, target)
 
 
 def write_chunked(path: Path, arr: np.ndarray, chunk_bytes: int = 64 << 20) -> None:

@@ -166,14 +166,17 @@ class NeighborLoader:
         )
         self._keys = _EpochKeys(len(self.maker))
         self._next_epoch = 0
+        self._closed = False
         self._torch: DataLoader | None = None
         if self.num_workers > 0:
+            # (torch's annotations name a Dataset and a batch's collate; its loader takes any map-style object,
+            # and with batch_size=None collate_fn gets one item)
             self._torch = DataLoader(
-                self.maker,
+                self.maker,  # type: ignore[arg-type]
                 batch_size=None,
                 sampler=self._keys,
                 num_workers=self.num_workers,
-                collate_fn=_identity,
+                collate_fn=_identity,  # type: ignore[arg-type]
                 persistent_workers=True,
                 timeout=self.timeout_s,
                 prefetch_factor=max(1, math.ceil(self.pipeline_depth / self.num_workers)),
@@ -187,18 +190,18 @@ class NeighborLoader:
         self._next_epoch = int(epoch)
 
     def __iter__(self) -> Iterator[Batch]:
-        if self.cache is None:
+        if self._closed:
             raise RuntimeError("this NeighborLoader is closed")
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         if self._torch is not None:
-            return self._iter_workers(epoch)
+            return self._iter_workers(epoch, self._torch)
         if self.pipeline_depth == 0:
             return (self.maker[(epoch, b)] for b in range(len(self.maker)))
         return self._iter_thread(epoch)
 
-    def _iter_workers(self, epoch: int) -> Iterator[Batch]:
+    def _iter_workers(self, epoch: int, torch_loader: DataLoader) -> Iterator[Batch]:
         self._keys.epoch = epoch
-        it = iter(self._torch)
+        it = iter(torch_loader)
         while True:
             try:
                 batch = next(it)
@@ -257,7 +260,7 @@ class NeighborLoader:
     def variant(self, **changes: Any) -> NeighborLoader:
         """A new loader with the same graph, seeds and seed, and ``changes`` applied to the other
         arguments (dsanalyzer's differential runs: e.g. ``gather_features=False``)."""
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             self._kwargs,
             num_workers=self.num_workers,
             pipeline_depth=self.pipeline_depth,
@@ -292,10 +295,10 @@ class NeighborLoader:
                 iterator._shutdown_workers()
             self._torch._iterator = None
             self._torch = None
-        if self.cache is not None:
+        if not self._closed:
+            self._closed = True
             self.cache.close()
             self.counters.close()
-            self.cache = None
 
     def __enter__(self) -> NeighborLoader:
         return self

@@ -16,7 +16,7 @@ import torch
 from coordl.graph.batch import Batch
 from coordl.graph.cache import FeatureCache
 from coordl.graph.graph import Graph
-from coordl.graph.sampler import batch_rng, sample_blocks
+from coordl.graph.sampler import SampledBlocks, batch_rng, sample_blocks
 from shmem.counters import SharedCounters
 
 __all__ = ["BatchMaker", "COUNTERS"]
@@ -62,7 +62,7 @@ class BatchMaker:
         self.batch_size, self.shuffle, self.drop_last, self.seed = batch_size, shuffle, drop_last, seed
         self.cache, self.counters, self.gather_features = cache, counters, gather_features
         self._order_epoch: int | None = None
-        self._order: np.ndarray | None = None
+        self._order: np.ndarray = self.seeds  # drawn again at each new epoch
 
     def __len__(self) -> int:
         n = self.seeds.size
@@ -80,7 +80,7 @@ class BatchMaker:
         lo = batch_index * self.batch_size
         return self._order[lo : lo + self.batch_size]
 
-    def sample(self, epoch: int, batch_index: int):
+    def sample(self, epoch: int, batch_index: int) -> tuple[np.ndarray, SampledBlocks]:
         """The sampled blocks of one batch (no features)."""
         rng = batch_rng(self.seed, epoch, batch_index)
         seeds = self.seeds_of(epoch, batch_index)

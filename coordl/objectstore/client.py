@@ -21,6 +21,7 @@ received, ``store_retries`` the attempts that failed and were retried. Failures:
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import time
@@ -196,10 +197,10 @@ class ObjectStore:
         out: list[ObjectInfo] = []
         token: str | None = None
         while True:
-            args = {"Bucket": self.location.bucket, "Prefix": prefix}
+            args: dict[str, str] = {"Bucket": self.location.bucket, "Prefix": prefix}
             if token:
                 args["ContinuationToken"] = token
-            page = self._call("LIST", prefix, lambda c, a=args: c.list_objects_v2(**a))
+            page = self._call("LIST", prefix, operator.methodcaller("list_objects_v2", **args))
             for obj in page.get("Contents", ()):
                 mtime = obj.get("LastModified")
                 out.append(ObjectInfo(

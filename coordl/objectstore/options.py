@@ -89,6 +89,7 @@ def client_settings(storage_options: dict[str, Any] | None) -> tuple[dict[str, A
         )
     client: dict[str, Any] = {}
     for name, value in dict(opts.pop("client_kwargs", None) or {}).items():
+        name = str(name)
         client[_S3FS_NAMES.get(name, name)] = value
     for name, value in opts.items():
         if name in _OWN:

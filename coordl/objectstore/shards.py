@@ -191,7 +191,7 @@ class ShardBuffer:
                 while name is None and not self._stop:
                     self._wake.wait()
                     name = self._next_ahead()
-                if self._stop:
+                if self._stop or name is None:  # (None only when stopped)
                     return
                 event = self._inflight[name] = threading.Event()
                 self._ahead_inflight = name

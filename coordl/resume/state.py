@@ -7,7 +7,7 @@ so the whole state is JSON-serialisable when theirs are). Generator and RNG stat
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 import torch
 
@@ -39,7 +39,15 @@ class StateMismatchError(ValueError, AssertionError):
     """
 
 
-def is_stateful(obj: Any) -> bool:
+class Stateful(Protocol):
+    """torchdata's Stateful protocol: what :func:`is_stateful` checks for."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def is_stateful(obj: Any) -> TypeGuard[Stateful]:
     """Whether ``obj`` follows the Stateful protocol (torchdata's meaning: it has both methods)."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 

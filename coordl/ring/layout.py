@@ -134,12 +134,12 @@ def leaf_layout(values: list) -> tuple[torch.dtype, tuple[int, ...], int] | None
         if any(v.shape != shape or v.dtype != dtype or v.requires_grad for v in values):
             return None
         return dtype, tuple(shape), first.numel() * first.element_size()
-    dtype = _NUMPY_DTYPES.get(first.dtype)
-    if dtype is None:
+    np_dtype = _NUMPY_DTYPES.get(first.dtype)
+    if np_dtype is None:
         return None
     if any(v.shape != first.shape or v.dtype != first.dtype for v in values):
         return None
-    return dtype, first.shape, first.nbytes
+    return np_dtype, first.shape, first.nbytes
 
 
 def build(spec: tuple, tensors: Iterator, scalars: Iterator) -> Any:

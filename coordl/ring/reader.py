@@ -195,7 +195,8 @@ class BatchRing:
         storage = torch.from_numpy(slot).untyped_storage()
         del slot
         tensors = [
-            torch.empty(0, dtype=dtype).set_(storage, off // dtype.itemsize, shape)
+            # (torch's stubs require a stride with an offset; torch takes the contiguous one without)
+            torch.empty(0, dtype=dtype).set_(storage, off // dtype.itemsize, shape)  # type: ignore[call-overload]
             for off, dtype, shape in batch.leaves
         ]
         del storage

@@ -82,7 +82,7 @@ class Stacker:
                 continue
             if type(value) is not kind or not _fits(value, dtype, shape):
                 return self._give_up(sample, bool(lent))
-            in_slot = in_slot or (lent and type(value) is torch.Tensor and self._in_slot(value))
+            in_slot = in_slot or (bool(lent) and type(value) is torch.Tensor and self._in_slot(value))
         if in_slot:
             # Another leaf's row (or a view of one) came back: cloned before any row is written over it.
             values = [v.clone() if type(v) is torch.Tensor and self._in_slot(v) else v for v in values]
@@ -193,6 +193,6 @@ def _unalias(sample: Any, slot: tuple[int, int]) -> Any:
             return type(sample)(*items)
         return type(sample)(items)
     if isinstance(sample, dict):
-        items = {k: _unalias(v, slot) for k, v in sample.items()}
-        return sample if all(items[k] is v for k, v in sample.items()) else type(sample)(items)
+        mapped = {k: _unalias(v, slot) for k, v in sample.items()}
+        return sample if all(mapped[k] is v for k, v in sample.items()) else type(sample)(mapped)
     return sample

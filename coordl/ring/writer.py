@@ -63,7 +63,7 @@ class RingCollate:
         }  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+        type(self).__init__(self, **state)
 
     def __call__(self, batch: list) -> Any:
         if type(batch) is Stacked:
@@ -95,7 +95,8 @@ class RingCollate:
 
     def _adoptable(self, slot_bytes: int) -> Segment | None:
         """The segment the main process offered this worker, if its slots have this size."""
-        offer = self.adopt.get(getattr(torch.utils.data.get_worker_info(), "id", None))
+        worker_id = getattr(torch.utils.data.get_worker_info(), "id", None)
+        offer = self.adopt.get(worker_id) if worker_id is not None else None
         self.adopt = {}
         if offer is None:
             return None

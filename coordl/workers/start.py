@@ -60,13 +60,14 @@ def start_workers(torch_loader: torch.utils.data.DataLoader) -> Any:
         torch_loader.worker_init_fn, torch_loader.multiprocessing_context = user_init, user_context
 
 
+# SharedFlag has Event's methods (set, is_set, clear, wait) without being one: what torch calls.
 class _SpawnContext(multiprocessing.context.SpawnContext):
-    def Event(self) -> SharedFlag:  # noqa: N802 - multiprocessing's name
+    def Event(self) -> SharedFlag:  # type: ignore[override]  # noqa: N802 - multiprocessing's name
         return SharedFlag(self)
 
 
 class _ForkServerContext(multiprocessing.context.ForkServerContext):
-    def Event(self) -> SharedFlag:  # noqa: N802 - multiprocessing's name
+    def Event(self) -> SharedFlag:  # type: ignore[override]  # noqa: N802 - multiprocessing's name
         return SharedFlag(self)
 
 

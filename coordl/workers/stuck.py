@@ -53,14 +53,16 @@ class _KeepArgsProcess(multiprocessing.context.ForkProcess):
     start_args: tuple[Any, tuple, dict] | None = None
 
     def start(self) -> None:
-        self.start_args = (self._target, self._args, self._kwargs)
+        # typeshed leaves out BaseProcess's private fields (set by its __init__ on every Python version)
+        self.start_args = (self._target, self._args, self._kwargs)  # type: ignore[attr-defined]
         super().start()
 
 
 class _KeepArgsContext(multiprocessing.context.ForkContext):
     Process = _KeepArgsProcess
 
-    def Event(self) -> SharedFlag:  # noqa: N802 - multiprocessing's name
+    # SharedFlag has Event's methods (set, is_set, clear, wait) without being one: what torch calls.
+    def Event(self) -> SharedFlag:  # type: ignore[override]  # noqa: N802 - multiprocessing's name
         """torch's ``_workers_done_event``: a flag no killed worker can leave locked (:mod:`shmem.flag`)."""
         return SharedFlag(self)
 

@@ -74,7 +74,7 @@ class CommLog:
             if len(self.collectives) < 4096:
                 self.collectives.append((nbytes, seconds))
 
-    def series(self, iterations: int) -> dict[str, list[float]]:
+    def series(self, iterations: int) -> dict[str, list]:
         """Per-iteration lists (zeros where nothing was recorded), JSON-ready."""
         with self._lock:
             rows = [self.per_iter.get(i, {}) for i in range(iterations)]

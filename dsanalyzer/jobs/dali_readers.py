@@ -76,7 +76,7 @@ def _fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
 
 def _argument(buf: bytes) -> tuple[str, list[Any]]:
     """``dali_proto.Argument``: name = 1, ints = 4, strings = 5, bools = 6, vector elements = 7."""
-    name, values = "", []
+    name, values = "", list[str | int]()
     for field, value in _fields(buf):
         if field == 1 and isinstance(value, bytes):
             name = value.decode()
@@ -167,7 +167,7 @@ def _class_folders(root: str, args: dict[str, list[Any]]) -> list[str]:
     filters = list(args.get("file_filters") or FILE_READER_FILTERS)
     dir_filters = list(args.get("dir_filters") or ["*"])
     case = bool((args.get("case_sensitive_filter") or [False])[0])
-    out = []
+    out: list[str] = []
     for sub in sorted(os.listdir(root)):
         folder = os.path.join(root, sub)
         if not os.path.isdir(folder) or not _matches(sub, dir_filters, case):

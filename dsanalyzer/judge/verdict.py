@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from dsanalyzer.judge.epochs import epoch_start_note
 from dsanalyzer.model import search
 from dsanalyzer.model.rates import Prediction
-from dsanalyzer.model.store import loader_concurrency
+from dsanalyzer.model.store import StoreModel, loader_concurrency
 from dsanalyzer.model.whatif import Model, format_bytes
 
 __all__ = [
@@ -129,7 +130,7 @@ def recommend(model: Model) -> dict | None:
     if cores is not None and max(1, workers) < cores <= model.cpus:  # prep cannot keep up at this count
         workers = cores
         change["num_workers"] = workers
-    kw = {"cpus": model.cpus, "storage_bytes_per_s": model.storage_bytes_per_s, "workers": workers}
+    kw: dict = {"cpus": model.cpus, "storage_bytes_per_s": model.storage_bytes_per_s, "workers": workers}
     at_workers = model.predict(model.cache_bytes, policy=model.cache_policy, **kw)
     if at_workers.bound == "fetch" and model.store is not None:  # a bucket: more requests in flight first
         ahead = search.fetch_ahead_for_rate(model, target, workers)
@@ -250,13 +251,12 @@ def _more_cores(report: dict, model: Model, pred: Prediction) -> dict:
         "cpus": cpus,
         "samples_per_s": more.samples_per_s,
         "rises": more.samples_per_s > pred.samples_per_s * 1.02,
-        "note": None,
+        "note": threads_note(model, cpus, cpus),
     }
-    out["note"] = threads_note(model, cpus, cpus)
     return out
 
 
-def threads_note(model: Model, cpus: int, workers: int, **predict_kw) -> str | None:
+def threads_note(model: Model, cpus: int, workers: int, **predict_kw: Any) -> str | None:
     """What torch's default intra-op threads cost on ``cpus`` cores beside ``workers`` workers, and the
     rate with one thread (None when the prediction charges no spinning threads: see model/cores.py)."""
     spin = model.spin_cores(cpus, workers)
@@ -275,7 +275,7 @@ def threads_note(model: Model, cpus: int, workers: int, **predict_kw) -> str | N
     )
 
 
-def _bound_note(report: dict, model: Model, pred: Prediction, stated: str) -> str:
+def _bound_note(report: dict, model: Model, pred: Prediction, stated: str | None) -> str:
     """Why the stalls as measured and the model name different bounds, with both sets of numbers."""
     per = report.get("per_iter_s") or {}
     total = sum(float(per.get(k) or 0.0) for k in _STALLS)
@@ -316,7 +316,7 @@ def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
     bound = v["bound"]
     parts = [f"{bound}-bound: the model predicts {pred.samples_per_s:,.0f} samples/s at the measured rates"]
     if pred.bound == "fetch" and model.store is not None:
-        parts[0] += f" ({store_text(model)}, hit ratio {pred.hit_ratio:.2f})"
+        parts[0] += f" ({store_text(model, model.store)}, hit ratio {pred.hit_ratio:.2f})"
     elif pred.bound == "fetch":
         parts[0] += f" (storage {format_bytes(model.storage_bytes_per_s)}/s, hit ratio {pred.hit_ratio:.2f})"
     if v["disagrees"]:
@@ -370,7 +370,7 @@ def _no_fix_text(model: Model, bound: str, noun: str) -> str:
     if bound == "prep":
         if need["cpus_needed"] is None:
             return "prep saturates however many cores it gets: make prep cheaper (cache decoded samples)"
-        kw = {"policy": model.cache_policy}
+        kw: dict = {"policy": model.cache_policy}
         more = model.predict(model.cache_bytes, 2 * model.cpus, model.storage_bytes_per_s, **kw)
         return (
             f"{need['cpus_needed']} CPU cores for data prep would make it compute-bound (this machine has "
@@ -382,9 +382,8 @@ def _no_fix_text(model: Model, bound: str, noun: str) -> str:
     return f"no cache or storage speed on this machine makes it compute-bound; add {noun}"
 
 
-def store_text(model: Model) -> str:
-    """The bucket's fitted rates in words, at the loader's concurrency."""
-    store = model.store
+def store_text(model: Model, store: StoreModel) -> str:
+    """The bucket's fitted rates (``store``, the model's) in words, at the loader's concurrency."""
     c = loader_concurrency(model.workers, model.fetch_ahead)
     more = store.request_rate_is_lower_bound or store.bandwidth_is_lower_bound
     return (

@@ -19,8 +19,9 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 __all__ = [
     "dataset_files",
@@ -38,7 +39,7 @@ def files_under(root: str) -> list[str]:
     """Every regular file below ``root`` (or ``[root]`` when it is a file), sorted."""
     if os.path.isfile(root):
         return [root]
-    out = []
+    out: list[str] = []
     for dirpath, _dirs, names in os.walk(root):
         out.extend(os.path.join(dirpath, n) for n in names)
     return sorted(p for p in out if os.path.isfile(p))
@@ -174,7 +175,7 @@ def resident_fraction(paths: Iterable[str]) -> float:
 
 def measure_fetch_rate(
     files: list[str] | None = None,
-    source: object | None = None,
+    source: Any = None,
     threads: int = 1,
     max_items: int = 256,
     time_budget_s: float = 3.0,
@@ -187,18 +188,22 @@ def measure_fetch_rate(
     ``time_budget_s``, whichever comes first.
     """
     rng = random.Random(seed)
+    sample: list[Any]  # file paths, or item indices
+    read_one: Callable[[Any], int]
     if files:
         sample = rng.sample(files, min(max_items, len(files)))
         evict_files(sample)
         read_one = _read_file
         method = "files, cold (posix_fadvise DONTNEED)"
     elif source is not None and callable(getattr(source, "fetch", None)):
-        n = len(source)  # type: ignore[arg-type]
+        n = len(source)
         sample = rng.sample(range(n), min(max_items, n))
+        fetch = source.fetch
 
-        def read_one(i: int) -> int:
-            return len(source.fetch(i))  # type: ignore[union-attr]
+        def fetch_len(i: int) -> int:
+            return len(fetch(i))
 
+        read_one = fetch_len
         method = "item source fetch()"
     else:
         raise ValueError("measure_fetch_rate needs dataset files or an item source with fetch()")

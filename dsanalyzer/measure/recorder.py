@@ -49,7 +49,8 @@ class RunRecorder:
         if self.measure_from is None and self.remaining <= self.cfg.iters:
             self.measure_from = time.monotonic()
             self._cpu_from = (time.perf_counter(), *_job_cpu())
-        if self.remaining <= 0 and time.monotonic() - self.measure_from >= self.cfg.min_seconds:
+        started = self.measure_from  # set once remaining <= cfg.iters
+        if self.remaining <= 0 and started is not None and time.monotonic() - started >= self.cfg.min_seconds:
             raise RunComplete
         try:
             batch = pull()

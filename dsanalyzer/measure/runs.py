@@ -162,7 +162,7 @@ def loader_alone_rate(
             if i == warmup:
                 t0 = time.perf_counter()
                 samples = batches = 0
-                if cpu is not None:
+                if meter is not None:
                     cpu0, thread0 = meter.total(), time.thread_time()
             try:
                 batch = next(it)
@@ -177,7 +177,7 @@ def loader_alone_rate(
             if meter is not None:
                 meter.sample_every(0.1)  # torch shuts an epoch's workers down before StopIteration
             tick()
-        if cpu is not None and samples > 0:  # read before the workers are shut down
+        if cpu is not None and meter is not None and samples > 0:  # read before the workers are shut down
             elapsed, used = time.perf_counter() - t0, meter.total() - cpu0
             cpu["cpu_s_per_sample"] = used / samples
             cpu["receive_cpu_s_per_batch"] = (time.thread_time() - thread0) / max(1, batches)

@@ -83,7 +83,7 @@ class Timeline:
     def next_ended(self, items: int) -> float:
         """Mark a batch of ``items`` samples handed to the loop: its wait ends here."""
         now = time.perf_counter()
-        if self._start is not None:
+        if self._start is not None and self.t0 is not None:  # (t0 is set with the first _start)
             self.wait_s.append(now - self._start)
             self.wait_cpu_s.append(time.thread_time() - self._cpu_start[0])
             self.starts.append(self._start - self.t0)

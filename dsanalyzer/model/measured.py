@@ -8,6 +8,7 @@ so a report from a job that could not measure it says so instead of predicting f
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.scaling import PrepScaling
@@ -16,7 +17,7 @@ from dsanalyzer.model.store import store_fields
 __all__ = ["field", "positive", "main_process_costs", "model_fields"]
 
 
-def field(report: dict, *keys: str, required: bool = True, default=None):
+def field(report: dict, *keys: str, required: bool = True, default: Any = None) -> Any:
     """``report[k1][k2]...``; a missing (or null) field is an error naming it, or ``default`` when optional."""
     node = report
     for key in keys:
@@ -30,7 +31,7 @@ def field(report: dict, *keys: str, required: bool = True, default=None):
     return node
 
 
-def positive(value, name: str) -> float:
+def positive(value: Any, name: str) -> float:
     """``value`` as a positive finite float, or an error naming the field."""
     value = float(value)
     if not (value > 0 and math.isfinite(value)):
@@ -38,7 +39,7 @@ def positive(value, name: str) -> float:
     return value
 
 
-def _number(value) -> float | None:
+def _number(value: Any) -> float | None:
     """``value`` as a finite non-negative float, None when absent or not one."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None

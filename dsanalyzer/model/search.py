@@ -9,7 +9,7 @@ reaches the compute rate (``whatif.to_compute_bound``).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.rates import TOL
@@ -22,7 +22,7 @@ __all__ = ["default_axes", "grid", "cache_bytes_for_rate", "fetch_ahead_for_rate
 MAX_FETCH_AHEAD = 32  # coordl's ObjectStore keeps 32 connections per process: more threads would queue
 
 
-def default_axes(model: Model) -> tuple[list[float], list[int], list[float]]:
+def default_axes(model: Model) -> tuple[list[int], list[int], list[float]]:
     """Cache sizes (0..100% of the dataset and the measured one), core counts, storage speeds."""
     caches = sorted(
         {round(f * model.dataset_bytes) for f in (0, 0.25, 0.5, 0.75, 1.0)} | {round(model.cache_bytes)}
@@ -64,7 +64,7 @@ def grid(
     return rows
 
 
-def _reaches(model: Model, target: float, **kw) -> bool:
+def _reaches(model: Model, target: float, **kw: Any) -> bool:
     return model.predict(**kw).steady >= target * (1 - TOL)  # compute-bound: between epoch starts
 
 
@@ -112,7 +112,7 @@ def fetch_ahead_for_rate(model: Model, target: float, workers: int) -> int:
     return MAX_FETCH_AHEAD
 
 
-def _storage_for_rate(model: Model, target: float, **kw) -> float | None:
+def _storage_for_rate(model: Model, target: float, **kw: Any) -> float | None:
     """Slowest storage (bytes/s) that reaches ``target``: 0 when every read hits, None when none does."""
     if _reaches(model, target, storage_bytes_per_s=1.0, **kw):
         return 0.0  # everything hits the cache: storage speed does not matter

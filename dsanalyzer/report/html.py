@@ -20,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display: render to PNG bytes only
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from dsanalyzer.judge.verdict import workers_noun  # noqa: E402
 from dsanalyzer.model.whatif import Model, format_bytes  # noqa: E402
@@ -33,14 +35,14 @@ _STAGES = ("compute", "prep_stall", "fetch_stall")
 _LABELS = {"compute": "compute", "prep_stall": "prep stall", "fetch_stall": "fetch stall"}
 
 
-def _png(fig) -> str:
+def _png(fig: Figure) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _stall_bar(report: dict, model: Model | None):
+def _stall_bar(report: dict, model: Model | None) -> Figure:
     bars = {"measured": report.get("per_iter_s") or {}}
     if model is not None:
         bars["model"] = model.predict_measured().per_iter_s
@@ -59,7 +61,7 @@ def _stall_bar(report: dict, model: Model | None):
     return fig
 
 
-def _timeline(report: dict):
+def _timeline(report: dict) -> Figure | None:
     runs = report.get("runs") or {}
     name = next((n for n in ("real", "fetch", "prep", "compute") if runs.get(n, {}).get("step_s")), None)
     if name is None:
@@ -88,14 +90,14 @@ def _size_unit(n_bytes: float) -> tuple[str, float]:
     return "B", 1.0
 
 
-def _compute_lines(ax, model: Model) -> None:
+def _compute_lines(ax: Axes, model: Model) -> None:
     ax.axhline(model.compute_per_s, color="grey", lw=0.8, label="compute rate (step alone)")
     effective = model.compute_rate()
     if effective < model.compute_per_s * 0.99:
         ax.axhline(effective, color="grey", lw=0.8, ls="--", label="step + per-batch overhead")
 
 
-def _whatif_cache(model: Model):
+def _whatif_cache(model: Model) -> Figure:
     unit, scale = _size_unit(model.dataset_bytes)
     sizes = np.linspace(0, model.dataset_bytes, 41)
     fig, ax = plt.subplots(figsize=(10, 3.6))
@@ -117,7 +119,7 @@ def _whatif_cache(model: Model):
     return fig
 
 
-def _whatif_cores(model: Model, noun: str):
+def _whatif_cores(model: Model, noun: str) -> Figure:
     cores = np.arange(1, max(32, 2 * model.cpus) + 1)
     fig, ax = plt.subplots(figsize=(10, 3.6))
     for cache, label in (
@@ -142,7 +144,7 @@ def _whatif_cores(model: Model, noun: str):
     return fig
 
 
-def _sysmon(report: dict):
+def _sysmon(report: dict) -> Figure | None:
     mon = report.get("sysmon") or {}
     t = np.asarray(mon.get("t_s") or [], dtype=float)
     if t.size == 0:

@@ -59,7 +59,9 @@ def summary_table(report: dict) -> str:
     machine = report.get("machine") or {}
     command = report.get("command") or ""
     command = command if isinstance(command, str) else " ".join(map(str, command))
-    policy = {"pagecache": "OS page cache", "minio": "coordl MinIO cache"}.get(report.get("cache_policy"), "")
+    policy = {"pagecache": "OS page cache", "minio": "coordl MinIO cache"}.get(
+        str(report.get("cache_policy")), ""
+    )
     pairs = [
         ("Command", command),
         ("Created", str(report.get("created", ""))),
