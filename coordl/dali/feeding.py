@@ -73,11 +73,12 @@ class EpochFeed:
 
     def start(self, dali_epoch: int) -> list[list[int]]:
         """Open DALI epoch ``dali_epoch``; returns its batches (planned mode; [] when the group decides)."""
-        if self.member is not None:
+        if self._coordinated is not None:
             self._coordinated.start(self.member.epoch())
             return []
         batches = self.order.draw()
-        self.plan.write(dali_epoch, batches)
+        if self.plan is not None:  # always, in planned mode
+            self.plan.write(dali_epoch, batches)
         return batches
 
     def stop(self) -> None:

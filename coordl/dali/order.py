@@ -42,8 +42,9 @@ class BatchOrder:
             sampler = PartitionedSampler(n, topo.world_size, topo.rank, shuffle=bool(shuffle))
             shuffle = None
         self.sampler, self.shuffle = sampler, shuffle
-        self.loader = torch.utils.data.DataLoader(
-            range(n), batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+        # A range is a map-style dataset to torch (len and indexing); its stubs want a Dataset.
+        self.loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
+            range(n), batch_size=batch_size, shuffle=shuffle, sampler=sampler,  # type: ignore[arg-type]
             drop_last=drop_last, generator=generator, collate_fn=list,
         )  # fmt: skip
         self._generator_state: torch.Tensor | None = None  # the generator before this epoch's draws
