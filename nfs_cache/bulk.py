@@ -74,7 +74,7 @@ def stage_all(
     stopped = staged.staging_stopped
     if unstaged and not stopped:  # copy processes stopped on their own: tell why from here
         left = [f for f in files if f.relpath not in staged.manifest.entries]
-        stopped = "" if staged._room_for(min(f.size for f in left)) else staged.staging_stopped
+        stopped = "" if staged.budget.room_for(min(f.size for f in left)) else staged.staging_stopped
     summary = {
         "files": len(files),
         "bytes": total_bytes,

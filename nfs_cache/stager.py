@@ -6,46 +6,29 @@ verified against that record; a file that fails verification is thrown away and 
 (DataLoader workers, other jobs on the node) may share one stage directory: striped ``flock`` locks make each file be
 copied once, and the manifest is an append-only log they all read. When the disk budget (or the disk) is full,
 staging stops and reads go to the remote source. The layout is described in ``layout.py``.
+
+The parts, each in a module named for it: opening the stage directory safely (``stagedir.py``), one
+copy's write, verified read and removal (``copies.py``), when staging stops (``budget.py``), and staging
+the rest in background processes (``prefetch.py``). This class holds the read-through protocol itself.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import itertools
 import os
-import shutil
 import threading
-import urllib.parse
-import zlib
 from typing import Any
 
-from nfs_cache.layout import META_DIR, StageDirError, StageLayout, old_layout_message
+from nfs_cache.budget import StageBudget
+from nfs_cache.copies import drop_copy, forget_changed, read_verified, write_copy
+from nfs_cache.counts import StageCounts
+from nfs_cache.layout import META_DIR, StageLayout
 from nfs_cache.locks import StripedLocks
 from nfs_cache.manifest import Entry, Manifest
 from nfs_cache.sources import RemoteFile, Source, _check_relpath, open_source
+from nfs_cache.stagedir import check_stage_dir, claim_stage_dir, remove_dead_tmp, source_identity
 
 __all__ = ["StagedSource", "source_identity"]
-
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-_tmp_counter = itertools.count()
-
-
-def source_identity(source: Source) -> str:
-    """The source's address without URL options (an ``nfsport`` may change between runs, the data does not)."""
-    return (
-        urllib.parse.urlsplit(source.url)._replace(query="").geturl() if "://" in source.url else source.url
-    )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StagedSource:
@@ -84,10 +67,10 @@ class StagedSource:
         self.min_free_bytes = min_free_bytes
         self.lock_timeout_s = lock_timeout_s
         self._prefetch_requested = prefetch
-        self._check_stage_dir()
+        check_stage_dir(self.stage_dir, self.source)
         self._open_local_state()
-        self._claim_stage_dir()
-        self._remove_dead_tmp()
+        claim_stage_dir(self.layout, self.source)
+        remove_dead_tmp(self.tmp_dir)
         self._prefetcher: Any = None
         if prefetch:
             self.start_prefetch()
@@ -112,31 +95,6 @@ class StagedSource:
         self._prefetcher = None
         self._open_local_state()
 
-    def _check_stage_dir(self) -> None:
-        """Refuse a directory this class would damage or misread (before anything is written to it)."""
-        layout = StageLayout(self.stage_dir)
-        if layout.is_old_layout():
-            raise StageDirError(old_layout_message(self.stage_dir))
-        root = getattr(self.source, "root", None)
-        if root is not None:  # a mounted directory: the copies must not land inside the source (or be it)
-            src, dst = os.path.realpath(root), os.path.realpath(self.stage_dir)
-            if os.path.commonpath([src, dst]) in (src, dst):
-                raise StageDirError(
-                    f"stage_dir {self.stage_dir!r} and the source {root!r} overlap: "
-                    "stage into a directory outside the dataset"
-                )
-        if os.path.exists(self.stage_dir) and not os.path.isdir(self.stage_dir):
-            raise StageDirError(f"stage_dir {self.stage_dir!r} is a file, not a directory")
-        if layout.is_stage_dir() or not os.path.isdir(self.stage_dir):
-            return
-        # Staged copies mirror the source at the top of stage_dir: never mix them into someone's folder.
-        foreign = sorted(n for n in os.listdir(self.stage_dir) if not n.startswith(".") and n != "lost+found")
-        if foreign:
-            raise StageDirError(
-                f"stage_dir {self.stage_dir!r} is not empty ({', '.join(foreign[:3])}...) and is not a stage "
-                f"directory (no {META_DIR}/): use a new or empty directory"
-            )
-
     def _open_local_state(self) -> None:
         self.layout = StageLayout(self.stage_dir)
         self.tmp_dir = self.layout.tmp
@@ -144,42 +102,17 @@ class StagedSource:
         self.manifest = Manifest(self.layout.manifest)
         self.manifest.refresh()
         self.locks = StripedLocks(self.layout.locks)
-        # One node-wide lock around "is there room? then record it": without it two processes staging
-        # different files both saw room for one and the budget was overshot (seen: 92.7 MB staged in 89.7 MB).
-        self.budget_lock = StripedLocks(os.path.join(self.layout.locks, "budget"), stripes=1)
+        self.budget = StageBudget(
+            self.layout, self.manifest, self.budget_bytes, self.min_free_bytes, self.lock_timeout_s
+        )
         self._listing: dict[str, RemoteFile] = {}
         self._listed = False
-        self._stats_lock = threading.Lock()
-        self._local = {"remote_bytes_read": 0, "corrupt_staged": 0, "staged_here": 0, "unstaged_reads": 0}
-        self.staging_stopped = ""  # why this process stopped staging ("" while it stages)
+        self.counts = StageCounts(self.counters)
 
-    def _claim_stage_dir(self) -> None:
-        path = self.layout.source_file
-        ident = source_identity(self.source)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            with open(path, encoding="utf-8") as f:
-                owner = f.read().strip()
-            if owner and owner != ident:
-                raise ValueError(
-                    f"stage_dir {self.stage_dir!r} holds a staged copy of {owner!r}, not of {ident!r}: "
-                    "use another stage_dir (or delete this one)"
-                ) from None
-            return
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(ident + "\n")
-
-    def _remove_dead_tmp(self) -> None:
-        # Copies in progress of processes that died (kill -9, OOM) would otherwise fill the disk over restarts.
-        for name in os.listdir(self.tmp_dir):
-            try:
-                pid = int(name.split(".", 1)[0])
-            except ValueError:
-                continue
-            if pid != os.getpid() and not _pid_alive(pid):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.tmp_dir, name))
+    @property
+    def staging_stopped(self) -> str:
+        """Why this process stopped staging ("" while it stages): a budget, free space or a full disk."""
+        return self.budget.stopped
 
     # -- public API ------------------------------------------------------------------------------------------------
 
@@ -195,21 +128,9 @@ class StagedSource:
                 (f.relpath, f) for f in self.source.list_files() if f.relpath.split("/", 1)[0] != META_DIR
             )
             self._listed = True
-            self._forget_changed()
+            forget_changed(self.layout, self.manifest, self._listing)
             self.layout.write_listing(sorted(self._listing), f"{os.getpid()}.{threading.get_ident()}.listing")
         return sorted(self._listing.values(), key=lambda f: f.relpath)
-
-    def _forget_changed(self) -> None:
-        self.manifest.refresh()
-        for rel, entry in list(self.manifest.entries.items()):
-            remote = self._listing.get(rel)
-            # mtime 0: staged by a process that had no listing (a DataLoader worker); the size still counts.
-            changed = entry.mtime_ns != 0 and remote is not None and remote.mtime_ns != entry.mtime_ns
-            if remote is not None and (remote.size != entry.size or changed):
-                self.manifest.remove(rel)
-                # The stage directory is a dataset too: a stale copy must not stay readable there.
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.local_path(rel))
 
     def list_files(self, extensions: list[str] | tuple[str, ...] | None = None) -> list[str]:
         """Sorted relative paths of the remote files (optionally only those ending in one of ``extensions``).
@@ -257,21 +178,16 @@ class StagedSource:
         """``staged_items``/``staged_bytes`` (whole node, from the manifest) and ``remote_bytes_read`` (all
         processes when ``counters`` was given, else this process)."""
         self.manifest.refresh()
-        remote = self.local_stats()["remote_bytes_read"]
-        snapshot = getattr(self.counters, "snapshot", None)
-        if snapshot is not None:
-            remote = int(snapshot().get("remote_bytes_read", remote))
         return {
             "staged_items": len(self.manifest.entries),
             "staged_bytes": self.manifest.total_bytes,
-            "remote_bytes_read": remote,
+            "remote_bytes_read": self.counts.remote_bytes_read(),
         }
 
     def local_stats(self) -> dict[str, int]:
         """This process's counts: ``remote_bytes_read``, ``staged_here`` (copies it made), ``corrupt_staged``
         (copies that failed verification and were replaced), ``unstaged_reads`` (remote reads not staged)."""
-        with self._stats_lock:
-            return dict(self._local)
+        return self.counts.local()
 
     def start_prefetch(self, workers: int = 1) -> None:
         """Stage every remaining file in a background process (stopped by ``close``)."""
@@ -300,26 +216,13 @@ class StagedSource:
 
     # -- internals ---------------------------------------------------------------------------------------------------
 
-    def _count(self, name: str, amount: int = 1) -> None:
-        with self._stats_lock:
-            self._local[name] += amount
-        if name == "remote_bytes_read" and self.counters is not None:
-            self.counters.add("remote_bytes_read", amount)
-
     def _read_local(self, relpath: str, entry: Entry) -> bytes | None:
         """The staged bytes, or None when the copy is missing or fails verification."""
-        try:
-            with open(self.local_path(relpath), "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        if len(data) != entry.size or (self.verify and zlib.crc32(data) != entry.crc32):
-            return None
-        return data
+        return read_verified(self.local_path(relpath), entry, self.verify)
 
     def _read_remote(self, relpath: str) -> bytes:
         data = self.source.read(relpath)
-        self._count("remote_bytes_read", len(data))
+        self.counts.add("remote_bytes_read", len(data))
         known = self._listing.get(relpath)
         if known is not None and known.size != len(data):
             raise OSError(
@@ -327,22 +230,9 @@ class StagedSource:
             )
         return data
 
-    def _room_for(self, size: int) -> bool:
-        if self.staging_stopped:
-            return False
-        if self.budget_bytes is not None and self.manifest.total_bytes + size > self.budget_bytes:
-            self.staging_stopped = f"budget of {self.budget_bytes} bytes reached"
-            return False
-        if self.min_free_bytes is None:
-            return True
-        if shutil.disk_usage(self.stage_dir).free - size < self.min_free_bytes:
-            self.staging_stopped = f"less than {self.min_free_bytes} bytes free in {self.stage_dir}"
-            return False
-        return True
-
     def _stage(self, relpath: str, bad: Entry | None) -> bytes:
-        if not self._room_for(self._listing[relpath].size if relpath in self._listing else 0):
-            self._count("unstaged_reads")
+        if not self.budget.room_for(self._listing[relpath].size if relpath in self._listing else 0):
+            self.counts.add("unstaged_reads")
             return self._read_remote(relpath)
         with self.locks.hold(relpath, self.lock_timeout_s):
             self.manifest.refresh()
@@ -352,49 +242,23 @@ class StagedSource:
                 if data is not None:
                     return data
             if entry is not None:  # the copy failed verification (or vanished): replace it
-                self._count("corrupt_staged")
-                self.manifest.remove(relpath)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.local_path(relpath))
+                self.counts.add("corrupt_staged")
+                drop_copy(self.layout, self.manifest, relpath)
             data = self._read_remote(relpath)
-            with self._budget_held():
-                if self._room_for(len(data)):
+            with self.budget.held():
+                if self.budget.room_for(len(data)):
                     self._write_staged(relpath, data)
                     return data
-            self._count("unstaged_reads")
+            self.counts.add("unstaged_reads")
             return data
 
-    @contextlib.contextmanager
-    def _budget_held(self) -> Any:
-        """The budget's check and the manifest record as one step across processes (no lock without a budget)."""
-        if self.budget_bytes is None:
-            yield
-            return
-        with self.budget_lock.hold("budget", self.lock_timeout_s):
-            self.manifest.refresh()  # what other processes staged counts against the budget
-            yield
-
     def _write_staged(self, relpath: str, data: bytes) -> None:
-        """Copy ``data`` into place (tmp file, rename, manifest record); on a full disk, stop staging instead."""
+        """Put the copy in place and record it; on a full disk, stop staging instead."""
         known = self._listing.get(relpath)
-        tmp = os.path.join(self.tmp_dir, f"{os.getpid()}.{threading.get_ident()}.{next(_tmp_counter)}")
-        final = self.local_path(relpath)
-        try:
-            os.makedirs(os.path.dirname(final), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, final)
-            mtime_ns = known.mtime_ns if known is not None else 0
-            self.manifest.add(relpath, Entry(len(data), mtime_ns, zlib.crc32(data)))
-        except OSError as e:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            if e.errno not in _NO_SPACE:
-                raise
-            # The record may be missing: drop the copy so nothing unrecorded lingers.
-            if relpath not in self.manifest.entries:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(final)
-            self.staging_stopped = f"disk full in {self.stage_dir} ({e.strerror})"
+        stopped = write_copy(
+            self.layout, self.manifest, relpath, data, known.mtime_ns if known is not None else 0
+        )
+        if stopped:
+            self.budget.stop(stopped)
             return
-        self._count("staged_here")
+        self.counts.add("staged_here")

@@ -15,6 +15,10 @@ loader gives them coordl's fetch side underneath:
 * ``coordinate=``: jobs on one server fetch each batch once and share its raw bytes
   (:mod:`coordl.dali.coordinated`);
 * ``stats()`` / ``epoch_stats()`` with the keys of ``coordl.DataLoader``.
+
+The parts, each in a module named for it: the batch order (:mod:`coordl.dali.order`), what the external
+source is fed each epoch (:mod:`coordl.dali.feeding`), the pipeline and its restarts
+(:mod:`coordl.dali.pipeline`); this class composes them and runs the epochs.
 """
 
 from __future__ import annotations
@@ -24,20 +28,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.utils.data
 
-from coordl.dali.coordinated import CoordinatedFeed, join_raw_group
-from coordl.dali.feed import BatchFeed, EpochPlan, item_labels
+from coordl.dali.feed import item_labels
+from coordl.dali.feeding import EpochFeed
 from coordl.dali.ops import DALITransform, train_pipeline
-from coordl.dali.options import device_id_for, start_method, validate
-from coordl.dali.pipeline import build_iterator, find_corrupt
+from coordl.dali.options import device_id_for, validate
+from coordl.dali.order import BatchOrder
+from coordl.dali.pipeline import PipelineRun, find_corrupt
 from coordl.datasets.adapt import as_item_source
 from coordl.datasets.source import is_item_source
 from coordl.epoch import EpochStats, LoaderStats
 from coordl.errors import CoordlError
 from coordl.fetch.chain import FetchChain
 from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
-from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
 from shmem.counters import SharedCounters
 
 __all__ = ["DALILoader"]
@@ -119,56 +122,32 @@ class DALILoader(LoaderStats):
                                  partitioned=partitioned, name=type(dataset).__name__)  # fmt: skip
         thread_safe = getattr(self.source, "thread_safe_fetch", False) is True
         self._reader = LoaderSource(self.source, self._chain.tiers, self._counters)
-        if partitioned and sampler is None:
-            topo = NodeTopology.from_env()  # a fresh random shard per rank and epoch, as coordl.DataLoader
-            sampler = PartitionedSampler(len(self.source), topo.world_size, topo.rank, shuffle=bool(shuffle))
-            shuffle = None
-        # Batch order: torch's own sampler machinery over item indices, drawn in this process.
-        self._index_loader = torch.utils.data.DataLoader(
-            range(len(self.source)), batch_size=batch_size, shuffle=shuffle, sampler=sampler,
-            drop_last=drop_last, generator=generator, collate_fn=list,
+        self._order = BatchOrder(
+            len(self.source), batch_size, shuffle, sampler, drop_last, generator, partitioned
+        )
+        threads = (
+            fetch_threads if fetch_threads is not None else (DEFAULT_FETCH_THREADS if thread_safe else 0)
+        )
+        self._feed = EpochFeed(
+            self._order, self._reader, self.labels, batch_size=batch_size, drop_last=drop_last,
+            coordinate=coordinate, py_num_workers=py_num_workers, fetch_threads=threads,
         )  # fmt: skip
-        self._member = None
-        self._coord_feed: CoordinatedFeed | None = None
-        self._plan: EpochPlan | None = None
-        if coordinate is not None:
-            self._member = join_raw_group(
-                coordinate, reader=self._reader, labels=self.labels, batch_size=batch_size, shuffle=shuffle,
-                drop_last=drop_last, sampler=sampler, producers=max(1, py_num_workers), mp_context=None,
-            )  # fmt: skip
-            self._coord_feed = feed = CoordinatedFeed()
-            py_num_workers = 0  # the bytes are in the group's ring: the callback only copies them out
-        else:
-            self._plan = EpochPlan(len(self._index_loader), len(self._index_loader) * batch_size)
-            threads = (
-                fetch_threads if fetch_threads is not None else (DEFAULT_FETCH_THREADS if thread_safe else 0)
-            )
-            feed = BatchFeed(self._plan, self._reader, self.labels, threads)
         self.device_id = device_id_for(device, device_id)
-        self._feed = feed
-        self._options = {
-            "py_num_workers": py_num_workers, "py_start_method": py_start_method,
+        options = {
+            "batch_size": batch_size, "device": device, "device_id": self.device_id,
+            "py_num_workers": self._feed.py_num_workers, "py_start_method": py_start_method,
             "prefetch_queue_depth": prefetch_queue_depth, "seed": None if seed is None else int(seed),
         }  # fmt: skip
-        self._num_threads = num_threads or len(os.sched_getaffinity(0))
-        self._pipe: Any = None
-        self._iterator: Any = None
-        self._built_with: tuple = ()
+        self._dali = PipelineRun(self._feed.callback, self.transform, self._reader, self.source, options,
+                                 num_threads or len(os.sched_getaffinity(0)))  # fmt: skip
         self._build()
         self._in_epoch = False
         self._consumed = 0  # batches handed out in the current epoch
-        self._generator_state: torch.Tensor | None = None  # the generator before this epoch's draws
 
     def _build(self) -> None:
-        """Build DALI's pipeline and iterator; its worker processes start (fork or spawn) here."""
-        opts = self._options
+        """Build DALI's pipeline and iterator; on failure close this loader and say why."""
         try:
-            self._pipe, self._iterator = build_iterator(
-                self._feed, self.transform, batch_size=self.batch_size, device=self.device,
-                device_id=self.device_id, num_threads=self._num_threads, py_num_workers=opts["py_num_workers"],
-                py_start_method=start_method(opts["py_start_method"]),
-                prefetch_queue_depth=opts["prefetch_queue_depth"], seed=opts["seed"],
-            )  # fmt: skip
+            self._dali.build()
         except RuntimeError as e:
             self.close()
             if self.device == "gpu" and "CUDA" in str(e):
@@ -176,39 +155,25 @@ class DALILoader(LoaderStats):
                     f"DALILoader(device='gpu') needs a CUDA device; use device='cpu' ({e})"
                 ) from e
             raise
-        self._built_with = self._what_workers_see()
-        self._dali_epoch = -1  # DALI's epoch counter: +1 at each pipeline reset
-
-    def _what_workers_see(self) -> tuple:
-        """What DALI's worker processes copied when they started: the fetch tiers, the source's
-        ``fetch`` (a profiler may replace it on the instance) and the thread count."""
-        return (
-            tuple(id(t) for t in self._reader.tiers),
-            id(self.source.__dict__.get("fetch")),
-            self._num_threads,
-        )
 
     def _rebuild_if_changed(self) -> None:
         """Restart DALI (and its workers) when something they copied at start has changed since."""
-        if self._what_workers_see() == self._built_with:
-            return
-        self._iterator = None
-        self._pipe._shutdown()  # DALI has no public close(); this is what its __del__ does
-        self._pipe = None
-        self._build()
+        if self._dali.changed():
+            self._dali.shutdown()
+            self._build()
 
     # -- what profilers may change between epochs --------------------------------------------------
 
     @property
     def num_workers(self) -> int:
         """DALI's CPU threads (its prep capacity on the CPU). Settable between epochs: DALI restarts."""
-        return self._num_threads
+        return self._dali.num_threads
 
     @num_workers.setter
     def num_workers(self, workers: int) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
             raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
-        self._num_threads = max(1, workers)  # DALI needs a thread; 0 means "as few as possible"
+        self._dali.num_threads = max(1, workers)  # DALI needs a thread; 0 means "as few as possible"
 
     def add_fetch_tier(self, tier: FetchTier) -> None:
         """Ask ``tier`` for raw bytes before every other tier, from the next epoch on (DALI restarts)."""
@@ -222,7 +187,7 @@ class DALILoader(LoaderStats):
     # -- iteration ---------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._member) if self._member is not None else len(self._index_loader)
+        return len(self._feed)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._closed:
@@ -231,17 +196,8 @@ class DALILoader(LoaderStats):
         self._epoch_stats.end(self._counters.snapshot(), complete=False)  # an epoch an error ended
         self._rebuild_if_changed()
         self._epoch_stats.begin(self._counters.snapshot())
-        batches: list[list[int]] = []
-        if self._member is not None:
-            self._coord_feed.start(self._member.epoch())
-        else:
-            generator = self._index_loader.generator
-            self._generator_state = generator.get_state() if generator is not None else None
-            batches = list(self._index_loader)
-            self._plan.write(self._dali_epoch + 1, batches)
-        if self._dali_epoch >= 0:
-            self._iterator.reset()  # DALI's next epoch: its workers start fetching from the new plan
-        self._dali_epoch += 1
+        batches = self._feed.start(self._dali.epoch + 1)
+        self._dali.next_epoch()  # DALI's next epoch: its workers start fetching from the new plan
         self._in_epoch = True
         return self._epoch(batches)
 
@@ -249,11 +205,11 @@ class DALILoader(LoaderStats):
         k = self._consumed = 0
         while True:
             try:
-                out = next(self._iterator)
+                out = next(self._dali.iterator)
             except StopIteration:
                 break
             except Exception as e:
-                ahead = self._options["prefetch_queue_depth"] + 2  # DALI may report a batch it ran ahead
+                ahead = self._dali.options["prefetch_queue_depth"] + 2  # DALI may report a batch it ran ahead
                 raise self._batch_error(e, batches[k : k + ahead]) from e
             k += 1
             self._consumed = k
@@ -265,40 +221,20 @@ class DALILoader(LoaderStats):
         """End an epoch the user left early: stop fetching, drain what DALI already has in flight."""
         if not self._in_epoch:
             return
-        if self._plan is not None:
-            self._plan.stop()
-        if self._coord_feed is not None:
-            self._coord_feed.stop()
+        self._feed.stop()
         try:
-            for _ in self._iterator:
+            for _ in self._dali.iterator:
                 pass
         except Exception:  # noqa: BLE001 - a batch the user no longer wants; the next epoch reports it
-            self._built_with = ()  # restart DALI: its state after an error is unknown
+            self._dali.restart_next_epoch()
         self._in_epoch = False
-        self._replay_generator()
+        self._order.replay(self._consumed)  # the generator where torch's DataLoader would have left it
         self._epoch_stats.end(self._counters.snapshot(), complete=False)
-
-    def _replay_generator(self) -> None:
-        """Leave ``generator`` where a torch DataLoader that yielded the same batches would have left it.
-
-        The plan draws a whole epoch at its start; torch draws lazily, and a sampler stops drawing when
-        the epoch is left early (``RandomSampler`` draws once more at its end). So after an early exit
-        the generator is rewound and torch's iterator replayed for the batches the user received:
-        the next epochs then equal those of a ``coordl.DataLoader(num_workers=0)`` left at the same batch.
-        """
-        generator = self._index_loader.generator
-        if generator is None or self._generator_state is None:
-            return
-        generator.set_state(self._generator_state)
-        replay = iter(self._index_loader)
-        for _ in range(self._consumed):
-            next(replay)
-        del replay
 
     def _batch_error(self, error: Exception, candidates: list[list[int]]) -> Exception:
         """Name the corrupt file when DALI's decoder failed on one, else wrap DALI's error."""
         self._in_epoch = False
-        self._built_with = ()  # DALI's state after an error is unknown: the next epoch restarts it
+        self._dali.restart_next_epoch()  # DALI's state after an error is unknown
         bad = find_corrupt(self.source, [i for b in candidates for i in b])
         if bad is not None:
             return bad
@@ -327,13 +263,9 @@ class DALILoader(LoaderStats):
             return
         self._final_stats = self.stats()
         self._closed = True
-        self._iterator = None
-        if self._pipe is not None:
-            self._pipe._shutdown()  # DALI has no public close(); this is what its __del__ does
-            self._pipe = None
-        for obj in (self._member, self._chain, self._counters, self._plan, self._reader):
-            if obj is not None:
-                obj.close()
+        self._dali.shutdown()
+        for obj in (self._feed, self._chain, self._counters, self._reader):
+            obj.close()
 
     def __enter__(self) -> DALILoader:
         return self

@@ -10,6 +10,10 @@ tensors (CUDA tensors on the pipeline's stream for ``device="gpu"``).
 The iterator is built with ``prepare_first_batch=False`` and ``auto_reset=False``: the loader writes
 each epoch's plan before it lets DALI start that epoch (``reset()``), so no worker ever fetches a
 batch of an epoch whose order is not decided yet.
+
+:class:`PipelineRun` holds a loader's pipeline and iterator between epochs: DALI's worker processes
+copy the fetch path when they start, so the loader restarts the pipeline when that has changed
+(:meth:`PipelineRun.changed`), and counts DALI's epochs (one per ``reset()``).
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from coordl.dali.ops import DALITransform
+from coordl.dali.options import start_method
 from coordl.errors import CorruptItemError
 
-__all__ = ["build_iterator", "find_corrupt"]
+__all__ = ["build_iterator", "find_corrupt", "PipelineRun"]
 
 
 def build_iterator(
@@ -106,3 +111,64 @@ def find_corrupt(source: Any, indices: list[int]) -> CorruptItemError | None:
         except Exception:  # noqa: BLE001 - a second failure must not hide the first
             continue
     return None
+
+
+class PipelineRun:
+    """A loader's DALI pipeline and iterator, and what DALI's workers copied when they started.
+
+    Args:
+        feed: the external-source callback.
+        reader, source: the loader's fetch path and dataset (watched: their tiers and ``fetch``).
+        options: :func:`build_iterator`'s keyword arguments other than ``num_threads``
+            (``py_start_method`` as asked: None is decided at each build).
+        num_threads: DALI's CPU threads; settable, it takes effect at the next restart.
+    """
+
+    def __init__(self, feed: Callable[[Any], Any], transform: DALITransform, reader: Any, source: Any,
+                 options: dict[str, Any], num_threads: int) -> None:  # fmt: skip
+        self.feed, self.transform, self.reader, self.source = feed, transform, reader, source
+        self.options = options
+        self.num_threads = num_threads
+        self.pipe: Any = None
+        self.iterator: Any = None
+        self.built_with: tuple = ()
+        self.epoch = -1  # DALI's epoch counter: +1 at each pipeline reset
+
+    def build(self) -> None:
+        """Build DALI's pipeline and iterator; its worker processes start (fork or spawn) here."""
+        opts = dict(self.options, py_start_method=start_method(self.options["py_start_method"]))
+        self.pipe, self.iterator = build_iterator(
+            self.feed, self.transform, num_threads=self.num_threads, **opts
+        )
+        self.built_with = self.what_workers_see()
+        self.epoch = -1
+
+    def what_workers_see(self) -> tuple:
+        """What DALI's worker processes copied when they started: the fetch tiers, the source's
+        ``fetch`` (a profiler may replace it on the instance) and the thread count."""
+        return (
+            tuple(id(t) for t in self.reader.tiers),
+            id(self.source.__dict__.get("fetch")),
+            self.num_threads,
+        )
+
+    def changed(self) -> bool:
+        """Whether something the workers copied at start has changed since (or a restart was asked for)."""
+        return self.what_workers_see() != self.built_with
+
+    def restart_next_epoch(self) -> None:
+        """Have the next epoch restart DALI: its state after an error is unknown."""
+        self.built_with = ()
+
+    def next_epoch(self) -> None:
+        """Let DALI start its next epoch (its workers fetch from the plan written for it)."""
+        if self.epoch >= 0:
+            self.iterator.reset()
+        self.epoch += 1
+
+    def shutdown(self) -> None:
+        """Stop DALI's pipeline and its workers."""
+        self.iterator = None
+        if self.pipe is not None:
+            self.pipe._shutdown()  # DALI has no public close(); this is what its __del__ does
+            self.pipe = None

@@ -1,0 +1,102 @@
+"""One job's measured parameters (:class:`JobParams`), the numbers every what-if prediction starts from.
+
+A frozen dataclass of plain numbers, filled from a report by :func:`~dsanalyzer.model.measured.model_fields`;
+:class:`~dsanalyzer.model.whatif.Model` adds the predictions to it, and each stage's rate is a pure
+function of it (:mod:`~dsanalyzer.model.stages`, :mod:`~dsanalyzer.model.cores`,
+:mod:`~dsanalyzer.model.epoch_start`). A new remedy's measurement becomes one more field here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dsanalyzer.model.scaling import PrepScaling
+from dsanalyzer.model.store import StoreModel
+
+__all__ = ["JobParams", "params_json"]
+
+
+@dataclass(frozen=True)
+class JobParams:
+    """Measured parameters of one job, at the operating point it was profiled at (``measured_at``)."""
+
+    dataset_items: int
+    avg_item_bytes: float
+    batch_size: int
+    compute_per_s: float
+    prep: PrepScaling
+    storage_bytes_per_s: float
+    storage_overhead_s: float = 0.0
+    mem_bandwidth_bytes_per_s: float | None = None
+    cpus: int = 1
+    workers: int = 1
+    cache_bytes: float = 0.0
+    cache_policy: str = "pagecache"
+    prep_points: tuple = ()  # the measured (workers, samples/s) pairs the prep curve was fitted to
+    batch_overhead_s: float = (
+        0.0  # the main thread's own CPU per batch receiving it (in series with the step)
+    )
+    step_cpu_s: float | None = None  # the main process's CPU per step (None: not measured)
+    prep_cpu_s: float | None = None  # CPU per sample of the data path, all processes (None: not measured)
+    cpu_share: float = 1.0  # the share of its cores the job got while profiled
+    job_cpu_s: float | None = None  # CPU per sample of the whole job as it ran (the real run), all processes
+    in_memory_cpu_s: float | None = None  # the same in the in-memory run (no item read)
+    torch_threads: int | None = None  # torch's intra-op threads in the main process while profiled
+    threads_follow_cores: bool = False  # torch's default: as many intra-op threads as cores
+    step_on_cpu: bool = True  # the step runs on the CPU (its intra-op threads spin between regions)
+    epoch_items: int | None = None  # samples one process reads per epoch (a DistributedSampler's share)
+    epoch_start_s: float = (
+        0.0  # what starting an epoch costs beyond a steady batch (measured in the real run)
+    )
+    store: StoreModel | None = None  # an object store's fitted rates (None: files; see model/store.py)
+    fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
+    items_per_request: float = 1.0  # items one store request brings (a shard's items; 1 for loose files)
+
+    @property
+    def fetch_free(self) -> bool:
+        """True for a dataset that reads no files: nothing to fetch, no cache or storage axis."""
+        return self.avg_item_bytes == 0 and not math.isfinite(self.storage_bytes_per_s)
+
+    @property
+    def dataset_bytes(self) -> float:
+        return self.dataset_items * self.avg_item_bytes
+
+
+def params_json(job: JobParams) -> dict:
+    """JSON-ready parameters (what report.json stores under ``model``, after the formula)."""
+    return {
+        "dataset_items": job.dataset_items,
+        "epoch_items": job.epoch_items,
+        "epoch_start_s": job.epoch_start_s,
+        "avg_item_bytes": job.avg_item_bytes,
+        "batch_size": job.batch_size,
+        "compute_samples_per_s": job.compute_per_s,
+        "prep_scaling": job.prep.params(),
+        "storage_bytes_per_s": _finite(job.storage_bytes_per_s),  # None: the dataset reads no files
+        "fetch_free": job.fetch_free,
+        "storage_overhead_s": job.storage_overhead_s,
+        "batch_overhead_s": job.batch_overhead_s,
+        "step_cpu_s": job.step_cpu_s,
+        "prep_cpu_s": job.prep_cpu_s,
+        "cpu_share": job.cpu_share,
+        "job_cpu_s": job.job_cpu_s,
+        "in_memory_cpu_s": job.in_memory_cpu_s,
+        "torch_threads": job.torch_threads,
+        "threads_follow_cores": job.threads_follow_cores,
+        "step_on_cpu": job.step_on_cpu,
+        "mem_bandwidth_bytes_per_s": job.mem_bandwidth_bytes_per_s,
+        "store": None if job.store is None else job.store.params(),
+        "fetch_ahead": job.fetch_ahead,
+        "items_per_request": job.items_per_request,
+        "measured_at": {
+            "cpus": job.cpus,
+            "workers": job.workers,
+            "cache_bytes": job.cache_bytes,
+            "cache_policy": job.cache_policy,
+        },
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
