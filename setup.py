@@ -18,6 +18,9 @@ setup(
                 f"coordl/data/_jpeg/{name}.c"
                 for name in ("cropjpeg", "header", "jpegerr", "restarts", "window")
             ],
+            # The headers too, so that the sdist carries them (a wheel built from it otherwise lacks the decoder)
+            # and a changed header rebuilds.
+            depends=[f"coordl/data/_jpeg/{name}.h" for name in ("header", "jpegerr", "restarts", "window")],
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-ffp-contract=off"],
             optional=True,
