@@ -63,10 +63,12 @@ for cmd in coordl dsanalyzer; do
 done
 
 # A host without libjpeg62: an empty file bind-mounted over the system's libjpeg in a private mount namespace.
-sys_jpeg="$(ldconfig -p | sed -n 's/.*libjpeg\.so\.62 (libc6,x86-64) => //p' | head -1)"
-if [ -n "$sys_jpeg" ] && unshare -m true 2>/dev/null; then
+sys_jpeg="$({ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | sed -n 's/.*libjpeg\.so\.62 (libc6,x86-64) => //p' | head -1 || true)"
+ns=(unshare -m)  # as root; otherwise a user namespace, where the kernel allows one
+"${ns[@]}" true 2>/dev/null || ns=(unshare -r -m)
+if [ -n "$sys_jpeg" ] && "${ns[@]}" true 2>/dev/null; then
   : >"$tmp/empty"
-  unshare -m sh -ec '
+  "${ns[@]}" sh -ec '
     mount --bind "$1" "$(realpath "$2")"
     # The hiding works: the system library no longer loads ...
     if "$3/python" -I -c "import ctypes; ctypes.CDLL(\"libjpeg.so.62\")" 2>/dev/null; then
