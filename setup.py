@@ -6,6 +6,10 @@ compiler or the headers the install succeeds and coordl falls back to full decod
 
 ``coordl.data._readahead`` reads whole files in native threads, for a loader worker's read-ahead (see
 coordl/data/fileread.py); without it the read-ahead uses Python threads.
+
+scripts/wheel.sh builds the wheel users install (manylinux, libjpeg vendored by auditwheel). The wheel is per
+Python version, not abi3: both extensions take buffers (``y*``/``w*``: zero-copy from cache rows and into output
+tensors), and ``Py_buffer`` joined the limited API only in 3.11, while coordl supports 3.10.
 """
 
 from setuptools import Extension, setup
