@@ -1,5 +1,5 @@
 # The two commands of the quick start: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo test lint typecheck bench clean gpu-wheels gpu-check
+.PHONY: setup demo test lint typecheck bench clean gpu-wheels gpu-check wheel wheel-check
 
 setup:
 	@bash scripts/setup.sh
@@ -28,6 +28,15 @@ typecheck: setup
 bench: setup
 	COORDL_EXTRAS=dev,nfs,dali,s3,frameworks bash scripts/setup.sh
 	@echo "Each benchmark is one command; see benchmarks/README.md"
+
+# The wheel users install (README "Install"): `make wheel` builds dist/coordl-*.tar.gz and a manylinux wheel that
+# carries its libjpeg; `make wheel-check` also installs it into a clean venv and smoke-tests it (scripts/wheel.sh;
+# CI runs the same check as tests/scripts/test_wheel.py).
+wheel: setup
+	@bash scripts/wheel.sh build
+
+wheel-check: setup
+	@bash scripts/wheel.sh check
 
 # The GPU proof (docs/gpu.md): `make gpu-wheels` here packs what the accelerator machine lacks into .whl/;
 # `make gpu-check` there measures every GPU claim (exit 2 without CUDA); `make gpu-check DRY=1` checks its
