@@ -273,11 +273,11 @@ def child(args: argparse.Namespace) -> None:
             coordl.ring.writer._keep_freed_heap = lambda batch_bytes: None
         if args.child in ("i", "l"):  # attribution only: storage reads never made in the prep thread (i,
             # limit 0 s), or always made there, where the bound makes them (l)
-            import coordl.fetch.pipeline
+            import coordl.fetch.ahead
             from coordl.fetch.pace import ReadPace
 
             limit_s = 0.0 if args.child == "i" else float("inf")
-            coordl.fetch.pipeline.ReadPace = lambda: ReadPace(limit_s=limit_s)
+            coordl.fetch.ahead.ReadPace = lambda: ReadPace(limit_s=limit_s)
         if args.child == "k":  # attribution only: the read-ahead's Python threads, as without the extension
             import coordl.fileread.read
 

@@ -1,5 +1,5 @@
 """The floor plan holds: dependencies point one way, no import cycles, no importlib for our own modules,
-and no module or function grows past its size limit without saying why at its top.
+and no module, class or function grows past its size limit without saying why at its top.
 
 Order, lowest first: ``shmem`` -> (``memcache``, ``nfs_cache``) -> ``coordl`` -> ``dsanalyzer`` ->
 ``gradcomp``. A package may import only packages at or below its level (``memcache`` and ``nfs_cache``
@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 LEVEL = {"shmem": 0, "memcache": 1, "nfs_cache": 1, "coordl": 2, "dsanalyzer": 3, "gradcomp": 4}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 250
+MAX_DSANALYZER_CLASS_LINES = 150  # the tighter limit of dsanalyzer/ (the profiler: one role per class)
 MODULE_REASON = "Why this module is long:"
+CLASS_REASON = "Why this class is long:"
 FUNCTION_REASON = "Why this function is long:"
 
 
@@ -245,4 +248,21 @@ def test_sizes_or_a_reason() -> None:
     assert not long_functions, (
         f"functions over {MAX_FUNCTION_LINES} lines without '{FUNCTION_REASON}' in their docstring:\n"
         + "\n".join(long_functions)
+    )
+
+
+def test_classes_within_size_or_a_reason() -> None:
+    """A class over its limit holds more than one responsibility: split it, or say at its top why not."""
+    long_classes = []
+    for name, path in MODULES.items():
+        limit = MAX_DSANALYZER_CLASS_LINES if name.split(".")[0] == "dsanalyzer" else MAX_CLASS_LINES
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit and CLASS_REASON not in (ast.get_docstring(node) or ""):
+                    long_classes.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines (limit {limit})"
+                    )
+    assert not long_classes, (
+        f"classes over their limit without '{CLASS_REASON}' in their docstring:\n" + "\n".join(long_classes)
     )

@@ -23,8 +23,8 @@ The control block and the ring live in ``<dir>/coordl-grp-<digest>.{ctl,data}``;
 member died, the next job to join re-initialises the group, and any job that joins a group removes the
 files of other groups in the directory whose processes all died.
 
-This module is the job side; the producer process is :mod:`coordl.coordinated.producer` and the control
-block :mod:`coordl.coordinated.control`.
+This module is the job side; joining the group is :mod:`coordl.coordinated.group`, the producer process
+:mod:`coordl.coordinated.producer` and the control block :mod:`coordl.coordinated.control`.
 """
 
 from __future__ import annotations
@@ -40,43 +40,18 @@ import os
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from coordl.coordinated import batchcodec
 from coordl.coordinated import control as gc
+from coordl.coordinated.group import Group, join
 from coordl.coordinated.producer import epoch_order, producer_main
 from coordl.errors import CoordlError, CoordlTimeoutError
 from shmem.flag import SharedFlag
-from shmem.segment import DEFAULT_DIR, start_ticks
 
 __all__ = ["Group", "GroupMember"]
 
 log = logging.getLogger("coordl")
-
-
-@dataclass(frozen=True)
-class Group:
-    """Options of a coordination group (``coordinate="name"`` is ``Group("name")``).
-
-    Args:
-        name: jobs that pass the same name (and the same dataset, batch size, shuffle, drop_last and
-            seed) share batches.
-        slots: staging slots in the ring; memory used is ``slots * slot_bytes``.
-        slot_bytes: bytes per slot; default: the encoded size of a batch made of item 0, plus 5%.
-        timeout_s: the longest any wait (for a batch, for a free slot) may last before an error.
-        seed: the group's shuffle seed (all jobs must agree).
-        directory: where the shared files live.
-    """
-
-    name: str
-    slots: int = 8
-    slot_bytes: int | None = None
-    timeout_s: float = 300.0
-    seed: int = 0
-    directory: str = DEFAULT_DIR
 
 
 class GroupMember:
@@ -126,7 +101,7 @@ class GroupMember:
         self._pid = os.getpid()
         os.makedirs(group.directory, exist_ok=True)
         gc.reclaim_dead_groups(group.directory)  # leftovers of jobs that were all killed
-        self._ctl = self._join(params, make_batch)
+        self._ctl, self._row = join(group, self.base, params, self.batches_per_epoch, make_batch)
         # Leave at exit while the interpreter still works: __del__ during shutdown fails (numpy can
         # no longer import), which left the group's files behind.
         self._exit_hook = functools.partial(_close_if_alive, weakref.ref(self))
@@ -154,101 +129,6 @@ class GroupMember:
                             args=(self.base, group.slots, make_batch, os.getpid(), self._stop))  # fmt: skip
             self._producers.append(p)
             p.start()
-
-    def _join(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> gc.Control:
-        g = self.group
-        lock_fd = gc.lock_group(self.base)
-        try:
-            ctl = self._open_existing(g.slots)
-            if ctl is None:
-                try:
-                    ctl = self._create(params, make_batch)
-                except BaseException:
-                    gc.remove_group_files(self.base)  # no half-made group outlives a failed start
-                    raise
-            for name, field in gc.PARAMS.items():
-                theirs = int(ctl.hdr[field])
-                if theirs != params[name]:
-                    ctl.close()
-                    raise ValueError(
-                        f"coordinate group {g.name!r}: this job has {name}={params[name]} but the group "
-                        f"has {name}={theirs}; all jobs of a group must agree"
-                    )
-            free = np.nonzero(ctl.members[:, 0] == 0)[0]
-            if not len(free):
-                ctl.close()
-                raise CoordlError(f"coordinate group {g.name!r} is full ({gc.MEMBERS} jobs)")
-            first = self._first_batch(ctl)
-            self._row = int(free[0])
-            ctl.members[self._row] = (os.getpid(), start_ticks(os.getpid()), first, first)
-            return ctl
-        finally:
-            os.close(lock_fd)  # releases the lock
-
-    def _first_batch(self, ctl: gc.Control) -> int:
-        """The first batch a joining job can see whole epochs from (called under the lock).
-
-        The earliest epoch start whose batches produced so far are all still in the ring (jobs
-        launched together share from the start, even if a producer already ran into the next
-        epoch); otherwise the next epoch boundary nobody has started.
-        """
-        nb, slots, claimed = self.batches_per_epoch, self.group.slots, int(ctl.hdr[gc.H_NEXT])
-        first = -(-claimed // nb) * nb
-        start = claimed // nb * nb
-        while start >= 0 and claimed - start <= slots:
-            if not all(int(ctl.slots[g % slots, 0]) == g for g in range(start, claimed)):
-                break
-            first, start = start, start - nb
-        return first
-
-    def _open_existing(self, slots: int) -> gc.Control | None:
-        """The group's live control block (under the lock), or None to create it afresh."""
-        try:
-            theirs = gc.slots_for_size(os.path.getsize(self.base + ".ctl"))
-        except FileNotFoundError:
-            return None
-        if theirs is None:
-            return None
-        ctl = gc.Control(self.base, theirs)
-        if int(ctl.hdr[gc.H_MAGIC]) != gc.MAGIC or int(ctl.hdr[gc.H_VER]) != gc.VERSION:
-            ctl.close()
-            return None
-        ctl.sweep()
-        if ctl.all_dead():
-            ctl.close()
-            return None  # every member died: start the group afresh (whatever its slot count was)
-        if theirs != slots:
-            ctl.close()
-            raise ValueError(f"coordinate group {self.group.name!r} uses a different number of slots")
-        return ctl
-
-    def _create(self, params: dict[str, int], make_batch: Callable[[list[int]], Any]) -> gc.Control:
-        g = self.group
-        slot_bytes = g.slot_bytes
-        if slot_bytes is None:
-            probe = make_batch([0] * params["batch_size"])
-            slot_bytes = int(batchcodec.encoded_size(probe) * 1.05) + 4096
-        with open(self.base + ".ctl", "wb") as f:
-            f.truncate(gc.ctl_size(g.slots))
-        with open(self.base + ".data", "wb") as f:
-            f.truncate(g.slots * slot_bytes)
-            # Reserve the ring now: a full /dev/shm must fail here, not with SIGBUS mid-epoch.
-            try:
-                os.posix_fallocate(f.fileno(), 0, g.slots * slot_bytes)
-            except OSError as e:
-                raise CoordlError(
-                    f"coordinate group {g.name!r}: cannot reserve {g.slots} x {slot_bytes} bytes in "
-                    f"{g.directory} ({e.strerror}); use fewer slots or Group(directory=...) with room"
-                ) from None
-        ctl = gc.Control(self.base, g.slots)
-        hdr = ctl.hdr
-        hdr[:] = 0
-        hdr[gc.H_SLOTS], hdr[gc.H_SLOTBYTES], hdr[gc.H_BATCHES] = g.slots, slot_bytes, self.batches_per_epoch
-        for name, field in gc.PARAMS.items():
-            hdr[field] = params[name]
-        hdr[gc.H_VER] = gc.VERSION
-        hdr[gc.H_MAGIC] = gc.MAGIC  # last: a half-initialised block is never taken as valid
-        return ctl
 
     def __len__(self) -> int:
         return self.batches_per_epoch

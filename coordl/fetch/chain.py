@@ -18,7 +18,7 @@ from typing import Any
 
 from coordl.fetch.minio import MinioCache
 from coordl.fetch.node_cache import close_minio, data_identity, open_minio
-from coordl.fetch.pipeline import FetchTier, MinioTier
+from coordl.fetch.tiers import FetchTier, MinioTier
 from coordl.partitioned.ownership import NodeTopology
 from coordl.partitioned.tier import build_partitioned_tier
 from shmem.counters import SharedCounters

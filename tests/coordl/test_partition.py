@@ -131,7 +131,7 @@ class TwoNodes:
         self.storage_reads = 0
 
     def fetch(self, node: int, index: int) -> bytes:
-        """What coordl.fetch.pipeline.LoaderSource.fetch does with one tier."""
+        """What coordl.fetch.tiers.TierLookup.fetch (a LoaderSource's fetch) does with one tier."""
         tier = self.tiers[node]
         raw = tier.get(index)
         if raw is None:

@@ -52,7 +52,7 @@ def reader():
         counters = SharedCounters(BASE_COUNTERS)
         ls = LoaderSource(source, [], counters, fetch_ahead=fetch_ahead)
         pace = ReadPace(wall=lambda: source.now, cpu=lambda: 0.0)
-        ls._pace = (os.getpid(), pace)
+        ls._ahead._pace = (os.getpid(), pace)
         made.append((ls, counters))
         return ls, pace
 

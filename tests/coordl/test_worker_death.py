@@ -52,7 +52,7 @@ def test_all_skipped_batch_is_dropped() -> None:
         for _ in range(2):  # new worker processes each epoch
             assert [b[:, 0].tolist() for b in dl] == [[0, 1, 2, 3]]
         assert dl.stats()["skipped_items"] == 8
-        logged = dl._torch.dataset._skip_log.array("u1", 0, 8)  # the shared "already logged" flags
+        logged = dl._torch.dataset._skips.segment.array("u1", 0, 8)  # the shared "already logged" flags
         assert logged.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
 
 

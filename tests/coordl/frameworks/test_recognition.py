@@ -83,7 +83,7 @@ def test_lightning_rebuilds_it_as_a_coordl_loader_sharded_like_torchs() -> None:
             and dl._chain is original._chain
             and dl._counters is original._counters
         )
-        own = [original._inner._skip_log.path]  # on_error="skip": the dropped loader's own skip log
+        own = [original._inner._skips.segment.path]  # on_error="skip": the dropped loader's own skip log
         gone = weakref.ref(original)
         del original
         gc.collect()

@@ -1,0 +1,177 @@
+"""Asking the fetch tiers in order, then storage: one item's raw bytes and who gets offered them.
+
+A fetch tier is one place raw item bytes can come from before storage is asked (:class:`FetchTier`:
+the MinIO cache as :class:`MinioTier`, a peer's cache in :mod:`coordl.partitioned.fetch`).
+:class:`TierLookup` asks them in order, falls back to the source's ``fetch`` (storage; or its
+``fetch_uncached``, past the OS page cache, when :mod:`coordl.fetch.pagecache` says so), counts the
+storage reads, and offers the bytes to every tier that missed. A tier that serves whole batches
+(``get_many``: the partitioned cache) is asked once per batch, not once per item.
+
+:class:`coordl.fetch.pipeline.LoaderSource` runs it for each item of a batch; the read-ahead threads
+(:mod:`coordl.fetch.ahead`) run its parts split between threads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from coordl.fetch.minio import MinioCache
+from coordl.fetch.pagecache import PageCachePolicy
+from shmem.counters import SharedCounters
+
+__all__ = ["FetchTier", "MinioTier", "TierLookup", "BASE_COUNTERS"]
+
+BASE_COUNTERS = (
+    "cache_hits", "cache_misses", "storage_bytes_read", "storage_items_read", "items_loaded", "skipped_items",
+)  # fmt: skip
+
+
+@runtime_checkable
+class FetchTier(Protocol):
+    """One place raw item bytes can come from before storage is asked."""
+
+    name: str
+    # Optional ``in_memory = True``: the tier answers from local memory, without blocking I/O.
+
+    def get(self, index: int) -> bytes | memoryview | None:
+        """The raw bytes of item ``index``, or None on a miss."""
+        ...
+
+    def offer(self, index: int, raw: bytes | memoryview) -> None:
+        """Called with bytes a lower tier or storage produced after this tier missed."""
+        ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class MinioTier:
+    """The MinIO cache as a fetch tier; counts ``cache_hits`` / ``cache_misses``."""
+
+    name = "minio"
+    in_memory = True  # answers without I/O: the loader's read-ahead asks it in the prep thread
+
+    def __init__(self, cache: MinioCache, counters: SharedCounters) -> None:
+        self.cache = cache
+        self.counters = counters
+
+    def get(self, index: int) -> memoryview | None:
+        raw = self.cache.get(index)
+        self.counters.add("cache_hits" if raw is not None else "cache_misses")
+        return raw
+
+    def offer(self, index: int, raw: bytes | memoryview) -> None:
+        self.cache.put(index, raw)
+
+    def stats(self) -> dict[str, Any]:
+        return self.cache.stats()  # counts, and the cache's policy by name
+
+
+class TierLookup:
+    """One item's raw bytes: the tiers in order, then storage; the bytes offered to the tiers that missed.
+
+    Args:
+        source: the item source (``fetch``; optionally ``fetch_uncached``).
+        tiers: fetch tiers, asked in order before storage. ``tiers`` is this list, kept: the loader
+            inserts and removes tiers in it after it is built.
+        counters: shared counters holding ``storage_bytes_read`` and ``storage_items_read``.
+        page_cache: ``"auto"``, ``"use"`` or ``"bypass"`` (:mod:`coordl.fetch.pagecache`).
+    """
+
+    def __init__(
+        self, source: Any, tiers: Sequence[FetchTier], counters: SharedCounters, page_cache: str
+    ) -> None:
+        self.source = source
+        self.tiers = list(tiers)
+        self.counters = counters
+        self.page_cache = page_cache
+        # tier id -> (its answers, the indices it was asked) for the batch being made
+        self._batch_answers: dict[int, tuple[dict[int, Any], frozenset[int]]] = {}
+        self._page_policy: tuple[int, PageCachePolicy] | None = None  # (pid, this process's policy)
+
+    def fetch(self, index: int) -> bytes:
+        """Raw bytes of ``index`` from the first tier that has them, else storage (then offered up)."""
+        return self.fetch_from(index, 0, [])
+
+    def fetch_from(self, index: int, start: int, missed: list[FetchTier]) -> bytes:
+        """Ask ``tiers[start:]``, then storage; offer the bytes to every tier that missed."""
+        raw = self.ask(index, self.tiers[start:], missed)
+        return self.keep(index, raw, missed) if raw is None else self._offer(index, raw, missed)
+
+    def keep(self, index: int, raw: bytes | None, missed: list[FetchTier]) -> bytes:
+        """A storage read of ``index`` (``raw``; None: read it now), counted and offered to ``missed``."""
+        if raw is None:
+            raw = self.read_storage(index)
+        self.counters.add_many({"storage_bytes_read": len(raw), "storage_items_read": 1})
+        return self._offer(index, raw, missed)
+
+    def _offer(self, index: int, raw: bytes | memoryview, missed: list[FetchTier]) -> bytes:
+        for tier in missed:
+            tier.offer(index, raw)
+        return as_bytes(raw)
+
+    def read_storage(self, index: int) -> bytes:
+        """``source.fetch``, or ``source.fetch_uncached`` when this process's page-cache policy says so."""
+        return self.source.fetch_uncached(index) if self.bypass() else self.source.fetch(index)
+
+    def bypass(self) -> bool:
+        """Whether this process reads storage past the page cache (:mod:`coordl.fetch.pagecache`)."""
+        if self.page_cache == "use" or getattr(self.source, "fetch_uncached", None) is None:
+            return False
+        pid = os.getpid()
+        if self._page_policy is None or self._page_policy[0] != pid:
+            # MinIO alone (partitioned: peers serve misses)
+            tier = self.tiers[0] if len(self.tiers) == 1 else None
+            minio = tier.cache if isinstance(tier, MinioTier) else None
+            self._page_policy = (pid, PageCachePolicy(self.page_cache, minio, len(self.source)))
+        return self._page_policy[1].bypass()
+
+    def ask(
+        self, index: int, tiers: Sequence[FetchTier], missed: list[FetchTier]
+    ) -> bytes | memoryview | None:
+        """The first of ``tiers`` to have ``index``'s bytes; each tier that missed is appended to ``missed``.
+
+        A tier asked for the whole batch at once (:meth:`ask_batched`) answers from that answer, with no
+        second request for an item it did not have.
+        """
+        for tier in tiers:
+            answered = self._batch_answers.get(id(tier))
+            if answered is not None and index in answered[1]:
+                raw = answered[0].pop(index, None)
+            else:
+                raw = tier.get(index)
+            if raw is not None:
+                return raw
+            missed.append(tier)
+        return None
+
+    def ask_batched(self, indices: list[int]) -> None:
+        """Ask each tier that serves batches (``get_many``: the partitioned cache) for all of ``indices``
+        in one go: a batch costs one round trip per peer, not one per item."""
+        self._batch_answers = {}
+        for tier in self.tiers:
+            get_many = getattr(tier, "get_many", None)
+            if callable(get_many):
+                self._batch_answers[id(tier)] = (dict(get_many(indices)), frozenset(indices))
+
+    def end_batch(self) -> None:
+        """Drop what the batch's tiers answered and was not taken."""
+        self._batch_answers = {}
+
+    def in_memory_tiers(self) -> int:
+        """How many leading tiers answer from this node's memory (no network, no disk)."""
+        n = 0
+        while n < len(self.tiers) and getattr(self.tiers[n], "in_memory", False):
+            n += 1
+        return n
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_page_policy"] = None  # each process decides for itself
+        return state
+
+
+def as_bytes(raw: bytes | memoryview) -> bytes:
+    """A cache view as bytes: one memcpy, and prep gets the type the protocol promises."""
+    return raw if isinstance(raw, bytes) else bytes(raw)
