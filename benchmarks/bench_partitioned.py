@@ -37,21 +37,16 @@ MODES = ("torch", "minio", "partitioned")
 
 STORAGE = r"""
 import os, sys, time
-from coordl.partitioned.server import PeerServer
+import redis
+from memcache.server import start_redis
 
-class Store:
-    def __init__(self, n, size):
-        self.num_items = n
-        self.size = size
-        self.blob = bytes((i * 7 + 3) % 256 for i in range(size + n))
-    def get(self, i):
-        return memoryview(self.blob)[i : i + self.size]
-    def put(self, i, raw):
-        return False
-
-server = PeerServer(Store(int(sys.argv[1]), int(sys.argv[2])), secret=os.environ["BENCH_STORAGE_SECRET"].encode(),
-                    owns=lambda i: False, host=sys.argv[3])
-print(server.address[1], flush=True)
+n, size, ip = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+blob = bytes((i * 7 + 3) % 256 for i in range(size + n))
+server = start_redis(n * size * 2 + (64 << 20), host=ip, password=os.environ["BENCH_STORAGE_SECRET"], die_with_parent=True)
+r = redis.Redis(host=ip, port=server.port, password=os.environ["BENCH_STORAGE_SECRET"])
+for i in range(n):
+    r.set(f"s:{i}", blob[i : i + size])
+print(server.port, flush=True)
 time.sleep(3600)
 """
 
@@ -60,7 +55,7 @@ import datetime, json, os, sys, time
 import torch, torch.distributed as dist
 import coordl
 from shmem.counters import SharedCounters
-from coordl.partitioned.peer import PeerClient
+import redis
 
 storage_ip, storage_port, n_items, item_bytes, epochs, workers = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:7])
 modes, prep_ms = sys.argv[7].split(","), float(sys.argv[8])
@@ -69,13 +64,17 @@ torch.set_num_threads(1)
 class RemoteStorage:
     # An item source whose fetch reads from the storage host; counts bytes across worker processes.
     def __init__(self, counters):
-        self.client = PeerClient([(storage_ip, storage_port)], secret=os.environ["BENCH_STORAGE_SECRET"].encode(),
-                                 timeout_s=60, backoff_s=1)
         self.counters = counters
+        self.client = None
+    def __getstate__(self):
+        return {"counters": self.counters, "client": None}
     def __len__(self):
         return n_items
     def fetch(self, i):
-        raw = self.client.get(0, i)
+        if self.client is None:  # per process (redis-py's pool also opens new sockets after a fork)
+            self.client = redis.Redis(host=storage_ip, port=storage_port, password=os.environ["BENCH_STORAGE_SECRET"],
+                                      socket_timeout=60)
+        raw = self.client.get(f"s:{i}")
         if raw is None:
             raise OSError(f"storage did not return item {i}")
         self.counters.add("storage_bytes", len(raw))
@@ -107,7 +106,8 @@ for mode in modes:
         loader = torch.utils.data.DataLoader(TorchDataset(src), sampler=dss(), **kw)
     elif mode == "minio":
         loader = coordl.DataLoader(src, sampler=dss(), cache_bytes=budget, **kw)
-    else:
+    else:  # "partitioned-<transport>"
+        os.environ["COORDL_PEER_TRANSPORT"] = mode.split("-", 1)[1]
         loader = coordl.DataLoader(src, shuffle=True, cache_bytes=budget, partitioned=True, **kw)
     for epoch in range(epochs):
         loader.sampler.set_epoch(epoch)
@@ -130,15 +130,14 @@ dist.destroy_process_group()
 """
 
 
-def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
+def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path, rep: int = 0) -> list[dict]:
     from tests.support.netns import VirtualNetwork
 
     (tmp / "storage.py").write_text(STORAGE)
     (tmp / "rank.py").write_text(RANK)
     item_bytes = args.item_kb * 1024
-    # The storage stand-in speaks the peer protocol, so it needs a secret; the transport under test is
-    # chosen for the partitioned loader with COORDL_PEER_TRANSPORT.
-    env = {"BENCH_STORAGE_SECRET": "bench-storage-secret-0123456789", "COORDL_PEER_TRANSPORT": args.transport}
+    # The storage stand-in is a redis-server of its own (plain GETs, no cache semantics) on the slow link.
+    env = {"BENCH_STORAGE_SECRET": "bench-storage-secret-0123456789"}
     with VirtualNetwork(n_nodes + 1, rate_mbit=args.node_mbit, prefix="cdlbench") as net:
         store = net.hosts[n_nodes]
         net.set_rate(n_nodes, args.storage_mbit)
@@ -151,7 +150,7 @@ def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
         storage_port = int(server.stdout.readline())
         master_port = net.hosts[0].free_port()
         argv = [sys.executable, str(tmp / "rank.py"), store.ip, str(storage_port), str(args.items), str(item_bytes),
-                str(args.epochs), str(args.workers), ",".join(args.modes), str(args.prep_ms)]  # fmt: skip
+                str(args.epochs), str(args.workers), ",".join(run_order(args, rep)), str(args.prep_ms)]  # fmt: skip
         procs = [
             net.hosts[r].popen(
                 argv,
@@ -172,6 +171,21 @@ def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
             if line.startswith("{"):
                 recs.append({"rank": rank, **json.loads(line)})
     return recs
+
+
+def mode_names(args: argparse.Namespace) -> list[str]:
+    """``--modes`` with ``partitioned`` expanded to one mode per ``--transport``, run in the same job."""
+    out = []
+    for m in args.modes:
+        out += [f"partitioned-{t}" for t in args.transport] if m == "partitioned" else [m]
+    return out
+
+
+def run_order(args: argparse.Namespace, rep: int) -> list[str]:
+    """The modes in the order run ``rep`` runs them: the transports' order flips every other run."""
+    names = mode_names(args)
+    part = [m for m in names if m.startswith("partitioned-")]
+    return [m for m in names if m not in part] + (part[::-1] if rep % 2 else part)
 
 
 def summarize(runs: list[list[dict]], n_items: int, epochs: int, modes: list[str]) -> dict[str, dict]:
@@ -205,7 +219,7 @@ def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace
     print(
         f"\n{n_nodes} nodes, {args.items} items x {args.item_kb} KiB, storage link {args.storage_mbit} Mbit/s, "
         f"node links {args.node_mbit} Mbit/s, cache per node 1/{n_nodes} + 10%, prep {args.prep_ms} ms/item, "
-        f"transport {args.transport}"
+        f"transports {', '.join(args.transport)}"
     )
     head = ("mode", "epoch-1 samples/s", "steady samples/s", "vs torch", "storage MB ep1", "storage MB/epoch after",
             "peer MB/epoch after")  # fmt: skip
@@ -232,7 +246,11 @@ def main() -> int:
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument(
-        "--transport", default="tcp", choices=("tcp", "redis"), help="the partitioned cache's peer path"
+        "--transport",
+        nargs="+",
+        default=["tcp", "redis"],
+        choices=("tcp", "redis"),
+        help="the partitioned cache's peer paths, each run in the same job one after the other",
     )
     p.add_argument("--json", help="also write the summaries here")
     args = p.parse_args()
@@ -248,12 +266,12 @@ def main() -> int:
         for rep in range(args.reps):
             t0 = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
-                runs.append(run_once(args, n_nodes, Path(tmp)))
+                runs.append(run_once(args, n_nodes, Path(tmp), rep))
             print(
                 f"[{n_nodes} nodes, run {rep + 1}/{args.reps}: {time.perf_counter() - t0:.0f} s]",
                 file=sys.stderr,
             )
-        results[n_nodes] = summarize(runs, args.items, args.epochs, args.modes)
+        results[n_nodes] = summarize(runs, args.items, args.epochs, mode_names(args))
         print_table(n_nodes, results[n_nodes], args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

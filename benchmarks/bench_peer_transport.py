@@ -50,12 +50,13 @@ if transport == "tcp":
 else:
     import redis
     from memcache.server import start_redis
-    from coordl.partitioned.redis_peer import encode_item, item_key
+    from coordl.partitioned.redis_peer import encode_item, key_prefix
+    item_key = lambda i: key_prefix("bench") + str(i)
     server = start_redis(int(n_items * item_bytes * 1.3) + (64 << 20), host=ip, password=secret.hex())
     r = redis.Redis(host=ip, port=server.port, password=secret.hex())
     pipe = r.pipeline(transaction=False)
     for i in range(n_items):
-        pipe.set(item_key(i), encode_item(i, item(i)))
+        pipe.set(item_key(i), encode_item(item_key(i), item(i)))
     pipe.execute()
     port, pid = server.port, server.pid
 print(port, pid, flush=True)
@@ -69,10 +70,11 @@ import numpy as np
 transport, ip, port, n_items, batch, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:6]), float(sys.argv[6])
 secret = os.environ["BENCH_SECRET"].encode()
 if transport == "tcp":
-    from coordl.partitioned.peer import PeerClient as Client
+    from coordl.partitioned.peer import PeerClient
+    client = PeerClient([(ip, port)], secret=secret, timeout_s=30)
 else:
-    from coordl.partitioned.redis_peer import RedisPeerClient as Client
-client = Client([(ip, port)], secret=secret, timeout_s=30)
+    from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
+    client = RedisPeerClient([(ip, port)], password=secret.hex(), prefix=key_prefix("bench"), timeout_s=30)
 rng = np.random.default_rng(1)
 def one():
     idx = rng.choice(n_items, batch, replace=False).tolist()
@@ -131,6 +133,15 @@ def run_once(args: argparse.Namespace, transport: str, mbit: float, tmp: Path) -
     return rec
 
 
+def _median(runs: list[dict]) -> dict:
+    return {
+        "items_s": statistics.median(r["items"] / r["wall"] for r in runs),
+        "mb_s": statistics.median(r["bytes"] / r["wall"] / 1e6 for r in runs),
+        "client_cpu_ms_per_item": statistics.median(1e3 * r["client_cpu"] / r["items"] for r in runs),
+        "server_cpu_ms_per_item": statistics.median(1e3 * r["server_cpu"] / r["items"] for r in runs),
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--items", type=int, default=2000)
@@ -156,17 +167,13 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for mbit in args.mbit:
         link = f"{mbit:.0f} Mbit/s" if mbit else "unthrottled"
-        for transport in ("tcp", "redis"):
-            runs = []
-            for _ in range(args.reps):  # alternate reps would be fairer under drift; kept simple and stated
+        runs: dict[str, list[dict]] = {"tcp": [], "redis": []}
+        for rep in range(args.reps):  # the transports alternate, in flipped order every other rep (drift)
+            for transport in ("tcp", "redis") if rep % 2 == 0 else ("redis", "tcp"):
                 with tempfile.TemporaryDirectory() as tmp:
-                    runs.append(run_once(args, transport, mbit, Path(tmp)))
-            med = {
-                "items_s": statistics.median(r["items"] / r["wall"] for r in runs),
-                "mb_s": statistics.median(r["bytes"] / r["wall"] / 1e6 for r in runs),
-                "client_cpu_ms_per_item": statistics.median(1e3 * r["client_cpu"] / r["items"] for r in runs),
-                "server_cpu_ms_per_item": statistics.median(1e3 * r["server_cpu"] / r["items"] for r in runs),
-            }
+                    runs[transport].append(run_once(args, transport, mbit, Path(tmp)))
+        for transport in ("tcp", "redis"):
+            med = _median(runs[transport])
             results[f"{link}/{transport}"] = med
             print(f"| {link} | {transport} | {med['items_s']:.0f} | {med['mb_s']:.0f} | "
                   f"{med['client_cpu_ms_per_item']:.3f} | {med['server_cpu_ms_per_item']:.3f} |", flush=True)  # fmt: skip

@@ -27,7 +27,8 @@ from shmem.counters import SharedCounters
 __all__ = ["PartitionedTier", "Transport"]
 
 _PUSH_QUEUE_ITEMS = 256  # pending pushes per process; beyond this a push is dropped (storage still has it)
-_PUSH_FLUSH_S = 10.0  # how long an exiting worker waits for its pending pushes
+_PUSH_FLUSH_S = 10.0
+_PUSH_BATCH = 64  # pushes sent in one pipelined round trip per owner  # how long an exiting worker waits for its pending pushes
 
 
 class Transport(Protocol):
@@ -37,6 +38,7 @@ class Transport(Protocol):
 
     def fetch(self, wanted: dict[int, Sequence[int]]) -> dict[int, memoryview]: ...
     def put(self, node: int, index: int, raw: bytes | memoryview) -> bool: ...
+    def put_many(self, node: int, items: Sequence[tuple[int, bytes | memoryview]]) -> int: ...
     def is_down(self, node: int) -> bool: ...
     def close(self) -> None: ...
 
@@ -195,12 +197,22 @@ class _Pusher:
 
     def _run(self) -> None:
         while True:
-            node, index, raw = self.q.get()
+            pending = [self.q.get()]
+            while len(pending) < _PUSH_BATCH:  # whatever else is queued goes in the same round trip
+                try:
+                    pending.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if not self.client.is_down(node):
-                    self.client.put(node, index, raw)
+                by_node: dict[int, list[tuple[int, bytes]]] = {}
+                for node, index, raw in pending:
+                    by_node.setdefault(node, []).append((index, raw))
+                for node, items in by_node.items():
+                    if not self.client.is_down(node):
+                        self.client.put_many(node, items)
             finally:
-                self.q.task_done()
+                for _ in pending:
+                    self.q.task_done()
 
     def flush(self, timeout_s: float) -> None:
         done = threading.Event()

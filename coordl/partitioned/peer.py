@@ -144,6 +144,9 @@ class PeerClient:
         self._count({"remote_pushes": 1})
         return bool(reply[1].get("stored")) if isinstance(reply[1], dict) else False
 
+    def put_many(self, node: int, items: Any) -> int:
+        return sum(self.put(node, i, raw) for i, raw in items)
+
     def ping(self, node: int) -> bool:
         self._check_pid()
         frame = codec.encode(None, P.FRAME_KEY, kind=P.OP_PING)

@@ -83,6 +83,7 @@ def build_partitioned_tier(
     max_item_bytes: int | None = None,
     bind_host: str | None = None,
     transport: str | None = None,
+    identity: str | None = None,
 ) -> PartitionedTier:
     """Make this process's :class:`PartitionedTier`: addresses and secret exchanged, then the server built.
 
@@ -147,11 +148,13 @@ def build_partitioned_tier(
     elif topo.world_size > 1:
         _barrier(None)
     if kind == "redis":
-        from coordl.partitioned.redis_peer import RedisPeerClient
+        from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
 
+        ident = f"{identity or 'job:' + fingerprint(job_secret)}|{num_items}"
         client: Any = RedisPeerClient(
-            addresses, secret=job_secret, item_size=item_size, timeout_s=timeout_s, backoff_s=backoff_s
-        )
+            addresses, password=job_secret.hex(), prefix=key_prefix(ident), item_size=item_size,
+            timeout_s=timeout_s, backoff_s=backoff_s,
+        )  # fmt: skip
     else:
         client = PeerClient(addresses, secret=job_secret, timeout_s=timeout_s, backoff_s=backoff_s)
     tier = PartitionedTier(
@@ -166,7 +169,7 @@ def build_partitioned_tier(
 
 
 def _transport(transport: str | None) -> str:
-    kind = (transport or os.environ.get(TRANSPORT_ENV) or "tcp").lower()
+    kind = (transport or os.environ.get(TRANSPORT_ENV) or "redis").lower()
     if kind not in ("tcp", "redis"):
         raise ValueError(
             f"partitioned cache transport must be 'tcp' or 'redis', got {kind!r} ({TRANSPORT_ENV})"
@@ -183,7 +186,9 @@ def _start_redis(listener: Any, secret: bytes, cache_bytes: int) -> Any:
 
     host, port = listener.getsockname()[:2]
     listener.close()  # hand the reserved port to redis-server
-    return start_redis(int(cache_bytes * 1.3) + (64 << 20), host=host, port=port, password=secret.hex())
+    return start_redis(
+        int(cache_bytes * 1.3) + (64 << 20), host=host, port=port, password=secret.hex(), die_with_parent=True
+    )
 
 
 def _exchange(
