@@ -3,7 +3,7 @@
 Setup: ``--nodes`` N network namespaces (one rank each, gloo) plus one storage namespace, joined by a
 bridge (:class:`tests.support.netns.VirtualNetwork`). Node links run at ``--node-mbit``; the storage host's
 link at ``--storage-mbit``, shared by all nodes like an NFS server's. Storage serves ``--items`` items
-of ``--item-kb`` KiB from RAM over TCP, so its only limit is its link. Each node has a cache budget of
+of ``--item-kb`` KiB from RAM (a redis-server of its own), so its only limit is its link. Each node has a cache budget of
 1/N of the dataset plus 10 % slack. Prep is trivial by default (the runs are fetch-bound, the case the
 partitioned cache addresses); ``--prep-ms`` burns that much CPU per item to show where prep caps it.
 
@@ -106,8 +106,7 @@ for mode in modes:
         loader = torch.utils.data.DataLoader(TorchDataset(src), sampler=dss(), **kw)
     elif mode == "minio":
         loader = coordl.DataLoader(src, sampler=dss(), cache_bytes=budget, **kw)
-    else:  # "partitioned-<transport>"
-        os.environ["COORDL_PEER_TRANSPORT"] = mode.split("-", 1)[1]
+    else:
         loader = coordl.DataLoader(src, shuffle=True, cache_bytes=budget, partitioned=True, **kw)
     for epoch in range(epochs):
         loader.sampler.set_epoch(epoch)
@@ -130,7 +129,7 @@ dist.destroy_process_group()
 """
 
 
-def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path, rep: int = 0) -> list[dict]:
+def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
     from tests.support.netns import VirtualNetwork
 
     (tmp / "storage.py").write_text(STORAGE)
@@ -150,7 +149,7 @@ def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path, rep: int = 0) ->
         storage_port = int(server.stdout.readline())
         master_port = net.hosts[0].free_port()
         argv = [sys.executable, str(tmp / "rank.py"), store.ip, str(storage_port), str(args.items), str(item_bytes),
-                str(args.epochs), str(args.workers), ",".join(run_order(args, rep)), str(args.prep_ms)]  # fmt: skip
+                str(args.epochs), str(args.workers), ",".join(args.modes), str(args.prep_ms)]  # fmt: skip
         procs = [
             net.hosts[r].popen(
                 argv,
@@ -171,21 +170,6 @@ def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path, rep: int = 0) ->
             if line.startswith("{"):
                 recs.append({"rank": rank, **json.loads(line)})
     return recs
-
-
-def mode_names(args: argparse.Namespace) -> list[str]:
-    """``--modes`` with ``partitioned`` expanded to one mode per ``--transport``, run in the same job."""
-    out = []
-    for m in args.modes:
-        out += [f"partitioned-{t}" for t in args.transport] if m == "partitioned" else [m]
-    return out
-
-
-def run_order(args: argparse.Namespace, rep: int) -> list[str]:
-    """The modes in the order run ``rep`` runs them: the transports' order flips every other run."""
-    names = mode_names(args)
-    part = [m for m in names if m.startswith("partitioned-")]
-    return [m for m in names if m not in part] + (part[::-1] if rep % 2 else part)
 
 
 def summarize(runs: list[list[dict]], n_items: int, epochs: int, modes: list[str]) -> dict[str, dict]:
@@ -219,7 +203,7 @@ def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace
     print(
         f"\n{n_nodes} nodes, {args.items} items x {args.item_kb} KiB, storage link {args.storage_mbit} Mbit/s, "
         f"node links {args.node_mbit} Mbit/s, cache per node 1/{n_nodes} + 10%, prep {args.prep_ms} ms/item, "
-        f"transports {', '.join(args.transport)}"
+        "one Redis per node"
     )
     head = ("mode", "epoch-1 samples/s", "steady samples/s", "vs torch", "storage MB ep1", "storage MB/epoch after",
             "peer MB/epoch after")  # fmt: skip
@@ -245,13 +229,6 @@ def main() -> int:
     p.add_argument("--prep-ms", type=float, default=0.0, help="CPU-seconds of simulated prep per item, in ms")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--timeout-s", type=float, default=600)
-    p.add_argument(
-        "--transport",
-        nargs="+",
-        default=["tcp", "redis"],
-        choices=("tcp", "redis"),
-        help="the partitioned cache's peer paths, each run in the same job one after the other",
-    )
     p.add_argument("--json", help="also write the summaries here")
     args = p.parse_args()
     from tests.support.netns import skip_reason
@@ -266,12 +243,12 @@ def main() -> int:
         for rep in range(args.reps):
             t0 = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
-                runs.append(run_once(args, n_nodes, Path(tmp), rep))
+                runs.append(run_once(args, n_nodes, Path(tmp)))
             print(
                 f"[{n_nodes} nodes, run {rep + 1}/{args.reps}: {time.perf_counter() - t0:.0f} s]",
                 file=sys.stderr,
             )
-        results[n_nodes] = summarize(runs, args.items, args.epochs, mode_names(args))
+        results[n_nodes] = summarize(runs, args.items, args.epochs, args.modes)
         print_table(n_nodes, results[n_nodes], args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

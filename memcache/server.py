@@ -1,6 +1,7 @@
 """Start and stop a node's ``redis-server`` with the settings a sample cache needs.
 
-Shared by ``memcache serve``/``memcache stop`` and the tests. Settings: no persistence (``save ""``,
+Shared by ``memcache serve``/``memcache stop``, the partitioned cache of ``coordl`` (a node leader
+starts its node's Redis with it when the user runs none) and the tests. Settings: no persistence (``save ""``,
 ``appendonly no``: the cache is rebuilt from the dataset, writing it to disk would only cost I/O),
 ``maxmemory`` + ``maxmemory-policy noeviction`` (MinIO semantics: fill, then refuse writes, never evict),
 bound to one chosen interface, optional ``requirepass``. The configuration (with the password) is

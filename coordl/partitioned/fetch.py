@@ -2,13 +2,13 @@
 
 CoorDL's partitioned caching (Mohan et al., VLDB 2021): on N nodes each node's MinIO cache holds a
 disjoint share of the items, so the job's aggregate memory caches a dataset no single node can. A fetch
-asks the owner: the local cache when this node owns the item, else the owner's server
-(:mod:`coordl.partitioned.server`, or its Redis with :mod:`coordl.partitioned.redis_peer`); storage is
+asks the owner: the local cache when this node owns the item, else the owner's Redis
+(:mod:`coordl.partitioned.redis_peer`, one pipelined request per owner per batch); storage is
 read only for items nobody has yet. An item read from storage is pushed to its owner (in the
 background), so after one epoch the aggregate cache holds the whole dataset and storage is not read
 again. A peer that dies or is cut off is skipped for a backoff period and its items come from storage.
 
-Set-up (address and secret exchange, the server) is :mod:`coordl.partitioned.tier`.
+Set-up (each node's Redis, the address and secret exchange) is :mod:`coordl.partitioned.tier`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from multiprocessing import util as mp_util
 from typing import Any, Protocol
 
 from coordl.partitioned.ownership import OwnerMap
-from coordl.partitioned.protocol import PEER_COUNTERS
+from coordl.partitioned.redis_peer import PEER_COUNTERS
 from shmem.counters import SharedCounters
 
 __all__ = ["PartitionedTier", "Transport"]
@@ -32,7 +32,7 @@ _PUSH_BATCH = 64  # pushes sent in one pipelined round trip per owner  # how lon
 
 
 class Transport(Protocol):
-    """What the tier needs of a client of the owners' servers (PeerClient or RedisPeerClient)."""
+    """What the tier needs of a client of the owners' caches (:class:`RedisPeerClient`, or a test's)."""
 
     counters: Any
 
@@ -44,20 +44,20 @@ class Transport(Protocol):
 
 
 class PartitionedTier:
-    """A fetch tier (``get``/``offer``/``stats``) over the node's MinIO cache and its peers' servers.
+    """A fetch tier (``get``/``offer``/``stats``) over the node's MinIO cache and the nodes' Redis.
 
     Args:
         owners: the job's :class:`OwnerMap`.
         node: this process's node index.
-        client: a :class:`Transport` with every node's server address (own node included).
-        mirror_local: also push owned items to this node's own server (the Redis transport, whose
-            server does not read the MinIO cache), and ask it for owned items the MinIO cache lacks.
+        client: a :class:`Transport` with every node's Redis address (own node included).
+        mirror_local: also push owned items to this node's own Redis (which peers read; it does not
+            see the MinIO cache), and ask it for owned items the MinIO cache lacks.
         counters: the loader's base counters (``cache_hits``/``cache_misses``).
         local_cache: the node's MinioCache on the node leader; None on the node's other ranks, which
-            reach their node's cache through its server.
+            reach their node's share through its Redis.
         push: send items read from storage to their owner, so the aggregate cache fills in one epoch.
         peer_counters: SharedCounters holding :data:`PEER_COUNTERS` (made when None).
-        server: the node's :class:`coordl.partitioned.peer.PeerServer` on its leader (stopped by
+        server: the node's self-started :class:`memcache.server.RedisServer` on its leader (stopped by
             :meth:`close`), else None.
     """
 
@@ -150,13 +150,10 @@ class PartitionedTier:
         out["partition_node"] = self.node
         out["partition_nodes"] = self.owners.num_nodes
         out["partition_owned_items"] = self.owners.counts()[self.node]
-        if self.server is not None and callable(getattr(self.server, "stats", None)):
-            # The node's server (leader process only): refused PUTs, failed handshakes, timeouts...
-            out.update({f"peer_server_{k}": v for k, v in self.server.stats().items()})
         return out
 
     def close(self) -> None:
-        """Flush pushes, stop the node's server (leader only) and close connections.
+        """Flush pushes, stop the node's self-started Redis (leader only) and close connections.
 
         The local cache belongs to whoever made it (the loader), which closes it.
         """

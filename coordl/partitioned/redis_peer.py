@@ -272,11 +272,12 @@ class RedisPeerClient:
             return 0
         stored = sum(1 for r in replies if r is True or r == b"OK")
         refused = [r for r in replies if isinstance(r, redis.ResponseError)]
-        if any("OOM" in str(r) for r in refused) and node not in self._full:
+        full = [r for r in refused if isinstance(r, redis.exceptions.OutOfMemoryError)]
+        if full and node not in self._full:
             self._full.add(node)  # noeviction: full for good; its missing items stay "not cached"
             log.info("coordl: the Redis of node %d is full (maxmemory); no more pushes to it", node)
-        if refused and not all("OOM" in str(r) for r in refused):
-            self._failed(node, refused[0])  # e.g. NOAUTH: this node is unusable, not merely full
+        if len(full) < len(refused):
+            self._failed(node, next(r for r in refused if r not in full))  # e.g. NOAUTH: unusable, not full
         self._count({"remote_pushes": stored})
         return stored
 
