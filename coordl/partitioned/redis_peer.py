@@ -48,6 +48,7 @@ __all__ = ["RedisPeerClient", "PEER_COUNTERS", "key_prefix", "encode_item", "MGE
 
 log = logging.getLogger("coordl")
 _NODE_ERRORS = (redis.RedisError, OSError)
+CONNECT_TIMEOUT_S = 3.0  # a LAN connect takes < 1 ms: a cut-off node costs this, not the read timeout
 MGET_KEYS = 256  # keys per MGET: bounds one reply's size (256 x 1 MiB items = 256 MiB at most)
 
 PEER_COUNTERS = (
@@ -83,7 +84,8 @@ class RedisPeerClient:
         prefix: the keys' prefix (:func:`key_prefix`); item ``i`` is ``prefix + str(i)``.
         counters: optional SharedCounters holding :data:`PEER_COUNTERS`.
         item_size: the dataset's byte length of item ``i``: a value of another length is refused.
-        timeout_s: socket connect/read timeout: a frozen node costs one such wait, then ``backoff_s``.
+        timeout_s: socket read timeout (connect: at most :data:`CONNECT_TIMEOUT_S`): a frozen node costs
+            one such wait, then ``backoff_s``.
         backoff_s: after an error a node is not asked again for this long (per process).
     """
 
@@ -140,7 +142,7 @@ class RedisPeerClient:
         if c is None:
             c = Connection(
                 host=addr[0], port=addr[1], password=self.password, socket_timeout=self.timeout_s,
-                socket_connect_timeout=self.timeout_s, retry=Retry(NoBackoff(), 0),
+                socket_connect_timeout=min(CONNECT_TIMEOUT_S, self.timeout_s), retry=Retry(NoBackoff(), 0),
             )  # fmt: skip
             conns[node] = c
         return c
