@@ -19,7 +19,7 @@ must have the dataset's length for it: a value stored under another key, truncat
 length is refused (counted, never served). The payload has no CRC (``FLAG_NO_PAYLOAD_CRC``), as on the
 path it replaces: Redis stores a ``SET`` whole or not at all (a writer killed mid-command leaves
 nothing), TCP checksums both legs, and a CRC is no MAC: whoever holds the password could write a
-matching one. The CRC cost ~25 us per 100 KiB item, a third of the client's CPU per item.
+matching one. The CRC cost ~20 us per 100 KiB item on the 2-core VM, a fifth of the client's CPU.
 
 Errors: a node that cannot be reached, times out or refuses the password is skipped for ``backoff_s``
 in this process (its items come from storage) with one warning per node per process; a full node
