@@ -201,3 +201,12 @@ def test_client_pickles_without_its_connections(server) -> None:
     client.put(0, 3, b"copy")
     clone = pickle.loads(pickle.dumps(client))
     assert bytes(clone.get(0, 3)) == b"copy" and clone._conns()[0] is not client._conns()[0]
+
+
+def test_replies_are_parsed_by_hiredis(server) -> None:
+    from redis._parsers.hiredis import _HiredisParser
+
+    client = client_of(server)
+    client.put(0, 1, b"h")
+    assert bytes(client.get(0, 1)) == b"h"
+    assert isinstance(client._conns()[0]._parser, _HiredisParser)  # hiredis is a dependency
