@@ -107,9 +107,16 @@ def build_partitioned_tier(
             if external:
                 mine = (*_parse_address(external), True, _check_external(external))
             else:
-                host = bind_host or os.environ.get("COORDL_PEER_BIND") or advertise_address()
-                server = _start_node_redis(host, cache_bytes)
-                mine = (server.host, server.port, False, "ok")
+                advertised = advertise_address()
+                server = _start_node_redis(
+                    bind_host or os.environ.get("COORDL_PEER_BIND") or advertised, cache_bytes
+                )
+                wildcard = server.host in (
+                    "0.0.0.0",
+                    "::",
+                    "",
+                )  # listening everywhere: peers use the advertised one
+                mine = (advertised if wildcard else server.host, server.port, False, "ok")
         try:
             agreed = exchange(topo, mine, user_secret, num_items, cache_bytes, seed)
             if server is not None:
