@@ -72,7 +72,7 @@ def key_prefix(identity: str) -> str:
 
 def encode_item(key: str, raw: bytes | memoryview) -> bytes:
     """The value stored under ``key``: a codec frame (header CRC-checked, no payload CRC) of the item."""
-    return b"".join(bytes(p) for p in codec.encode_parts({"data": raw}, key, checksum=False))
+    return b"".join(codec.encode_parts({"data": raw}, key, checksum=False))  # one copy: join takes views
 
 
 class RedisPeerClient:
