@@ -51,7 +51,7 @@ class PartitionedTier:
         node: this process's node index.
         client: a :class:`Transport` with every node's Redis address (own node included).
         mirror_local: also push owned items to this node's own Redis (which peers read; it does not
-            see the MinIO cache), and ask it for owned items the MinIO cache lacks.
+            see the MinIO cache), and ask it for owned items the MinIO cache lacks (then kept there).
         counters: the loader's base counters (``cache_hits``/``cache_misses``).
         local_cache: the node's MinioCache on the node leader; None on the node's other ranks, which
             reach their node's share through its Redis.
@@ -120,6 +120,12 @@ class PartitionedTier:
             got = self.client.fetch(remote)  # hits counted as remote_hits by the client
             out.update(got)
             local_misses += sum(len(set(v)) for v in remote.values()) - len(got)
+            if self.mirror_local and self.local_cache is not None:
+                # Owned items a peer pushed into this node's Redis: into the MinIO cache too, so that
+                # from the next epoch on they are read from shared memory, not over loopback.
+                for index in remote.get(self.node, ()):
+                    if index in got:
+                        self.local_cache.put(index, got[index])
         self.counters.add_many({"cache_hits": local_hits, "cache_misses": local_misses})
         return out
 

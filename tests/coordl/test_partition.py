@@ -288,3 +288,16 @@ def test_tier_pickles_for_spawned_workers(two_nodes: TwoNodes) -> None:
     assert bytes(clone.get(remote)) == _item(remote)  # over its own fresh connection
     assert bytes(clone.get(local)) == _item(local)  # through the attached shared-memory cache
     clone.client.close()
+
+
+def test_owned_items_a_peer_pushed_are_kept_in_shared_memory_once_read(two_nodes: TwoNodes) -> None:
+    two_nodes.epoch(0)
+    owned = two_nodes.owners.owned(0).tolist()
+    cache = two_nodes.caches[0]
+    assert any(i not in cache for i in owned)  # node 1 read some of them and pushed them to node 0's Redis
+    got = two_nodes.tiers[0].get_many(owned)
+    assert {i: bytes(v) for i, v in got.items()} == {i: _item(i) for i in owned}
+    assert all(i in cache for i in owned)  # the next read of any of them is from the MinIO cache
+    before = two_nodes.tiers[0].stats()["remote_requests"]
+    two_nodes.tiers[0].get_many(owned)
+    assert two_nodes.tiers[0].stats()["remote_requests"] == before
