@@ -3,7 +3,7 @@
 Setup: ``--nodes`` N network namespaces (one rank each, gloo) plus one storage namespace, joined by a
 bridge (:class:`tests.support.netns.VirtualNetwork`). Node links run at ``--node-mbit``; the storage host's
 link at ``--storage-mbit``, shared by all nodes like an NFS server's. Storage serves ``--items`` items
-of ``--item-kb`` KiB from RAM over TCP, so its only limit is its link. Each node has a cache budget of
+of ``--item-kb`` KiB from RAM (a redis-server of its own), so its only limit is its link. Each node has a cache budget of
 1/N of the dataset plus 10 % slack. Prep is trivial by default (the runs are fetch-bound, the case the
 partitioned cache addresses); ``--prep-ms`` burns that much CPU per item to show where prep caps it.
 
@@ -37,21 +37,16 @@ MODES = ("torch", "minio", "partitioned")
 
 STORAGE = r"""
 import os, sys, time
-from coordl.partitioned.server import PeerServer
+import redis
+from memcache.server import start_redis
 
-class Store:
-    def __init__(self, n, size):
-        self.num_items = n
-        self.size = size
-        self.blob = bytes((i * 7 + 3) % 256 for i in range(size + n))
-    def get(self, i):
-        return memoryview(self.blob)[i : i + self.size]
-    def put(self, i, raw):
-        return False
-
-server = PeerServer(Store(int(sys.argv[1]), int(sys.argv[2])), secret=os.environ["BENCH_STORAGE_SECRET"].encode(),
-                    owns=lambda i: False, host=sys.argv[3])
-print(server.address[1], flush=True)
+n, size, ip = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+blob = bytes((i * 7 + 3) % 256 for i in range(size + n))
+server = start_redis(n * size * 2 + (64 << 20), host=ip, password=os.environ["BENCH_STORAGE_SECRET"], die_with_parent=True)
+r = redis.Redis(host=ip, port=server.port, password=os.environ["BENCH_STORAGE_SECRET"])
+for i in range(n):
+    r.set(f"s:{i}", blob[i : i + size])
+print(server.port, flush=True)
 time.sleep(3600)
 """
 
@@ -60,7 +55,7 @@ import datetime, json, os, sys, time
 import torch, torch.distributed as dist
 import coordl
 from shmem.counters import SharedCounters
-from coordl.partitioned.peer import PeerClient
+import redis
 
 storage_ip, storage_port, n_items, item_bytes, epochs, workers = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:7])
 modes, prep_ms = sys.argv[7].split(","), float(sys.argv[8])
@@ -69,13 +64,17 @@ torch.set_num_threads(1)
 class RemoteStorage:
     # An item source whose fetch reads from the storage host; counts bytes across worker processes.
     def __init__(self, counters):
-        self.client = PeerClient([(storage_ip, storage_port)], secret=os.environ["BENCH_STORAGE_SECRET"].encode(),
-                                 timeout_s=60, backoff_s=1)
         self.counters = counters
+        self.client = None
+    def __getstate__(self):
+        return {"counters": self.counters, "client": None}
     def __len__(self):
         return n_items
     def fetch(self, i):
-        raw = self.client.get(0, i)
+        if self.client is None:  # per process (redis-py's pool also opens new sockets after a fork)
+            self.client = redis.Redis(host=storage_ip, port=storage_port, password=os.environ["BENCH_STORAGE_SECRET"],
+                                      socket_timeout=60)
+        raw = self.client.get(f"s:{i}")
         if raw is None:
             raise OSError(f"storage did not return item {i}")
         self.counters.add("storage_bytes", len(raw))
@@ -136,9 +135,8 @@ def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
     (tmp / "storage.py").write_text(STORAGE)
     (tmp / "rank.py").write_text(RANK)
     item_bytes = args.item_kb * 1024
-    # The storage stand-in speaks the peer protocol, so it needs a secret; the transport under test is
-    # chosen for the partitioned loader with COORDL_PEER_TRANSPORT.
-    env = {"BENCH_STORAGE_SECRET": "bench-storage-secret-0123456789", "COORDL_PEER_TRANSPORT": args.transport}
+    # The storage stand-in is a redis-server of its own (plain GETs, no cache semantics) on the slow link.
+    env = {"BENCH_STORAGE_SECRET": "bench-storage-secret-0123456789"}
     with VirtualNetwork(n_nodes + 1, rate_mbit=args.node_mbit, prefix="cdlbench") as net:
         store = net.hosts[n_nodes]
         net.set_rate(n_nodes, args.storage_mbit)
@@ -205,7 +203,7 @@ def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace
     print(
         f"\n{n_nodes} nodes, {args.items} items x {args.item_kb} KiB, storage link {args.storage_mbit} Mbit/s, "
         f"node links {args.node_mbit} Mbit/s, cache per node 1/{n_nodes} + 10%, prep {args.prep_ms} ms/item, "
-        f"transport {args.transport}"
+        "one Redis per node"
     )
     head = ("mode", "epoch-1 samples/s", "steady samples/s", "vs torch", "storage MB ep1", "storage MB/epoch after",
             "peer MB/epoch after")  # fmt: skip
@@ -231,9 +229,6 @@ def main() -> int:
     p.add_argument("--prep-ms", type=float, default=0.0, help="CPU-seconds of simulated prep per item, in ms")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--timeout-s", type=float, default=600)
-    p.add_argument(
-        "--transport", default="tcp", choices=("tcp", "redis"), help="the partitioned cache's peer path"
-    )
     p.add_argument("--json", help="also write the summaries here")
     args = p.parse_args()
     from tests.support.netns import skip_reason

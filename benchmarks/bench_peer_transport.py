@@ -1,18 +1,19 @@
-"""Peer transport of the partitioned cache: the hardened home-made server vs Redis, side by side.
+"""Peer path of the partitioned cache: a node's Redis read by :class:`RedisPeerClient`, batch by batch.
 
 Two emulated nodes (network namespaces, :class:`tests.support.netns.VirtualNetwork`) joined by links of
-``--mbit`` (tc tbf; ``0`` = unthrottled veth). Node 0 serves ``--items`` items of ``--item-kb`` KiB:
+``--mbit`` (tc tbf; ``0`` = unthrottled veth). Node 0 runs ``redis-server`` started as ``memcache serve``
+does (``requirepass``, ``noeviction``) holding ``--items`` items of ``--item-kb`` KiB as the loader
+stores them (:mod:`shmem.codec` frames); node 1 reads them with one ``MGET`` per batch (redis-py +
+hiredis, :mod:`coordl.partitioned.redis_peer`).
 
-* ``tcp``: :class:`coordl.partitioned.server.PeerServer` over a MinIO cache (shared memory), 4 workers,
-  HMAC handshake, batched GET of :mod:`shmem.codec` frames (CRC-checked on both sides);
-* ``redis``: ``redis-server`` started as ``memcache serve`` does (``requirepass``, ``noeviction``), values
-  are the same codec frames (CRC-checked by the reader), one ``MGET`` per batch (redis-py + hiredis).
+The home-made transport this was measured against until issue 48 (``tcp``) was deleted after the
+comparison; the side-by-side version of this script is in commit edc8685.
 
 Node 1 runs one client process that asks for random batches of ``--batch`` items for ``--seconds``
 (after a warm-up), the way a DataLoader worker asks for one batch's remote items. Reported per
-transport and link (median of ``--reps`` runs): items/s, MB/s, client CPU seconds per 1000 items (the
-client process's user+system time) and server CPU seconds per 1000 items (the server process's, read
-from /proc through psutil), and the ratio redis/tcp.
+link (median of ``--reps`` runs): items/s, MB/s, client CPU seconds per 1000 items (the client
+process's user+system time) and server CPU seconds per 1000 items (``redis-server``'s, read from /proc
+through psutil).
 
 Run (root, ~2 minutes): ``.venv/bin/python benchmarks/bench_peer_transport.py``
 """
@@ -34,30 +35,23 @@ SECRET = "bench-peer-transport-secret-0123456789abcdef"
 SERVER = r"""
 import os, sys
 import numpy as np
-transport, ip, n_items, item_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+ip, n_items, item_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 secret = os.environ["BENCH_SECRET"].encode()
 rng = np.random.default_rng(0)
 blob = rng.integers(0, 256, n_items + item_bytes, dtype=np.uint8).tobytes()
 item = lambda i: blob[i : i + item_bytes]
-if transport == "tcp":
-    from coordl.fetch.minio import MinioCache
-    from coordl.partitioned.server import PeerServer
-    cache = MinioCache(n_items * item_bytes + (1 << 20), n_items)
-    for i in range(n_items):
-        cache.put(i, item(i))
-    server = PeerServer(cache, secret=secret, owns=lambda i: True, host=ip, max_item_bytes=item_bytes)
-    port, pid = server.address[1], os.getpid()
-else:
-    import redis
-    from memcache.server import start_redis
-    from coordl.partitioned.redis_peer import encode_item, item_key
-    server = start_redis(int(n_items * item_bytes * 1.3) + (64 << 20), host=ip, password=secret.hex())
-    r = redis.Redis(host=ip, port=server.port, password=secret.hex())
-    pipe = r.pipeline(transaction=False)
-    for i in range(n_items):
-        pipe.set(item_key(i), encode_item(i, item(i)))
-    pipe.execute()
-    port, pid = server.port, server.pid
+import redis
+from memcache.server import start_redis
+from coordl.partitioned.redis_peer import encode_item, key_prefix
+from coordl.partitioned.tier import redis_maxmemory
+item_key = lambda i: key_prefix("bench") + str(i)
+server = start_redis(redis_maxmemory(n_items * item_bytes), host=ip, password=secret.hex(), die_with_parent=True)
+r = redis.Redis(host=ip, port=server.port, password=secret.hex())
+pipe = r.pipeline(transaction=False)
+for i in range(n_items):
+    pipe.set(item_key(i), encode_item(item_key(i), item(i)))
+pipe.execute()
+port, pid = server.port, server.pid
 print(port, pid, flush=True)
 sys.stdin.read()  # until the driver closes our stdin
 server.stop()
@@ -66,13 +60,10 @@ server.stop()
 CLIENT = r"""
 import json, os, sys, time
 import numpy as np
-transport, ip, port, n_items, batch, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), *map(int, sys.argv[4:6]), float(sys.argv[6])
+ip, port, n_items, batch, seconds = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:5]), float(sys.argv[5])
 secret = os.environ["BENCH_SECRET"].encode()
-if transport == "tcp":
-    from coordl.partitioned.peer import PeerClient as Client
-else:
-    from coordl.partitioned.redis_peer import RedisPeerClient as Client
-client = Client([(ip, port)], secret=secret, timeout_s=30)
+from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
+client = RedisPeerClient([(ip, port)], password=secret.hex(), prefix=key_prefix("bench"), timeout_s=30)
 rng = np.random.default_rng(1)
 def one():
     idx = rng.choice(n_items, batch, replace=False).tolist()
@@ -100,7 +91,7 @@ def cpu_of(pid: int) -> float:
     return t.user + t.system
 
 
-def run_once(args: argparse.Namespace, transport: str, mbit: float, tmp: Path) -> dict:
+def run_once(args: argparse.Namespace, mbit: float, tmp: Path) -> dict:
     from tests.support.netns import VirtualNetwork
 
     (tmp / "server.py").write_text(SERVER)
@@ -110,12 +101,12 @@ def run_once(args: argparse.Namespace, transport: str, mbit: float, tmp: Path) -
     with VirtualNetwork(2, rate_mbit=mbit or None, prefix="cdlbpt") as net:
         srv_host, cli_host = net.hosts
         server = srv_host.popen(
-            [sys.executable, str(tmp / "server.py"), transport, srv_host.ip, str(args.items), str(item_bytes)],
+            [sys.executable, str(tmp / "server.py"), srv_host.ip, str(args.items), str(item_bytes)],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         port, pid = map(int, server.stdout.readline().split())
         client = cli_host.popen(
-            [sys.executable, str(tmp / "client.py"), transport, srv_host.ip, str(port), str(args.items),
+            [sys.executable, str(tmp / "client.py"), srv_host.ip, str(port), str(args.items),
              str(args.batch), str(args.seconds)],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -129,6 +120,15 @@ def run_once(args: argparse.Namespace, transport: str, mbit: float, tmp: Path) -
         server.stdin.close()
         server.wait(30)
     return rec
+
+
+def _median(runs: list[dict]) -> dict:
+    return {
+        "items_s": statistics.median(r["items"] / r["wall"] for r in runs),
+        "mb_s": statistics.median(r["bytes"] / r["wall"] / 1e6 for r in runs),
+        "client_cpu_ms_per_item": statistics.median(1e3 * r["client_cpu"] / r["items"] for r in runs),
+        "server_cpu_ms_per_item": statistics.median(1e3 * r["server_cpu"] / r["items"] for r in runs),
+    }
 
 
 def main() -> int:
@@ -152,28 +152,17 @@ def main() -> int:
     results: dict[str, dict] = {}
     print(f"{args.items} items x {args.item_kb} KiB, batches of {args.batch}, {args.seconds} s per run, "
           f"median of {args.reps} runs")  # fmt: skip
-    print("| link | transport | items/s | MB/s | client CPU s / 1000 items | server CPU s / 1000 items |")
-    print("|---|---|---|---|---|---|")
+    print("| link | items/s | MB/s | client CPU s / 1000 items | server CPU s / 1000 items |")
+    print("|---|---|---|---|---|")
     for mbit in args.mbit:
         link = f"{mbit:.0f} Mbit/s" if mbit else "unthrottled"
-        for transport in ("tcp", "redis"):
-            runs = []
-            for _ in range(args.reps):  # alternate reps would be fairer under drift; kept simple and stated
-                with tempfile.TemporaryDirectory() as tmp:
-                    runs.append(run_once(args, transport, mbit, Path(tmp)))
-            med = {
-                "items_s": statistics.median(r["items"] / r["wall"] for r in runs),
-                "mb_s": statistics.median(r["bytes"] / r["wall"] / 1e6 for r in runs),
-                "client_cpu_ms_per_item": statistics.median(1e3 * r["client_cpu"] / r["items"] for r in runs),
-                "server_cpu_ms_per_item": statistics.median(1e3 * r["server_cpu"] / r["items"] for r in runs),
-            }
-            results[f"{link}/{transport}"] = med
-            print(f"| {link} | {transport} | {med['items_s']:.0f} | {med['mb_s']:.0f} | "
-                  f"{med['client_cpu_ms_per_item']:.3f} | {med['server_cpu_ms_per_item']:.3f} |", flush=True)  # fmt: skip
-        t, r = results[f"{link}/tcp"], results[f"{link}/redis"]
-        print(f"| {link} | redis / tcp | {r['items_s'] / t['items_s']:.2f}x | {r['mb_s'] / t['mb_s']:.2f}x | "
-              f"{r['client_cpu_ms_per_item'] / t['client_cpu_ms_per_item']:.2f}x | "
-              f"{r['server_cpu_ms_per_item'] / t['server_cpu_ms_per_item']:.2f}x |", flush=True)  # fmt: skip
+        runs = []
+        for _ in range(args.reps):
+            with tempfile.TemporaryDirectory() as tmp:
+                runs.append(run_once(args, mbit, Path(tmp)))
+        med = results[link] = _median(runs)
+        print(f"| {link} | {med['items_s']:.0f} | {med['mb_s']:.0f} | {med['client_cpu_ms_per_item']:.3f} | "
+              f"{med['server_cpu_ms_per_item']:.3f} |", flush=True)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -1,8 +1,12 @@
-"""``memcache serve`` / ``memcache stop``: run a node's Redis with the settings the sample cache needs.
+"""``memcache serve`` / ``memcache stop``: run a node's Redis for the sample cache and the partitioned cache.
 
     memcache serve                                                   # 127.0.0.1, a free port, 25% of RAM
     memcache serve --bind 10.0.0.5 --maxmemory 16G --port 6390       # prints the address and pid
     MEMCACHE_PASSWORD=s3cret memcache serve --maxmemory 16G          # requirepass from the environment
+
+One server per node serves both ``memcache.RedisStore`` (keys ``mc1:``) and the partitioned raw-item
+cache of ``coordl.DataLoader(partitioned=True)`` (keys ``cdl1:``; point it here with
+``COORDL_PEER_REDIS=host:port`` and the same ``MEMCACHE_PASSWORD``).
     memcache stop --port 6390
 
 Errors are one line (``memcache SUBCMD: error: ...``), never a traceback.
@@ -97,6 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"(maxmemory {maxmemory} bytes = {_gib(maxmemory)}, noeviction, "
         f"password {'set' if password else 'none'}, dir {workdir})\n"
         f"use: memcache.RedisStore(nodes=['{server.address}', ...]{', password=...' if password else ''})\n"
+        f"and/or: COORDL_PEER_REDIS={server.address} for coordl.DataLoader(partitioned=True) on this node\n"
         f"stop: memcache stop {f'--dir {workdir}' if args.dir else f'--bind {args.bind} --port {port}'}"
     )
     if args.foreground:

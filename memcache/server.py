@@ -1,6 +1,7 @@
 """Start and stop a node's ``redis-server`` with the settings a sample cache needs.
 
-Shared by ``memcache serve``/``memcache stop`` and the tests. Settings: no persistence (``save ""``,
+Shared by ``memcache serve``/``memcache stop``, the partitioned cache of ``coordl`` (a node leader
+starts its node's Redis with it when the user runs none) and the tests. Settings: no persistence (``save ""``,
 ``appendonly no``: the cache is rebuilt from the dataset, writing it to disk would only cost I/O),
 ``maxmemory`` + ``maxmemory-policy noeviction`` (MinIO semantics: fill, then refuse writes, never evict),
 bound to one chosen interface, optional ``requirepass``. The configuration (with the password) is
@@ -93,6 +94,13 @@ def _config(host: str, port: int, maxmemory_bytes: int, workdir: str, password: 
     return "\n".join(lines) + "\n"
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL me when my parent exits (prctl PR_SET_PDEATHSIG, Linux)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
 def _ping(host: str, port: int, password: str | None) -> bool:
     import redis
 
@@ -110,6 +118,7 @@ def start_redis(
     password: str | None = None,
     workdir: str | os.PathLike | None = None,
     detach: bool = False,
+    die_with_parent: bool = False,
     executable: str = "redis-server",
 ) -> RedisServer:
     """Start ``redis-server`` on ``host:port`` (a free port when ``port`` is None) and wait until it answers.
@@ -120,6 +129,8 @@ def start_redis(
         password: sets ``requirepass``; clients pass the same to :class:`memcache.RedisStore`.
         workdir: holds redis.conf (mode 0600), redis.log and redis.pid; a temporary one when None.
         detach: start in a new session so the server outlives this process (``memcache serve``).
+        die_with_parent: the kernel kills the server when the thread that started it exits (Linux
+            ``PR_SET_PDEATHSIG``): a job's own server never outlives the job, even when it is SIGKILLed.
 
     Raises:
         FileNotFoundError: ``redis-server`` is not installed (run scripts/setup.sh).
@@ -148,6 +159,7 @@ def start_redis(
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=detach,
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:

@@ -70,7 +70,11 @@ class FetchChain:
             )
         self.tiers: list[FetchTier] = []
         if partitioned:
-            self.tiers.append(build_partitioned_tier(len(source), cache_bytes, counters, self.minio))
+            self.tiers.append(
+                build_partitioned_tier(
+                    len(source), cache_bytes, counters, self.minio, identity=data_identity(source)
+                )
+            )
         elif self.minio is not None:
             self.tiers.append(MinioTier(self.minio, counters))
 

@@ -1,4 +1,3 @@
-"""The cache partitioned across the nodes of a distributed job: set-up (:mod:`.tier`), the fetch tier
-(:mod:`.fetch`), who owns which item (:mod:`.ownership`), and the peer transport: messages
-(:mod:`.protocol`), handshake and secret (:mod:`.auth`), server (:mod:`.server`), client (:mod:`.peer`),
-and the Redis option (:mod:`.redis_peer`)."""
+"""The cache partitioned across the nodes of a distributed job, on one Redis per node: set-up
+(:mod:`.tier`), start-up agreement on addresses and secret (:mod:`.rendezvous`), the fetch tier
+(:mod:`.fetch`), who owns which item (:mod:`.ownership`), and the Redis client (:mod:`.redis_peer`)."""

@@ -2,13 +2,13 @@
 
 CoorDL's partitioned caching (Mohan et al., VLDB 2021): on N nodes each node's MinIO cache holds a
 disjoint share of the items, so the job's aggregate memory caches a dataset no single node can. A fetch
-asks the owner: the local cache when this node owns the item, else the owner's server
-(:mod:`coordl.partitioned.server`, or its Redis with :mod:`coordl.partitioned.redis_peer`); storage is
+asks the owner: the local cache when this node owns the item, else the owner's Redis
+(:mod:`coordl.partitioned.redis_peer`, one pipelined request per owner per batch); storage is
 read only for items nobody has yet. An item read from storage is pushed to its owner (in the
 background), so after one epoch the aggregate cache holds the whole dataset and storage is not read
 again. A peer that dies or is cut off is skipped for a backoff period and its items come from storage.
 
-Set-up (address and secret exchange, the server) is :mod:`coordl.partitioned.tier`.
+Set-up (each node's Redis, the address and secret exchange) is :mod:`coordl.partitioned.tier`.
 """
 
 from __future__ import annotations
@@ -21,41 +21,43 @@ from multiprocessing import util as mp_util
 from typing import Any, Protocol
 
 from coordl.partitioned.ownership import OwnerMap
-from coordl.partitioned.protocol import PEER_COUNTERS
+from coordl.partitioned.redis_peer import PEER_COUNTERS
 from shmem.counters import SharedCounters
 
 __all__ = ["PartitionedTier", "Transport"]
 
 _PUSH_QUEUE_ITEMS = 256  # pending pushes per process; beyond this a push is dropped (storage still has it)
-_PUSH_FLUSH_S = 10.0  # how long an exiting worker waits for its pending pushes
+_PUSH_FLUSH_S = 10.0
+_PUSH_BATCH = 64  # pushes sent in one pipelined round trip per owner  # how long an exiting worker waits for its pending pushes
 
 
 class Transport(Protocol):
-    """What the tier needs of a client of the owners' servers (PeerClient or RedisPeerClient)."""
+    """What the tier needs of a client of the owners' caches (:class:`RedisPeerClient`, or a test's)."""
 
     counters: Any
 
     def fetch(self, wanted: dict[int, Sequence[int]]) -> dict[int, memoryview]: ...
     def put(self, node: int, index: int, raw: bytes | memoryview) -> bool: ...
+    def put_many(self, node: int, items: Sequence[tuple[int, bytes | memoryview]]) -> int: ...
     def is_down(self, node: int) -> bool: ...
     def close(self) -> None: ...
 
 
 class PartitionedTier:
-    """A fetch tier (``get``/``offer``/``stats``) over the node's MinIO cache and its peers' servers.
+    """A fetch tier (``get``/``offer``/``stats``) over the node's MinIO cache and the nodes' Redis.
 
     Args:
         owners: the job's :class:`OwnerMap`.
         node: this process's node index.
-        client: a :class:`Transport` with every node's server address (own node included).
-        mirror_local: also push owned items to this node's own server (the Redis transport, whose
-            server does not read the MinIO cache), and ask it for owned items the MinIO cache lacks.
+        client: a :class:`Transport` with every node's Redis address (own node included).
+        mirror_local: also push owned items to this node's own Redis (which peers read; it does not
+            see the MinIO cache), and ask it for owned items the MinIO cache lacks (then kept there).
         counters: the loader's base counters (``cache_hits``/``cache_misses``).
         local_cache: the node's MinioCache on the node leader; None on the node's other ranks, which
-            reach their node's cache through its server.
+            reach their node's share through its Redis.
         push: send items read from storage to their owner, so the aggregate cache fills in one epoch.
         peer_counters: SharedCounters holding :data:`PEER_COUNTERS` (made when None).
-        server: the node's :class:`coordl.partitioned.peer.PeerServer` on its leader (stopped by
+        server: the node's self-started :class:`memcache.server.RedisServer` on its leader (stopped by
             :meth:`close`), else None.
     """
 
@@ -118,6 +120,12 @@ class PartitionedTier:
             got = self.client.fetch(remote)  # hits counted as remote_hits by the client
             out.update(got)
             local_misses += sum(len(set(v)) for v in remote.values()) - len(got)
+            if self.mirror_local and self.local_cache is not None:
+                # Owned items a peer pushed into this node's Redis: into the MinIO cache too, so that
+                # from the next epoch on they are read from shared memory, not over loopback.
+                for index in remote.get(self.node, ()):
+                    if index in got:
+                        self.local_cache.put(index, got[index])
         self.counters.add_many({"cache_hits": local_hits, "cache_misses": local_misses})
         return out
 
@@ -148,13 +156,10 @@ class PartitionedTier:
         out["partition_node"] = self.node
         out["partition_nodes"] = self.owners.num_nodes
         out["partition_owned_items"] = self.owners.counts()[self.node]
-        if self.server is not None and callable(getattr(self.server, "stats", None)):
-            # The node's server (leader process only): refused PUTs, failed handshakes, timeouts...
-            out.update({f"peer_server_{k}": v for k, v in self.server.stats().items()})
         return out
 
     def close(self) -> None:
-        """Flush pushes, stop the node's server (leader only) and close connections.
+        """Flush pushes, stop the node's self-started Redis (leader only) and close connections.
 
         The local cache belongs to whoever made it (the loader), which closes it.
         """
@@ -195,12 +200,22 @@ class _Pusher:
 
     def _run(self) -> None:
         while True:
-            node, index, raw = self.q.get()
+            pending = [self.q.get()]
+            while len(pending) < _PUSH_BATCH:  # whatever else is queued goes in the same round trip
+                try:
+                    pending.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if not self.client.is_down(node):
-                    self.client.put(node, index, raw)
+                by_node: dict[int, list[tuple[int, bytes]]] = {}
+                for node, index, raw in pending:
+                    by_node.setdefault(node, []).append((index, raw))
+                for node, items in by_node.items():
+                    if not self.client.is_down(node):
+                        self.client.put_many(node, items)
             finally:
-                self.q.task_done()
+                for _ in pending:
+                    self.q.task_done()
 
     def flush(self, timeout_s: float) -> None:
         done = threading.Event()

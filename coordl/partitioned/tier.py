@@ -1,15 +1,14 @@
-"""Setting up a job's partitioned cache: exchange addresses and the secret, then build server, client, tier.
+"""Setting up a job's partitioned cache: each node's Redis, the exchange of addresses and secret, the tier.
 
-Every rank calls :func:`build_partitioned_tier` at the same point. On each node leader the listening
-socket is bound first (to the address the node advertises), its port goes into the start-up
-``all_gather`` with the node's cache budget and rank 0's secret, and only then is the node's server
-built, complete, with the job's owner map (who owns item i follows from a shared seed and the budgets,
-:class:`~coordl.partitioned.ownership.OwnerMap`: no metadata service). The fetch tier itself is
-:class:`coordl.partitioned.fetch.PartitionedTier` (re-exported here).
-
-Two transports (``transport=`` or ``COORDL_PEER_TRANSPORT``): ``"tcp"`` (default), the hardened
-:class:`~coordl.partitioned.server.PeerServer`; ``"redis"``, one ``redis-server`` per node
-(:mod:`coordl.partitioned.redis_peer`). ``docs/distributed.md`` has the measurements behind the default.
+Every rank calls :func:`build_partitioned_tier` at the same point. Each node leader first has its
+node's Redis ready: either the node's own ``memcache serve`` (``COORDL_PEER_REDIS=host:port``, password
+``MEMCACHE_PASSWORD``: one Redis per node for the sample cache and this one, keys apart) or a
+``redis-server`` it starts itself exactly as ``memcache serve`` does (:func:`memcache.server.start_redis`:
+bound to the node's advertised address, no persistence, ``maxmemory`` with ``noeviction``), which dies
+with it. Then the records go through one ``all_gather`` (:mod:`coordl.partitioned.rendezvous`), a
+self-started Redis takes the job's secret as its password, and a barrier ends the set-up. Who owns item
+``i`` follows from a shared seed and the budgets (:class:`~coordl.partitioned.ownership.OwnerMap`): no
+metadata service. The fetch tier itself is :class:`coordl.partitioned.fetch.PartitionedTier`.
 """
 
 from __future__ import annotations
@@ -19,41 +18,29 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from coordl.partitioned.auth import SECRET_ENV, check_secret, fingerprint, new_secret, secret_from_env
 from coordl.partitioned.fetch import PartitionedTier
 from coordl.partitioned.ownership import NodeTopology, OwnerMap
-from coordl.partitioned.peer import PeerClient, advertise_address
+from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
+from coordl.partitioned.rendezvous import (
+    advertise_address,
+    check_secret,
+    exchange,
+    fingerprint,
+    new_secret,
+    secret_from_env,
+)
 from shmem.counters import SharedCounters
 
-__all__ = ["PartitionedTier", "build_partitioned_tier", "TRANSPORT_ENV"]
+__all__ = ["PartitionedTier", "build_partitioned_tier", "REDIS_ENV", "redis_maxmemory"]
 
 log = logging.getLogger("coordl")
-TRANSPORT_ENV = "COORDL_PEER_TRANSPORT"
+REDIS_ENV = "COORDL_PEER_REDIS"  # this node's Redis ("host:port", e.g. from `memcache serve`)
+PASSWORD_ENV = "MEMCACHE_PASSWORD"  # that Redis's password, as for memcache.RedisStore
 
-_RECORD_BYTES = 320  # one node leader's record in the address exchange: fixed size, plain text
 
-
-def _exchange_records(topo: NodeTopology, record: str) -> list[str]:
-    """All ranks' records (node leaders send theirs, others ""), via a tensor all_gather: no pickle."""
-    import torch
-    import torch.distributed as dist
-
-    from coordl.errors import CoordlError
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise CoordlError(
-            f"partitioned=True with WORLD_SIZE={topo.world_size} needs torch.distributed.init_process_group() "
-            "to be called before the DataLoader is built (the nodes exchange cache-server addresses through it)"
-        )
-    raw = record.encode()
-    if len(raw) > _RECORD_BYTES:
-        raise CoordlError(f"peer record too long ({len(raw)} bytes): {record!r}")
-    mine = torch.zeros(_RECORD_BYTES, dtype=torch.uint8)
-    if raw:  # frombuffer refuses an empty buffer (ranks other than a node leader send "")
-        mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    out = [torch.zeros_like(mine) for _ in range(topo.world_size)]
-    dist.all_gather(out, mine)
-    return [bytes(t.numpy()).rstrip(b"\0").decode() for t in out]
+def redis_maxmemory(cache_bytes: int) -> int:
+    """A self-started node Redis's ``maxmemory``: the budget plus 30 % and 64 MiB for per-key overhead."""
+    return int(cache_bytes * 1.3) + (64 << 20)
 
 
 def _barrier(server: Any) -> None:
@@ -80,14 +67,14 @@ def build_partitioned_tier(
     backoff_s: float = 30.0,
     secret: bytes | str | None = None,
     item_size: Callable[[int], int] | None = None,
-    max_item_bytes: int | None = None,
     bind_host: str | None = None,
-    transport: str | None = None,
+    redis: str | None = None,
+    identity: str | None = None,
 ) -> PartitionedTier:
-    """Make this process's :class:`PartitionedTier`: addresses and secret exchanged, then the server built.
+    """Make this process's :class:`PartitionedTier`: node Redis ready, addresses and secret exchanged.
 
-    Why this function is long: the start-up protocol (bind, exchange, check every node's record, agree on
-    the secret, build the server complete, barrier) reads in order here; each step is a few lines.
+    Why this function is long: the start-up protocol (Redis ready, exchange, password, barrier, client)
+    reads in order here; each step is a few lines.
 
     Every rank of the job must call this at the same point (it runs two collectives when
     ``WORLD_SIZE > 1``). ``cache_bytes`` is this node's budget; the owner map weights nodes by it.
@@ -95,149 +82,118 @@ def build_partitioned_tier(
     caller made it and closes it.
 
     Args:
-        secret: the job's peer secret; else ``COORDL_PEER_SECRET``; else rank 0 makes one and sends it
-            to the ranks in the start-up exchange (readable by whoever can read the rendezvous: see
-            docs/distributed.md).
-        item_size: the dataset's byte length of item ``i``; when given, a PUT of another length is
-            refused. Without it a PUT is only bounded by ``max_item_bytes``.
-        max_item_bytes: the largest item a peer may send this node (default: ``min(cache_bytes, 256 MiB)``,
-            as an item larger than the node's whole budget could not be cached anyway).
-        bind_host: the address the server listens on (default ``COORDL_PEER_BIND``, else the address it
-            advertises to its peers, see :func:`~coordl.partitioned.peer.advertise_address`).
-        transport: ``"tcp"`` (default) or ``"redis"`` (default ``COORDL_PEER_TRANSPORT``).
+        secret: the job's secret; else ``COORDL_PEER_SECRET``; else rank 0 makes one and sends it to the
+            ranks in the start-up exchange. The password of the Redis servers the job starts.
+        item_size: the dataset's byte length of item ``i``; a cached value of another length is refused.
+        bind_host: where a self-started Redis listens (default ``COORDL_PEER_BIND``, else the address it
+            advertises to its peers, see :func:`~coordl.partitioned.rendezvous.advertise_address`).
+        redis: this node's own Redis, ``"host:port"`` (default ``COORDL_PEER_REDIS``), e.g. started by
+            ``memcache serve``; its password is ``MEMCACHE_PASSWORD``. None: the node leader starts one.
+        identity: names the dataset (``coordl.fetch.node_cache.data_identity``): the keys' prefix, so a
+            shared Redis never serves another dataset's item. None: the job's own prefix.
     """
-    from coordl.partitioned.server import PeerServer, bind_listener
-
     topo = topology or NodeTopology.from_env()
     if topo.is_node_leader != (local_cache is not None):
         raise ValueError("build_partitioned_tier: the node leader, and only it, passes its local_cache")
     user_secret = check_secret(secret, "secret=") if secret is not None else secret_from_env()
-    listener = server = None
-    if topo.world_size == 1:
-        addresses, weights = [None], [int(cache_bytes)]
-        job_secret = user_secret or new_secret()
+    external = redis if redis is not None else os.environ.get(REDIS_ENV) or None
+    server = None
+    if topo.world_size == 1:  # one node: its MinIO cache is the whole partitioned cache, no Redis
+        addresses: list[Any] = [None]
+        weights, job_secret, shared = [int(cache_bytes)], user_secret or new_secret(), False
     else:
+        mine = None
         if topo.is_node_leader:
-            advertised = advertise_address()
-            listener = bind_listener(bind_host or os.environ.get("COORDL_PEER_BIND") or advertised)
+            if external:
+                mine = (*_parse_address(external), True, _check_external(external))
+            else:
+                advertised = advertise_address()
+                server = _start_node_redis(
+                    bind_host or os.environ.get("COORDL_PEER_BIND") or advertised, cache_bytes
+                )
+                wildcard = server.host in (
+                    "0.0.0.0",
+                    "::",
+                    "",
+                )  # listening everywhere: peers use the advertised one
+                mine = (advertised if wildcard else server.host, server.port, False, "ok")
         try:
-            addresses, weights, job_secret = _exchange(
-                topo, listener, user_secret, num_items, cache_bytes, seed
-            )
+            agreed = exchange(topo, mine, user_secret, num_items, cache_bytes, seed)
+            if server is not None:
+                _set_password(server, agreed.secret.hex())
         except BaseException:
-            if listener is not None:
-                listener.close()
+            if server is not None:
+                server.stop()
             raise
-    owners = OwnerMap(num_items, weights, seed=seed)
-    kind = _transport(transport)
-    if listener is not None:
-        node = topo.node
-        if kind == "redis":
-            server = _start_redis(listener, job_secret, cache_bytes)
-        else:
-            server = PeerServer(
-                local_cache,
-                secret=job_secret,
-                owns=lambda i: owners.owner(i) == node,
-                listener=listener,
-                item_size=item_size,
-                max_item_bytes=max_item_bytes or min(int(cache_bytes), 256 << 20),
-            )
-        _barrier(server)  # every server is up before any rank fetches or pushes
-    elif topo.world_size > 1:
-        _barrier(None)
-    if kind == "redis":
-        from coordl.partitioned.redis_peer import RedisPeerClient
-
-        client: Any = RedisPeerClient(
-            addresses, secret=job_secret, item_size=item_size, timeout_s=timeout_s, backoff_s=backoff_s
+        addresses, weights, job_secret, shared = (
+            agreed.addresses,
+            agreed.weights,
+            agreed.secret,
+            agreed.shared,
         )
-    else:
-        client = PeerClient(addresses, secret=job_secret, timeout_s=timeout_s, backoff_s=backoff_s)
+        _barrier(server)  # every node's Redis takes the job's password before any rank fetches or pushes
+    owners = OwnerMap(num_items, weights, seed=seed)
+    password = (os.environ.get(PASSWORD_ENV) or None) if shared else job_secret.hex()
+    prefix = key_prefix(f"{identity or 'job:' + fingerprint(job_secret)}|{num_items}")
+    client = RedisPeerClient(
+        addresses, password=password, prefix=prefix, item_size=item_size, timeout_s=timeout_s,
+        backoff_s=backoff_s,
+    )  # fmt: skip
     tier = PartitionedTier(
         owners, topo.node, client, counters, local_cache=local_cache, push=push, server=server,
-        mirror_local=kind == "redis" and topo.world_size > 1,
+        mirror_local=topo.world_size > 1,
     )  # fmt: skip
     log.info(
-        "coordl: partitioned cache: node %d of %d owns %d of %d items; servers %s",
+        "coordl: partitioned cache: node %d of %d owns %d of %d items; Redis %s",
         topo.node, topo.num_nodes, owners.counts()[topo.node], num_items, addresses,
     )  # fmt: skip
     return tier
 
 
-def _transport(transport: str | None) -> str:
-    kind = (transport or os.environ.get(TRANSPORT_ENV) or "tcp").lower()
-    if kind not in ("tcp", "redis"):
-        raise ValueError(
-            f"partitioned cache transport must be 'tcp' or 'redis', got {kind!r} ({TRANSPORT_ENV})"
-        )
-    return kind
+def _parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{REDIS_ENV} (or redis=) must be 'host:port', got {text!r}")
+    return host.strip("[]"), int(port)
 
 
-def _start_redis(listener: Any, secret: bytes, cache_bytes: int) -> Any:
-    """This node's redis-server on the port the listener reserved (exchanged already), like ``memcache serve``.
+def _check_external(address: str) -> str:
+    """``ok``, or one word saying why this node's own Redis cannot be used (``wrongpass``, ``unreachable``,
+    ``error``), sent in the exchange so that every rank raises the same error."""
+    import redis
 
-    ``maxmemory`` is the budget plus 30 % and 64 MiB for Redis's per-key and frame overhead.
+    host, port = _parse_address(address)
+    try:
+        redis.Redis(
+            host=host, port=port, password=os.environ.get(PASSWORD_ENV) or None, socket_timeout=5
+        ).ping()
+    except redis.AuthenticationError:
+        return "wrongpass"
+    except redis.ResponseError as exc:  # NOAUTH: it has a password and none was given
+        return "wrongpass" if "NOAUTH" in str(exc) else "error"
+    except (redis.RedisError, OSError):
+        return "unreachable"
+    return "ok"
+
+
+def _start_node_redis(host: str, cache_bytes: int) -> Any:
+    """This node's redis-server, as ``memcache serve`` starts one, that dies with this process.
+
+    It starts with a throw-away password (the job's secret is known only after the exchange).
     """
     from memcache.server import start_redis
 
-    host, port = listener.getsockname()[:2]
-    listener.close()  # hand the reserved port to redis-server
-    return start_redis(int(cache_bytes * 1.3) + (64 << 20), host=host, port=port, password=secret.hex())
+    return start_redis(
+        redis_maxmemory(cache_bytes), host=host, password=new_secret().hex(), die_with_parent=True
+    )
 
 
-def _exchange(
-    topo: NodeTopology,
-    listener: Any,
-    user_secret: bytes | None,
-    num_items: int,
-    cache_bytes: int,
-    seed: int,
-) -> tuple[list[tuple[str, int] | None], list[int], bytes]:
-    """Every node's server address and budget, and the job's secret, through one all_gather.
+def _set_password(server: Any, password: str) -> None:
+    import redis
 
-    A node leader's record: ``node host port cache_bytes num_items seed fingerprint secret`` where
-    ``secret`` is the hex secret rank 0 made when the user gave none ("-" otherwise, or from other ranks).
-    """
-    from coordl.errors import CoordlError
-
-    made = new_secret() if topo.rank == 0 and user_secret is None else None
-    if listener is not None:
-        host, port = listener.getsockname()[:2]
-        fp = fingerprint(user_secret or made) if (user_secret or made) else "-"
-        record = f"{topo.node} {host} {port} {int(cache_bytes)} {num_items} {seed} {fp} {made.hex() if made else '-'}"
-    else:
-        record = ""
-    records = [r.split() for r in _exchange_records(topo, record) if r]
-    nodes: dict[int, list[str]] = {int(r[0]): r for r in records}
-    for r in records:
-        if (int(r[4]), int(r[5])) != (num_items, seed):
-            raise CoordlError(
-                f"node {r[0]} built its partitioned cache for {r[4]} items with seed {r[5]}, this node for "
-                f"{num_items} items with seed {seed}: every rank must use the same dataset and seed"
-            )
-    if sorted(nodes) != list(range(topo.num_nodes)):
-        raise CoordlError(
-            f"expected one cache server per node 0..{topo.num_nodes - 1}, got nodes {sorted(nodes)}"
-        )
-    # Rank 0 (always a node leader, so records[0]) either sends the secret it made or holds the user's:
-    # its fingerprint is the job's. Every leader checks the same records, so all fail together.
-    sent = [bytes.fromhex(r[7]) for r in records if r[7] != "-"]
-    ref = records[0][6]
-    allowed = {ref, "-"} if sent else {ref}
-    odd = [r[0] for r in records if r[6] not in allowed]
-    if odd:
-        raise CoordlError(
-            f"node(s) {', '.join(odd)} hold another peer secret than rank 0 ({SECRET_ENV} or secret=): "
-            "set the same secret on every rank, or none (rank 0 then makes one)"
-        )
-    if user_secret is None and not sent:
-        raise CoordlError(
-            f"rank 0 holds a peer secret ({SECRET_ENV} or secret=) and this rank none: set it on every rank"
-        )
-    job_secret = user_secret if user_secret is not None else sent[0]
-    if fingerprint(job_secret) != ref:
-        raise CoordlError(f"this rank's peer secret ({SECRET_ENV} or secret=) differs from rank 0's")
-    addresses = [(nodes[k][1], int(nodes[k][2])) for k in range(topo.num_nodes)]
-    weights = [int(nodes[k][3]) for k in range(topo.num_nodes)]
-    return addresses, weights, job_secret
+    r = redis.Redis(host=server.host, port=server.port, password=server.password, socket_timeout=10)
+    try:
+        r.config_set("requirepass", password)
+    finally:
+        r.close()
+    server.password = password

@@ -18,12 +18,12 @@ import pytest
 
 from tests.support.netns import VirtualNetwork, skip_reason
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow]
+pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.redis]
 
 N_ITEMS = 80
-# The loader's peer client waits at most 10 s for a request (3 s to connect: measured 3.1 s for the
-# whole faulted epoch here, 2 errors). The two workers each pay one timeout, concurrently; one per item
-# would cost ~20 x 3 s or more. Bound: three of the longer timeouts.
+# The loader's Redis client waits at most 3 s to connect (the epoch's fresh workers) and 10 s for a
+# reply on an open connection. The two workers each pay one timeout, concurrently; one per item would
+# cost ~20 x 3 s or more. Bound: three of the longer timeouts.
 PEER_TIMEOUT_S = 10.0
 EPOCH_BOUND_S = 3 * PEER_TIMEOUT_S
 

@@ -1,4 +1,4 @@
-"""OwnerMap, PartitionedSampler and PartitionedTier (two nodes emulated in one process over loopback)."""
+"""OwnerMap, PartitionedSampler and PartitionedTier (two nodes emulated in one process, a Redis each)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import pytest
 
 from coordl.fetch.minio import MinioCache
 from coordl.partitioned.ownership import NodeTopology, OwnerMap, PartitionedSampler
-from coordl.partitioned.peer import PEER_COUNTERS, PeerClient, advertise_address
-from coordl.partitioned.server import PeerServer
+from coordl.partitioned.redis_peer import PEER_COUNTERS, RedisPeerClient, key_prefix
+from coordl.partitioned.rendezvous import advertise_address
 from coordl.partitioned.tier import PartitionedTier
+from memcache.server import start_redis
 from shmem.counters import SharedCounters
 
 # -- owner map ------------------------------------------------------------------------------------
@@ -96,7 +97,8 @@ def test_advertise_address_prefers_explicit_then_route() -> None:
 # -- the tier: two nodes in one process -----------------------------------------------------------
 
 N_ITEMS = 60
-SECRET = b"partition-test-secret"
+PASSWORD = "partition-test-secret-0123456789"
+PREFIX = key_prefix("test-partition")
 
 
 def _item(i: int) -> bytes:
@@ -104,27 +106,25 @@ def _item(i: int) -> bytes:
 
 
 class TwoNodes:
-    """Two node leaders, each with a MinIO cache sized for its share (plus slack) and a server."""
+    """Two node leaders, each with a MinIO cache sized for its share (plus slack) and a Redis."""
 
     def __init__(self, push: bool = True) -> None:
         self.owners = OwnerMap(N_ITEMS, num_nodes=2, seed=11)
         self.caches = [MinioCache(200 * N_ITEMS, N_ITEMS) for _ in range(2)]
-        self.servers = [
-            PeerServer(c, secret=SECRET, owns=lambda i, k=k: self.owners.owner(i) == k)
-            for k, c in enumerate(self.caches)
-        ]
-        addrs = [s.address for s in self.servers]
+        self.servers = [start_redis(16 << 20, password=PASSWORD) for _ in range(2)]
+        addrs = [(s.host, s.port) for s in self.servers]
         self.base = [SharedCounters(["cache_hits", "cache_misses"]) for _ in range(2)]
         self.peer = [SharedCounters(PEER_COUNTERS) for _ in range(2)]
         self.tiers = [
             PartitionedTier(
                 self.owners,
                 k,
-                PeerClient(addrs, secret=SECRET, timeout_s=2, backoff_s=60),
+                RedisPeerClient(addrs, password=PASSWORD, prefix=PREFIX, timeout_s=2, backoff_s=60),
                 self.base[k],
                 local_cache=self.caches[k],
                 push=push,
                 peer_counters=self.peer[k],
+                mirror_local=True,
             )
             for k in range(2)
         ]
@@ -171,9 +171,14 @@ def test_storage_is_read_only_in_the_first_epoch(two_nodes: TwoNodes) -> None:
     assert two_nodes.epoch(0) == N_ITEMS
     assert two_nodes.epoch(1) == 0
     assert two_nodes.epoch(2) == 0
-    # Each node caches exactly the items it owns.
-    for k, cache in enumerate(two_nodes.caches):
-        assert {i for i in range(N_ITEMS) if i in cache} == set(two_nodes.owners.owned(k).tolist())
+    # Each node's Redis holds exactly the items it owns; its MinIO cache only owned items it read itself.
+    import redis
+
+    for k, (cache, server) in enumerate(zip(two_nodes.caches, two_nodes.servers, strict=True)):
+        r = redis.Redis(host=server.host, port=server.port, password=PASSWORD)
+        held = {int(key[len(PREFIX) :]) for key in r.scan_iter(match=f"{PREFIX}*")}
+        assert held == set(two_nodes.owners.owned(k).tolist())
+        assert {i for i in range(N_ITEMS) if i in cache} <= held
     st = [t.stats() for t in two_nodes.tiers]
     remote_hits = sum(s["remote_hits"] for s in st)
     local_hits = sum(c.snapshot()["cache_hits"] for c in two_nodes.base)
@@ -214,8 +219,9 @@ def test_get_many_asks_each_owner_once_per_batch(two_nodes: TwoNodes) -> None:
     batch = list(range(N_ITEMS))
     got = tier.get_many(batch)
     assert {i: bytes(v) for i, v in got.items()} == {i: _item(i) for i in batch}
-    assert tier.stats()["remote_requests"] - before == 1  # one request to node 1 for all its items
-    assert two_nodes.servers[1].stats()["items_served"] >= len(two_nodes.owners.owned(1))
+    # One MGET to node 1 for all its items, one to this node's own Redis for the owned items its MinIO
+    # cache lacks (those node 1 read and pushed): at most one request per owner.
+    assert 1 <= tier.stats()["remote_requests"] - before <= 2
 
 
 def test_get_many_reports_misses_by_absence() -> None:
@@ -282,3 +288,16 @@ def test_tier_pickles_for_spawned_workers(two_nodes: TwoNodes) -> None:
     assert bytes(clone.get(remote)) == _item(remote)  # over its own fresh connection
     assert bytes(clone.get(local)) == _item(local)  # through the attached shared-memory cache
     clone.client.close()
+
+
+def test_owned_items_a_peer_pushed_are_kept_in_shared_memory_once_read(two_nodes: TwoNodes) -> None:
+    two_nodes.epoch(0)
+    owned = two_nodes.owners.owned(0).tolist()
+    cache = two_nodes.caches[0]
+    assert any(i not in cache for i in owned)  # node 1 read some of them and pushed them to node 0's Redis
+    got = two_nodes.tiers[0].get_many(owned)
+    assert {i: bytes(v) for i, v in got.items()} == {i: _item(i) for i in owned}
+    assert all(i in cache for i in owned)  # the next read of any of them is from the MinIO cache
+    before = two_nodes.tiers[0].stats()["remote_requests"]
+    two_nodes.tiers[0].get_many(owned)
+    assert two_nodes.tiers[0].stats()["remote_requests"] == before

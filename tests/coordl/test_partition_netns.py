@@ -1,8 +1,8 @@
 """The partitioned cache across real processes, one rank per network namespace, gloo for the setup.
 
-Each rank builds its tier with :func:`coordl.partitioned.tier.build_partitioned_tier` (servers start, addresses
+Each rank builds its tier with :func:`coordl.partitioned.tier.build_partitioned_tier` (each node's Redis starts, addresses
 are exchanged through torch.distributed), then reads its shard epoch after epoch from a "storage" that
-counts reads. Failure modes: a peer killed mid-epoch, a peer cut off from the network.
+counts reads. Failure modes: a peer killed mid-epoch (its Redis dies with it), a peer cut off from the network.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.netns import VirtualNetwork, skip_reason
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.redis]
 
 RANK_SCRIPT = r"""
 import datetime, json, os, signal, sys, time
@@ -119,21 +119,13 @@ def script(tmp_path: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize(
-    "n_nodes, transport",
-    [
-        (2, "tcp"),
-        pytest.param(3, "tcp", marks=pytest.mark.slow),
-        pytest.param(2, "redis", marks=pytest.mark.redis),
-    ],
-)
+@pytest.mark.parametrize("n_nodes", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_aggregate_cache_stops_storage_reads_after_epoch_one(
-    script: Path, tmp_path: Path, n_nodes: int, transport: str
+    script: Path, tmp_path: Path, n_nodes: int
 ) -> None:
     n_items = 90
     with VirtualNetwork(n_nodes, rate_mbit=200, prefix="cdltest") as net:
-        env = {"COORDL_PEER_TRANSPORT": transport}
-        procs = _launch(net, script, n_items, 3, "ok", tmp_path / "go", env)
+        procs = _launch(net, script, n_items, 3, "ok", tmp_path / "go")
         outs = [p.communicate(timeout=120) for p in procs]
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
@@ -293,7 +285,7 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 def test_torchrun_two_nodes_two_ranks_each(tmp_path: Path) -> None:
-    # Ranks with LOCAL_RANK > 0 reach their node's cache through the node's server.
+    # Ranks with LOCAL_RANK > 0 reach their node's share through the node's Redis.
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
     with VirtualNetwork(2, rate_mbit=500, prefix="cdltest") as net:

@@ -119,3 +119,35 @@ def test_full_node_stops_puts_without_crashing():
 def test_bad_node_address_is_rejected():
     with pytest.raises(ValueError, match="host:port"):
         RedisStore(["localhost"])
+
+
+@pytest.mark.redis
+def test_a_server_started_to_die_with_its_parent_dies_even_when_the_parent_is_killed():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; from memcache.server import start_redis; "
+         "s = start_redis(16 << 20, die_with_parent=True); print(s.pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ},
+    )  # fmt: skip
+    pid = int(child.stdout.readline())
+    assert psutil.pid_exists(pid)
+    child.send_signal(signal.SIGKILL)  # no cleanup runs in the parent
+    child.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("redis-server outlived the process that started it")

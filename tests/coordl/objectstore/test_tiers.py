@@ -68,23 +68,22 @@ def test_partitioned_cache_over_a_bucket(s3, image_root):
     """Two nodes (in one process, over loopback) sharing a bucket: the store is read in epoch 1 only."""
     from coordl.fetch.minio import MinioCache
     from coordl.partitioned.ownership import OwnerMap, PartitionedSampler
-    from coordl.partitioned.peer import PEER_COUNTERS, PeerClient
-    from coordl.partitioned.server import PeerServer
+    from coordl.partitioned.redis_peer import PEER_COUNTERS, RedisPeerClient, key_prefix
     from coordl.partitioned.tier import PartitionedTier
+    from memcache.server import start_redis
     from shmem.counters import SharedCounters
 
     ds = coordl.ImageFolder("s3://data/train", transform=lambda b: b, storage_options=s3.storage_options())
     local = coordl.ImageFolder(image_root, transform=lambda b: b)
     owners = OwnerMap(N_ITEMS, num_nodes=2, seed=3)
     caches = [MinioCache(4 << 20, N_ITEMS) for _ in range(2)]
-    secret = b"bucket-partition-secret"
-    servers = [
-        PeerServer(c, secret=secret, owns=lambda i, k=k: owners.owner(i) == k) for k, c in enumerate(caches)
-    ]
+    password = "bucket-partition-secret-0123456789"
+    servers = [start_redis(16 << 20, password=password) for _ in range(2)]
+    addrs = [(s.host, s.port) for s in servers]
     tiers = [
-        PartitionedTier(owners, k, PeerClient([s.address for s in servers], secret=secret, timeout_s=2),
+        PartitionedTier(owners, k, RedisPeerClient(addrs, password=password, prefix=key_prefix("b"), timeout_s=2),
                         SharedCounters(["cache_hits", "cache_misses"]), local_cache=caches[k],
-                        peer_counters=SharedCounters(PEER_COUNTERS))
+                        peer_counters=SharedCounters(PEER_COUNTERS), mirror_local=True)
         for k in range(2)
     ]  # fmt: skip
     try:
