@@ -148,11 +148,11 @@ loader = NeighborLoader(g, g.train_idx, [3, 3], batch_size=16, num_workers=2, pi
                         feature_cache_bytes=1 << 16, seed=0, cache_dir={shm!r})
 it = iter(loader)
 next(it)
-print("PIDS", *[w.pid for w in loader._torch._iterator._workers], flush=True)
 mode = sys.argv[1]
 if mode == "worker":
     msg = "NO ERROR"
-    try:
+    try:  # from the PIDS line on: the kill can come as soon as the test has read it
+        print("PIDS", *[w.pid for w in loader._torch._iterator._workers], flush=True)
         for b in it:
             time.sleep(0.05)
     except Exception as e:
@@ -169,6 +169,7 @@ if mode == "worker":
     loader.close()
     print("CLOSED", flush=True)
 else:
+    print("PIDS", *[w.pid for w in loader._torch._iterator._workers], flush=True)
     time.sleep(60)
 """
 
