@@ -55,13 +55,13 @@ def test_unequal_shards_stress(method: str, persistent: bool) -> None:
     """Hundreds of epochs per start method (before the fix, 2 runs of 6 failed under spawn).
 
     A spawned or forkserver worker imports torch afresh (2-3 s of CPU each on the 2-core VM), so in CI those
-    methods run two rounds of every shape (16 loaders, up to 4 workers each; before the fix 2 runs of 6
-    failed at three rounds) and fork 150 loaders; ``COORDL_STRESS_RUNS=100`` runs the longer stress by hand
-    (about 5 minutes a case on the VM; fork then runs 300).
+    methods run one round of every shape in CI (8 loaders, up to 4 workers each; before the fix 2 runs of 6
+    failed at three rounds) and fork 100 loaders (the fast suite runs 16 more); ``COORDL_STRESS_RUNS=100``
+    runs the long stress by hand (about 5 minutes a case on the VM; fork then runs 300).
     """
     runs = os.environ.get("COORDL_STRESS_RUNS")
-    slow_start = int(runs or 2 * len(SHAPES))
-    run_many(method, (300 if runs else 150) if method == "fork" else slow_start, persistent)
+    slow_start = int(runs or len(SHAPES))
+    run_many(method, (300 if runs else 100) if method == "fork" else slow_start, persistent)
 
 
 @pytest.mark.timeout(120)
