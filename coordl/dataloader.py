@@ -215,7 +215,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
                 order = self.sampler
             self._resume = None if self._member is not None else Resume(
                 inner, user_dataset=dataset, sampler=order, batch_sampler=batch_sampler, shuffle=shuffle,
-                batch_size=batch_size, generator=generator, iterable=self._iterable,
+                batch_size=batch_size, generator=generator, iterable=self._iterable, drop_last=drop_last,
             )  # fmt: skip
             if self._resume is not None:  # torch's own order, wrapped so that an epoch can resume
                 sampler, batch_sampler, shuffle = self._resume.torch_arguments()

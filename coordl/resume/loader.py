@@ -12,6 +12,7 @@ is O(workers): nothing grows with the dataset.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import logging
 from collections.abc import Callable
@@ -71,8 +72,10 @@ class Resume:
         batch_size: int | None,
         generator: torch.Generator | None,
         iterable: bool = False,
+        drop_last: bool = False,
     ) -> None:
         self.generator = generator
+        self._drop_last = drop_last
         self.user_dataset = dataset if user_dataset is None else user_dataset
         self.iterable = iterable
         self._args = (None, None, shuffle) if iterable else (sampler, batch_sampler, shuffle)
@@ -117,6 +120,9 @@ class Resume:
         self.shuffle_state: str | None = None
         self.sampler_generator_state: str | None = None
         self.workers_rng: str | None = None  # torch's RNG when the running workers were made
+        # torch's RNG before the next pass draws its workers' base seed, when a state taken before the
+        # first pass fixed it (torchdata makes the pass's iterator then, and so draws it then)
+        self.pinned_rng: str | None = None
         self.sampler_start: dict[str, Any] | None = None
         self.sampler_state: dict[str, Any] | None = None
         self.worker_states: dict[int, Any] = {}
@@ -143,7 +149,8 @@ class Resume:
             return dataset, collate_fn
         collate_fn = collate_fn or (default_collate if self._auto_collation else default_convert)
         holder = self.stream if self.stream is not None else DatasetState(self.user_dataset)
-        return (self.stream if self.stream is not None else dataset), TaggingCollate(collate_fn, holder)
+        tagging = TaggingCollate(collate_fn, holder, drop_last=self._drop_last)
+        return (self.stream if self.stream is not None else dataset), tagging
 
     # -- a pass -----------------------------------------------------------------------------------------
 
@@ -165,11 +172,16 @@ class Resume:
             torch_loader._iterator = live = None
         self._restart = False
         saved = (torch_loader.worker_init_fn, torch_loader.generator)
-        rng = None
-        if workers > 0 and torch_loader.generator is None:
-            rng = (plan or {}).get("rng_state") or encode_rng_state(torch.get_rng_state())
-            if (plan or {}).get("rng_state"):  # the saved pass's worker seeds (torch draws them from it)
-                torch_loader.generator = torch_generator(rng)
+        rng, pinned, self.pinned_rng = None, self.pinned_rng, None
+        if torch_loader.generator is None:
+            fixed = (plan or {}).get("rng_state") or pinned
+            if fixed:  # the saved pass's worker seeds (torch draws them from it)
+                torch_loader.generator = torch_generator(fixed)
+            if fixed and not pinned:
+                # torch's RNG moves on as it would have when torch drew the seed from it (a user's
+                # sampler without a generator draws its order from it next)
+                torch.empty((), dtype=torch.int64).random_()
+            rng = fixed or (encode_rng_state(torch.get_rng_state()) if workers > 0 else None)
         if placed and self.stream is not None:
             self.stream.pending.update(placed)
         elif placed:
@@ -180,7 +192,7 @@ class Resume:
             torch_loader.worker_init_fn, torch_loader.generator = saved
             if self.stream is not None:
                 self.stream.pending.clear()
-        if workers > 0 and it is not live:
+        if it is not live:
             self.workers_rng = rng
         return PassTracker(it, self, self.pass_id, discard=discard, release=release)
 
@@ -223,6 +235,12 @@ class Resume:
             self.sampler_start = saved
         else:
             order.skip = skip * order.unit
+            if skip and not self._replays_exactly():
+                log.warning(
+                    "coordl: %s defines no state_dict/load_state_dict: resuming fast-forwards it by the %d "
+                    "indices already handed out (drawn, not fetched); its order must be the one it had "
+                    "when the state was saved", type(order.inner).__name__, order.skip,
+                )  # fmt: skip
             at_rest = order.tracks(order.current)
             self.sampler_start = {**order.snapshot(), "drain": order.passes > 0} if at_rest else None
         order.epoch_seed = None
@@ -230,8 +248,23 @@ class Resume:
             digest = hashlib.blake2b(self.generator_state.encode(), digest_size=8).digest()
             order.epoch_seed = int.from_bytes(digest, "little")
         if plan is not None and plan.get("dataset") is not None and is_stateful(self.user_dataset):
-            self.user_dataset.load_state_dict(plan["dataset"])  # the main process's dataset
+            # The main process's dataset, once torch's iterator has drawn its seed and the sampler has
+            # been fast-forwarded (torchdata's order: their draws do not move a restored RNG state).
+            order.on_start = functools.partial(self.user_dataset.load_state_dict, plan["dataset"])
         return 0
+
+    def _replays_exactly(self) -> bool:
+        """Whether skipping the first indices of the sampler's pass gives the saved pass's: its order
+        comes from a generator whose state is saved, or is sequential."""
+        if (
+            self.shuffle_generator is not None
+            or self.sampler_generator is not None
+            or self.generator is not None
+        ):
+            return True
+        inner = self.order.inner
+        inner = getattr(inner, "sampler", inner) if self.order.batched else inner
+        return type(inner) is torch.utils.data.SequentialSampler
 
     def _begin_stream(self, plan: dict[str, Any], skip: int, workers: int) -> int:
         """A stream resumes from its states; without any (nothing Stateful), by replaying ``skip``
@@ -239,8 +272,11 @@ class Resume:
         if workers == 0 and plan.get("dataset") is not None:
             self.stream.pending[None] = plan["dataset"]
             return 0
-        if workers > 0 and self.worker_states:
+        if workers > 0 and any(
+            s.get("dataset") is not None or s.get("iter") is not None for s in self.worker_states.values()
+        ):
             return 0
+        self.worker_states = {}  # (only ends noted): a stream without state is replayed, all workers anew
         if skip:
             log.warning(
                 "coordl: %s defines no state_dict/load_state_dict (nor does its iterator): resuming "
@@ -278,6 +314,11 @@ class Resume:
         self.worker_states[worker] = tag.state
         self.last_worker = worker
 
+    def worker_ended(self, pass_id: int, tag: Tagged | None) -> None:
+        """A worker of pass ``pass_id`` finished its stream; ``tag`` holds its state after the end."""
+        if pass_id == self.pass_id and tag is not None:
+            self.worker_states[tag.worker] = tag.state
+
     def pass_ended(self, pass_id: int) -> None:
         if pass_id != self.pass_id or not self.in_epoch:
             return
@@ -289,10 +330,8 @@ class Resume:
         if not self.persistent:
             self.worker_states, self.last_worker = {}, None
             return
-        if self.stream is not None:  # the next pass makes new iterators; the datasets live on
-            kept = {
-                w: {**s, "iter": None} for w, s in self.worker_states.items() if s.get("dataset") is not None
-            }
+        if self.stream is not None:  # the next pass makes new iterators; the datasets (and RNGs) live on
+            kept = {w: {**s, "ended": False, "renew": True} for w, s in self.worker_states.items()}
             self.worker_states = kept
         elif self.pass_offset % max(1, self.pass_workers):
             self._restart = True  # the resumed pass's workers hold rotated states: back to their own
@@ -308,6 +347,12 @@ class Resume:
             log.warning("coordl: in_order=False: the state may not name the batches handed out exactly")
         between = not self.in_epoch
         workers = int(shape.get("num_workers", self.pass_workers))
+        if self.pass_id == 0 and self.generator is None and self.pinned_rng is None:
+            # Before the first pass: fix its workers' base seed now, and draw it from torch's RNG as
+            # torch's iterator would (torchdata makes that iterator here), so that the stream is the
+            # same whether or not the state was taken, and the same again when it is resumed.
+            self.pinned_rng = encode_rng_state(torch.get_rng_state())
+            torch.empty((), dtype=torch.int64).random_()
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -319,7 +364,7 @@ class Resume:
             "sampler_generator_state": self._generator_state(
                 self.sampler_generator, self.sampler_generator_state, between
             ),
-            "rng_state": None if between or workers == 0 or self.generator is not None else self.workers_rng,
+            "rng_state": self.pinned_rng if between else None if workers == 0 else self.workers_rng,
             "sampler_epoch": None if between or self.order is None else self.order.inner_epoch,
             "sampler": self._sampler_part(between),
             "dataset": copy.deepcopy(self._main_dataset_state(between)) if workers == 0 else None,
@@ -373,6 +418,7 @@ class Resume:
             self.in_epoch = False
         self.epoch = int(state["epoch"])
         self._restart = True
+        self.pinned_rng = None
         self.plan = copy.deepcopy(state)
 
 
