@@ -248,7 +248,7 @@ class FlipStream(torch.utils.data.IterableDataset):
             yield self.flips[k] * 100 + self.step
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "flips": list(self.flips)}
+        return {"step": self.step, "flips": self.flips}  # the live list, as datasets often hand it out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.flips = state["step"], list(state["flips"])

@@ -278,4 +278,6 @@ def _fast_request(L: Callable, interrupt: int, ctx: str) -> tuple[list, list]:
 def test_state_asked_right_after_a_load(interrupt: int, ctx: str) -> None:
     rest, got = _fast_request(coordl.DataLoader, interrupt, ctx)
     assert got == rest
-    assert (rest, got) == _fast_request(StatefulDataLoader, interrupt, ctx)
+    # The uninterrupted stream is torchdata's. (torchdata's resumed one differs here: the dataset hands
+    # out its live list, which changes before torchdata's worker sends it on.)
+    assert rest == _fast_request(StatefulDataLoader, interrupt, ctx)[0]
