@@ -40,7 +40,8 @@ from coordl.fetch.view import DatasetView, unwrap_view
 from coordl.fetch.watch import WorkerWatch, translate_torch_error
 from coordl.options import check_dataset_options, validate_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
-from coordl.resume import Resume, group_state, load_group_state, torch_iterator
+from coordl.resume import Resume, torch_iterator
+from coordl.resume.face import ResumableLoader
 from coordl.ring.reader import BatchRing
 from coordl.sharding import unsharded_warning
 from coordl.workers.start import forks_workers, start_workers
@@ -55,7 +56,197 @@ DEFAULT_FETCH_AHEAD = 4
 T_co = TypeVar("T_co", covariant=True)
 
 
-class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
+class _LoaderParts:
+    """The parts a :class:`DataLoader` composes, apart from iterating them: building the fetch side,
+    what profilers change between epochs (workers, fetch tiers), the settings kept in step with the
+    inner torch loader, the workers' errors, the statistics, and closing.
+
+    A base of :class:`DataLoader` (it reads the attributes ``DataLoader.__init__`` sets)."""
+
+    # -- construction steps ------------------------------------------------------------------------
+
+    def _build_fetch_side(self, dataset: Any, options: dict[str, Any]) -> None:
+        """Source, counters, fetch chain, sample cache tier and the public view of ``dataset``."""
+        sample_cache, on_error = options["sample_cache"], options["on_error"]
+        self._source = None if self._iterable else _adapt(dataset)
+        check_dataset_options(
+            dataset, self.source, cache_bytes=self.cache_bytes, sample_cache=sample_cache, on_error=on_error
+        )
+        self._counters = SharedCounters(
+            list(BASE_COUNTERS) + (list(SAMPLE_CACHE_COUNTERS) if sample_cache is not None else [])
+        )
+        self._chain = self._sample_cache_tier = self._view = None
+        if self._iterable:
+            return
+        self._chain = FetchChain(
+            self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=options["cache_dir"],
+            partitioned=options["partitioned"], name=type(dataset).__name__,
+        )  # fmt: skip
+        if sample_cache is not None:
+            self._sample_cache_tier = SampleCacheTier(sample_cache, self.source, self._counters)
+        self._view = DatasetView(
+            dataset, self.source, self._chain.tiers, self._counters, on_error=on_error,
+            sample_cache_tier=self._sample_cache_tier, fetch_ahead=self._fetch_ahead(options["fetch_ahead"]),
+            page_cache=options["page_cache"],
+        )  # fmt: skip
+        self._view.loader_options, self._view.chain, self._view.owner = (
+            options,
+            self._chain,
+            weakref.ref(self),
+        )
+
+    @property
+    def source(self) -> Any:
+        """The item source coordl reads (the dataset, or its adapter). A property, not an instance
+        attribute: Lightning and Ignite rebuild a loader from its instance attributes."""
+        return self._source
+
+    def _take_over(self, view: DatasetView) -> None:
+        """Read through ``view``'s fetch side (a framework rebuilt the loader it belongs to) and close it at the end."""
+        self._source, self._counters, self._chain, self._view = view.source, view.counters, view.chain, view
+        self._sample_cache_tier = view.sample_cache_tier
+        view.owner = weakref.ref(self)
+
+    def _partitioned_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> Any:
+        """The user's sampler, or with ``partitioned=True`` and none given, this rank's shard sampler."""
+        if not self.partitioned or sampler is not None or batch_sampler is not None:
+            return sampler
+        # a fresh random shard per rank and epoch, the same number of batches on every rank
+        topo = NodeTopology.from_env()
+        return PartitionedSampler(len(self.source), topo.world_size, topo.rank, shuffle=bool(shuffle))
+
+    def _fetch_ahead(self, fetch_ahead: int | None) -> int:
+        if fetch_ahead is not None:
+            return fetch_ahead
+        return DEFAULT_FETCH_AHEAD if getattr(self.source, "thread_safe_fetch", False) is True else 0
+
+    # -- what profilers may change between epochs --------------------------------------------------
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes per epoch. Settable between epochs (takes effect at the next ``iter``)."""
+        return self.__dict__.get("num_workers", 0)
+
+    @num_workers.setter
+    def num_workers(self, workers: int) -> None:
+        # Kept in the instance dict under its own name: frameworks rebuild a loader from vars(loader).
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
+        watch = self.__dict__.get("_watch")
+        if watch is not None and workers > watch.num_workers:
+            raise ValueError(
+                f"num_workers={workers}: this loader's worker table has {watch.num_workers} rows"
+            )
+        self.__dict__["num_workers"] = workers
+        inner = self.__dict__.get("_torch")
+        if inner is None:  # torch's __init__ setting it: nothing built yet
+            return
+        for loader in (self, inner):
+            if workers > 0 and loader.prefetch_factor is None:
+                loader.prefetch_factor = 2  # torch's default, which it leaves unset without workers
+        inner.num_workers = workers
+
+    def add_fetch_tier(self, tier: FetchTier) -> None:
+        """Ask ``tier`` for raw bytes before every other tier, from the next epoch's workers on.
+
+        For tools that change where a job's reads come from (``dsanalyzer`` serves them from memory to
+        measure prep alone). ``tier`` follows :class:`coordl.fetch.pipeline.FetchTier`.
+        """
+        if self._inner is None:
+            raise ValueError("add_fetch_tier needs a map-style dataset (an IterableDataset has no fetch)")
+        for reader in (self._inner, self._view):
+            reader.tiers.insert(0, tier)
+
+    def remove_fetch_tier(self, tier: FetchTier) -> None:
+        """Undo :meth:`add_fetch_tier` (a tier that was not added is ignored)."""
+        for reader in (self._inner, self._view):
+            if reader is not None and tier in reader.tiers:
+                reader.tiers.remove(tier)
+
+    # -- stats -------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Totals since construction (or :meth:`reset_stats`), counted across all workers.
+
+        Keys: ``cache_hits``, ``cache_misses``, ``storage_bytes_read``, ``storage_items_read``,
+        ``items_loaded``, ``skipped_items``, ``cached_items``, ``cached_bytes``, ``capacity_bytes``,
+        ``cache_backend``, plus the dataset's own ``stats()`` and each fetch tier's; with the batch
+        ring, ``ring_batches`` (batches handed out from it), ``ring_stacked`` (of those, stacked sample
+        by sample as the worker made them), ``ring_in_place`` (samples a transform wrote straight into
+        their batch row, see :mod:`coordl.ring.output_buffers`), ``ring_fallbacks`` (collated by torch
+        instead), ``ring_slots`` (distinct slots used) and ``ring_adopted`` (rings a later epoch's
+        workers took over).
+        """
+        return super().stats()
+
+    def _stat_parts(self) -> tuple[Any, ...]:
+        return (self._chain, self._sample_cache_tier, self._ring)
+
+    # -- lifetime ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop persistent workers and free the shared memory now (also done at interpreter exit)."""
+        if self._closed:
+            return
+        # (after a loader that took over this one's fetch side closed it, there is nothing left to count)
+        self._final_stats = {} if self._view is not None and self._view.closed else self.stats()
+        self._closed = True
+        self._free()
+
+    def _free(self) -> None:
+        """Stop the workers, then free every part built so far (also after a failed ``__init__``)."""
+        iterator = getattr(self._torch, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        if self._torch is not None:
+            self._torch._iterator = None
+        owner = self._view is None or self._view.owner() is self  # else a loader took over the fetch side
+        shared = (self._chain, self._counters, self._view) if owner else ()
+        for obj in (self._member, *shared, self._watch, self._inner, self._ring):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Settings torch reads when an epoch starts, which users (and Lightning) may set on the loader.
+    _FOLLOWED = (
+        "timeout",
+        "worker_init_fn",
+        "pin_memory",
+        "pin_memory_device",
+        "in_order",
+        "multiprocessing_context",
+    )
+
+    def _follow_settings(self) -> None:
+        """Give coordl's inner torch loader what was set on this one since the last epoch."""
+        for name in self._FOLLOWED:
+            value = getattr(self, name)
+            if getattr(self._torch, name) is not value:
+                setattr(self._torch, name, value)
+
+    def _translate(self, error: RuntimeError, torch_iter: Any) -> BaseException | None:
+        """A coordl error for torch's worker-death and timeout RuntimeErrors, else None."""
+        return translate_torch_error(error, torch_iterator(torch_iter), self._watch, self.source)
+
+    def _abandon_epoch(self, torch_iter: Any) -> None:
+        """An error ended the epoch: stop its workers now and make the next epoch start fresh ones.
+
+        Left alone, they would idle for as long as anything holds the traceback (a dead worker's
+        siblings included), then stall whichever later allocation makes the collector shut them down.
+        """
+        torch_iter = torch_iterator(torch_iter)
+        if hasattr(torch_iter, "_shutdown_workers"):
+            torch_iter._shutdown_workers()
+        if getattr(self._torch, "_iterator", None) is torch_iter:
+            self._torch._iterator = None
+
+
+class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoader, LoaderStats):
     """Iterate batches of a dataset, like ``torch.utils.data.DataLoader``, through a MinIO cache.
 
     Every torch argument keeps its torch meaning. The additions:
@@ -215,7 +406,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
                 order = self.sampler
             self._resume = None if self._member is not None else Resume(
                 inner, user_dataset=dataset, sampler=order, batch_sampler=batch_sampler, shuffle=shuffle,
-                batch_size=batch_size, generator=generator, iterable=self._iterable,
+                batch_size=batch_size, generator=generator, iterable=self._iterable, drop_last=drop_last,
             )  # fmt: skip
             if self._resume is not None:  # torch's own order, wrapped so that an epoch can resume
                 sampler, batch_sampler, shuffle = self._resume.torch_arguments()
@@ -230,63 +421,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         except BaseException:
             self._free()
             raise
-
-    # -- construction steps ------------------------------------------------------------------------
-
-    def _build_fetch_side(self, dataset: Any, options: dict[str, Any]) -> None:
-        """Source, counters, fetch chain, sample cache tier and the public view of ``dataset``."""
-        sample_cache, on_error = options["sample_cache"], options["on_error"]
-        self._source = None if self._iterable else _adapt(dataset)
-        check_dataset_options(
-            dataset, self.source, cache_bytes=self.cache_bytes, sample_cache=sample_cache, on_error=on_error
-        )
-        self._counters = SharedCounters(
-            list(BASE_COUNTERS) + (list(SAMPLE_CACHE_COUNTERS) if sample_cache is not None else [])
-        )
-        self._chain = self._sample_cache_tier = self._view = None
-        if self._iterable:
-            return
-        self._chain = FetchChain(
-            self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=options["cache_dir"],
-            partitioned=options["partitioned"], name=type(dataset).__name__,
-        )  # fmt: skip
-        if sample_cache is not None:
-            self._sample_cache_tier = SampleCacheTier(sample_cache, self.source, self._counters)
-        self._view = DatasetView(
-            dataset, self.source, self._chain.tiers, self._counters, on_error=on_error,
-            sample_cache_tier=self._sample_cache_tier, fetch_ahead=self._fetch_ahead(options["fetch_ahead"]),
-            page_cache=options["page_cache"],
-        )  # fmt: skip
-        self._view.loader_options, self._view.chain, self._view.owner = (
-            options,
-            self._chain,
-            weakref.ref(self),
-        )
-
-    @property
-    def source(self) -> Any:
-        """The item source coordl reads (the dataset, or its adapter). A property, not an instance
-        attribute: Lightning and Ignite rebuild a loader from its instance attributes."""
-        return self._source
-
-    def _take_over(self, view: DatasetView) -> None:
-        """Read through ``view``'s fetch side (a framework rebuilt the loader it belongs to) and close it at the end."""
-        self._source, self._counters, self._chain, self._view = view.source, view.counters, view.chain, view
-        self._sample_cache_tier = view.sample_cache_tier
-        view.owner = weakref.ref(self)
-
-    def _partitioned_sampler(self, sampler: Any, batch_sampler: Any, shuffle: bool | None) -> Any:
-        """The user's sampler, or with ``partitioned=True`` and none given, this rank's shard sampler."""
-        if not self.partitioned or sampler is not None or batch_sampler is not None:
-            return sampler
-        # a fresh random shard per rank and epoch, the same number of batches on every rank
-        topo = NodeTopology.from_env()
-        return PartitionedSampler(len(self.source), topo.world_size, topo.rank, shuffle=bool(shuffle))
-
-    def _fetch_ahead(self, fetch_ahead: int | None) -> int:
-        if fetch_ahead is not None:
-            return fetch_ahead
-        return DEFAULT_FETCH_AHEAD if getattr(self.source, "thread_safe_fetch", False) is True else 0
 
     # -- iteration ---------------------------------------------------------------------------------
 
@@ -342,177 +476,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         if self._pass_batches == self._pass_length:
             self._epoch_stats.end(self._counters.snapshot(), complete=True)
 
-    # Settings torch reads when an epoch starts, which users (and Lightning) may set on the loader.
-    _FOLLOWED = (
-        "timeout",
-        "worker_init_fn",
-        "pin_memory",
-        "pin_memory_device",
-        "in_order",
-        "multiprocessing_context",
-    )
-
-    def _follow_settings(self) -> None:
-        """Give coordl's inner torch loader what was set on this one since the last epoch."""
-        for name in self._FOLLOWED:
-            value = getattr(self, name)
-            if getattr(self._torch, name) is not value:
-                setattr(self._torch, name, value)
-
     def __len__(self) -> int:
         return len(self._member) if self._member is not None else len(self._torch)
 
     def _end_epoch(self) -> None:
         self._epoch_stats.end(self._counters.snapshot(), complete=True)
-
-    # -- resumable state ---------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: a dict of plain data for :meth:`load_state_dict` (torchdata's
-        ``StatefulDataLoader`` meaning; JSON-serialisable when the dataset's and sampler's own states are).
-
-        Taken at any point (before ``iter``, inside an epoch, between epochs), it holds the epoch, the
-        batches already handed out in it, the shuffling generators' states when it began, and the
-        ``state_dict()`` of a sampler, dataset or stream iterator that has one, per worker where they
-        live; no data, O(workers). See :mod:`coordl.resume` and docs/dataloader.md.
-        """
-        if self._member is not None:
-            return group_state(self._member, self._shape())
-        return self._resumable().state_dict(self._shape())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from :meth:`state_dict` of a loader built with the same arguments).
-
-        The next ``iter`` yields exactly the batches that had not been handed out, in the same order;
-        later epochs follow as in an uninterrupted run. Called while an epoch runs, that epoch is
-        dropped (persistent workers are restarted). A state of another shape (``num_workers``, the
-        dataset's length, ...) is refused naming both values.
-        """
-        if isinstance(state, dict) and not state:
-            return  # no state saved (torchdata's meaning of {}): the loader goes on as it is
-        if self._member is not None:
-            load_group_state(self._member, state, self._shape())
-            return
-        self._resumable().load_state_dict(state, self._shape())
-
-    def _resumable(self) -> Resume:
-        assert self._resume is not None  # only a coordinated loader has none, and it has a member
-        return self._resume
-
-    def _shape(self) -> dict[str, Any]:
-        """What a saved state must agree on with this loader."""
-        shape = {
-            "iterable": self._iterable,
-            "num_items": _length(self.dataset if self._iterable else self.source),
-            "batch_size": self._torch.batch_size,
-            "drop_last": bool(self._torch.drop_last),
-            "num_workers": self._torch.num_workers,
-        }
-        if not self._iterable:
-            shape["batches_per_epoch"] = len(self)
-        return shape
-
-    def _translate(self, error: Exception, torch_iter: Any) -> BaseException | None:
-        """A coordl error for torch's worker-death and timeout RuntimeErrors, else None."""
-        return translate_torch_error(error, torch_iterator(torch_iter), self._watch, self.source)
-
-    def _abandon_epoch(self, torch_iter: Any) -> None:
-        """An error ended the epoch: stop its workers now and make the next epoch start fresh ones.
-
-        Left alone, they would idle for as long as anything holds the traceback (a dead worker's
-        siblings included), then stall whichever later allocation makes the collector shut them down.
-        """
-        torch_iter = torch_iterator(torch_iter)
-        if hasattr(torch_iter, "_shutdown_workers"):
-            torch_iter._shutdown_workers()
-        if getattr(self._torch, "_iterator", None) is torch_iter:
-            self._torch._iterator = None
-
-    # -- what profilers may change between epochs --------------------------------------------------
-
-    @property
-    def num_workers(self) -> int:
-        """Worker processes per epoch. Settable between epochs (takes effect at the next ``iter``)."""
-        return self.__dict__.get("num_workers", 0)
-
-    @num_workers.setter
-    def num_workers(self, workers: int) -> None:
-        # Kept in the instance dict under its own name: frameworks rebuild a loader from vars(loader).
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
-            raise ValueError(f"num_workers must be an int >= 0, got {workers!r}")
-        watch = self.__dict__.get("_watch")
-        if watch is not None and workers > watch.num_workers:
-            raise ValueError(
-                f"num_workers={workers}: this loader's worker table has {watch.num_workers} rows"
-            )
-        self.__dict__["num_workers"] = workers
-        inner = self.__dict__.get("_torch")
-        if inner is None:  # torch's __init__ setting it: nothing built yet
-            return
-        for loader in (self, inner):
-            if workers > 0 and loader.prefetch_factor is None:
-                loader.prefetch_factor = 2  # torch's default, which it leaves unset without workers
-        inner.num_workers = workers
-
-    def add_fetch_tier(self, tier: FetchTier) -> None:
-        """Ask ``tier`` for raw bytes before every other tier, from the next epoch's workers on.
-
-        For tools that change where a job's reads come from (``dsanalyzer`` serves them from memory to
-        measure prep alone). ``tier`` follows :class:`coordl.fetch.pipeline.FetchTier`.
-        """
-        if self._inner is None:
-            raise ValueError("add_fetch_tier needs a map-style dataset (an IterableDataset has no fetch)")
-        for reader in (self._inner, self._view):
-            reader.tiers.insert(0, tier)
-
-    def remove_fetch_tier(self, tier: FetchTier) -> None:
-        """Undo :meth:`add_fetch_tier` (a tier that was not added is ignored)."""
-        for reader in (self._inner, self._view):
-            if reader is not None and tier in reader.tiers:
-                reader.tiers.remove(tier)
-
-    # -- stats -------------------------------------------------------------------------------------
-
-    def stats(self) -> dict[str, Any]:
-        """Totals since construction (or :meth:`reset_stats`), counted across all workers.
-
-        Keys: ``cache_hits``, ``cache_misses``, ``storage_bytes_read``, ``storage_items_read``,
-        ``items_loaded``, ``skipped_items``, ``cached_items``, ``cached_bytes``, ``capacity_bytes``,
-        ``cache_backend``, plus the dataset's own ``stats()`` and each fetch tier's; with the batch
-        ring, ``ring_batches`` (batches handed out from it), ``ring_stacked`` (of those, stacked sample
-        by sample as the worker made them), ``ring_in_place`` (samples a transform wrote straight into
-        their batch row, see :mod:`coordl.ring.output_buffers`), ``ring_fallbacks`` (collated by torch
-        instead), ``ring_slots`` (distinct slots used) and ``ring_adopted`` (rings a later epoch's
-        workers took over).
-        """
-        return super().stats()
-
-    def _stat_parts(self) -> tuple[Any, ...]:
-        return (self._chain, self._sample_cache_tier, self._ring)
-
-    # -- lifetime ----------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Stop persistent workers and free the shared memory now (also done at interpreter exit)."""
-        if self._closed:
-            return
-        # (after a loader that took over this one's fetch side closed it, there is nothing left to count)
-        self._final_stats = {} if self._view is not None and self._view.closed else self.stats()
-        self._closed = True
-        self._free()
-
-    def _free(self) -> None:
-        """Stop the workers, then free every part built so far (also after a failed ``__init__``)."""
-        iterator = getattr(self._torch, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-        if self._torch is not None:
-            self._torch._iterator = None
-        owner = self._view is None or self._view.owner() is self  # else a loader took over the fetch side
-        shared = (self._chain, self._counters, self._view) if owner else ()
-        for obj in (self._member, *shared, self._watch, self._inner, self._ring):
-            if obj is not None:
-                obj.close()
 
     def __setattr__(self, name: str, value: Any) -> None:
         # coordl's own state (private names) skips torch's guard of its public attributes, and so any
@@ -523,23 +491,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         else:
             super().__setattr__(name, value)
 
-    def __enter__(self) -> DataLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         cache = f", cache={self._chain.minio!r}" if self._chain is not None and self._chain.minio else ""
         return f"coordl.DataLoader({type(unwrap_view(self.dataset)[0]).__name__}, batch_size={self.batch_size}{cache})"
-
-
-def _length(dataset: Any) -> int | None:
-    """``len(dataset)``, or None for a stream without one."""
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
 
 
 def _sized_len(obj: Any) -> int | None:
@@ -550,5 +504,5 @@ def _sized_len(obj: Any) -> int | None:
 
 
 def _adapt(dataset: Any) -> Any:
-    """The item source for ``dataset``: itself, or ``coordl.data.adapt.as_item_source``'s adapter."""
+    """The item source for ``dataset``: itself, or ``coordl.datasets.adapt.as_item_source``'s adapter."""
     return dataset if is_item_source(dataset) else as_item_source(dataset)

@@ -6,13 +6,13 @@ of a Stateful sampler after the last batch handed out, each worker's dataset sta
 batch it gave (or the main process's, without workers), and for a stream the worker that gave the last
 batch. :class:`~coordl.resume.tracker.PassTracker` wraps torch's iterator to see each batch as it is
 handed out. All of it
-is O(workers): nothing grows with the dataset.
+is O(workers): nothing grows with the dataset. Taking a state in and applying it at the next pass is
+:class:`~coordl.resume.restore.ResumeRestore`'s part.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,12 +22,10 @@ import torch.utils.data
 from torch.utils.data.dataloader import default_collate, default_convert
 
 from coordl.resume.order import ResumableSampler
+from coordl.resume.restore import ResumeRestore
 from coordl.resume.state import (
     STATE_FORMAT,
     STATE_VERSION,
-    StateMismatchError,
-    check_state,
-    decode_generator_state,
     encode_generator_state,
     encode_rng_state,
     is_stateful,
@@ -49,7 +47,7 @@ def _private_generator() -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-class Resume:
+class Resume(ResumeRestore):
     """The order and progress of a loader's passes, kept resumable (see the module docstring).
 
     Args:
@@ -71,8 +69,10 @@ class Resume:
         batch_size: int | None,
         generator: torch.Generator | None,
         iterable: bool = False,
+        drop_last: bool = False,
     ) -> None:
         self.generator = generator
+        self._drop_last = drop_last
         self.user_dataset = dataset if user_dataset is None else user_dataset
         self.iterable = iterable
         self._args = (None, None, shuffle) if iterable else (sampler, batch_sampler, shuffle)
@@ -117,6 +117,9 @@ class Resume:
         self.shuffle_state: str | None = None
         self.sampler_generator_state: str | None = None
         self.workers_rng: str | None = None  # torch's RNG when the running workers were made
+        # torch's RNG before the next pass draws its workers' base seed, when a state taken before the
+        # first pass fixed it (torchdata makes the pass's iterator then, and so draws it then)
+        self.pinned_rng: str | None = None
         self.sampler_start: dict[str, Any] | None = None
         self.sampler_state: dict[str, Any] | None = None
         self.worker_states: dict[int, Any] = {}
@@ -143,7 +146,8 @@ class Resume:
             return dataset, collate_fn
         collate_fn = collate_fn or (default_collate if self._auto_collation else default_convert)
         holder = self.stream if self.stream is not None else DatasetState(self.user_dataset)
-        return (self.stream if self.stream is not None else dataset), TaggingCollate(collate_fn, holder)
+        tagging = TaggingCollate(collate_fn, holder, drop_last=self._drop_last)
+        return (self.stream if self.stream is not None else dataset), tagging
 
     # -- a pass -----------------------------------------------------------------------------------------
 
@@ -165,11 +169,16 @@ class Resume:
             torch_loader._iterator = live = None
         self._restart = False
         saved = (torch_loader.worker_init_fn, torch_loader.generator)
-        rng = None
-        if workers > 0 and torch_loader.generator is None:
-            rng = (plan or {}).get("rng_state") or encode_rng_state(torch.get_rng_state())
-            if (plan or {}).get("rng_state"):  # the saved pass's worker seeds (torch draws them from it)
-                torch_loader.generator = torch_generator(rng)
+        rng, pinned, self.pinned_rng = None, self.pinned_rng, None
+        if torch_loader.generator is None:
+            fixed = (plan or {}).get("rng_state") or pinned
+            if fixed:  # the saved pass's worker seeds (torch draws them from it)
+                torch_loader.generator = torch_generator(fixed)
+            if fixed and not pinned:
+                # torch's RNG moves on as it would have when torch drew the seed from it (a user's
+                # sampler without a generator draws its order from it next)
+                torch.empty((), dtype=torch.int64).random_()
+            rng = fixed or (encode_rng_state(torch.get_rng_state()) if workers > 0 else None)
         if placed and self.stream is not None:
             self.stream.pending.update(placed)
         elif placed:
@@ -180,89 +189,9 @@ class Resume:
             torch_loader.worker_init_fn, torch_loader.generator = saved
             if self.stream is not None:
                 self.stream.pending.clear()
-        if workers > 0 and it is not live:
+        if it is not live:
             self.workers_rng = rng
         return PassTracker(it, self, self.pass_id, discard=discard, release=release)
-
-    def _begin_pass(self, workers: int, plan: dict[str, Any] | None) -> int:
-        """Bookkeeping of a new pass (and the main-process parts of ``plan``); the batches to drop."""
-        if self.in_epoch:  # the previous pass was left early: this is the next epoch
-            self.epoch += 1
-        self.pass_id += 1
-        self.in_epoch = True
-        self.pass_workers = workers
-        skip = 0
-        if plan is not None:
-            self.epoch, skip = int(plan["epoch"]), int(plan["batches_done"])
-            self.worker_states = dict(enumerate(plan.get("workers") or []))
-            self.worker_states = {k: v for k, v in self.worker_states.items() if v is not None}
-            self.last_worker = plan.get("last_worker")
-        elif not self.persistent:
-            self.worker_states, self.last_worker = {}, None  # new workers start from the main copy
-        self.batches_done = self.pass_offset = skip
-        self.generator_state = encode_generator_state(self.generator) if self.generator is not None else None
-        self.shuffle_state = (
-            encode_generator_state(self.shuffle_generator) if self.shuffle_generator is not None else None
-        )
-        self.sampler_generator_state = (
-            encode_generator_state(self.sampler_generator) if self.sampler_generator is not None else None
-        )
-        self.sampler_state = None
-        discard = 0
-        if self.order is not None:
-            discard = self._begin_order(plan, skip)
-        elif plan is not None:
-            discard = self._begin_stream(plan, skip, workers)
-        return discard
-
-    def _begin_order(self, plan: dict[str, Any] | None, skip: int) -> int:
-        order = self.order
-        saved = plan.get("sampler") if plan is not None else None
-        if saved is not None:
-            order.restore = saved  # the sampler positions itself
-            self.sampler_start = saved
-        else:
-            order.skip = skip * order.unit
-            at_rest = order.tracks(order.current)
-            self.sampler_start = {**order.snapshot(), "drain": order.passes > 0} if at_rest else None
-        order.epoch_seed = None
-        if self.generator_state is not None:
-            digest = hashlib.blake2b(self.generator_state.encode(), digest_size=8).digest()
-            order.epoch_seed = int.from_bytes(digest, "little")
-        if plan is not None and plan.get("dataset") is not None and is_stateful(self.user_dataset):
-            self.user_dataset.load_state_dict(plan["dataset"])  # the main process's dataset
-        return 0
-
-    def _begin_stream(self, plan: dict[str, Any], skip: int, workers: int) -> int:
-        """A stream resumes from its states; without any (nothing Stateful), by replaying ``skip``
-        batches from the start (torchdata's fast-forward)."""
-        if workers == 0 and plan.get("dataset") is not None:
-            self.stream.pending[None] = plan["dataset"]
-            return 0
-        if workers > 0 and self.worker_states:
-            return 0
-        if skip:
-            log.warning(
-                "coordl: %s defines no state_dict/load_state_dict (nor does its iterator): resuming "
-                "replays the first %d batches of the epoch and drops them",
-                type(self.user_dataset).__name__, skip,
-            )  # fmt: skip
-        return skip
-
-    def _worker_plan(self, plan: dict[str, Any] | None, workers: int) -> dict[int, Any]:
-        """Worker id -> what that new worker restores; empty when the workers start as constructed."""
-        if workers == 0 or (plan is None and not self._restart) or not self.worker_states:
-            return {}
-        states = self.worker_states
-        if self.stream is not None:
-            last = self.last_worker if plan is not None and self.batches_done else None
-            pads = set(range(last + 1)) if last is not None and last < workers - 1 else set()
-            return {i: {**(states.get(i) or {}), "pads": int(i in pads)} for i in range(workers)}
-        # torch gives this pass's batch i to worker i % workers; it was batch pass_offset + i, made
-        # by worker (pass_offset + i) % workers in the uninterrupted run: that worker's state goes there.
-        shift = self.pass_offset if plan is not None else 0
-        placed = {i: states.get((shift + i) % workers) for i in range(workers)}
-        return {i: s for i, s in placed.items() if s is not None}
 
     def batch_done(self, pass_id: int, tag: Tagged | None) -> None:
         """A batch of pass ``pass_id`` was handed out (or dropped: every item skipped, or its error raised)."""
@@ -278,6 +207,11 @@ class Resume:
         self.worker_states[worker] = tag.state
         self.last_worker = worker
 
+    def worker_ended(self, pass_id: int, tag: Tagged | None) -> None:
+        """A worker of pass ``pass_id`` finished its stream; ``tag`` holds its state after the end."""
+        if pass_id == self.pass_id and tag is not None:
+            self.worker_states[tag.worker] = tag.state
+
     def pass_ended(self, pass_id: int) -> None:
         if pass_id != self.pass_id or not self.in_epoch:
             return
@@ -289,10 +223,8 @@ class Resume:
         if not self.persistent:
             self.worker_states, self.last_worker = {}, None
             return
-        if self.stream is not None:  # the next pass makes new iterators; the datasets live on
-            kept = {
-                w: {**s, "iter": None} for w, s in self.worker_states.items() if s.get("dataset") is not None
-            }
+        if self.stream is not None:  # the next pass makes new iterators; the datasets (and RNGs) live on
+            kept = {w: {**s, "ended": False, "renew": True} for w, s in self.worker_states.items()}
             self.worker_states = kept
         elif self.pass_offset % max(1, self.pass_workers):
             self._restart = True  # the resumed pass's workers hold rotated states: back to their own
@@ -308,6 +240,12 @@ class Resume:
             log.warning("coordl: in_order=False: the state may not name the batches handed out exactly")
         between = not self.in_epoch
         workers = int(shape.get("num_workers", self.pass_workers))
+        if self.pass_id == 0 and self.generator is None and self.pinned_rng is None:
+            # Before the first pass: fix its workers' base seed now, and draw it from torch's RNG as
+            # torch's iterator would (torchdata makes that iterator here), so that the stream is the
+            # same whether or not the state was taken, and the same again when it is resumed.
+            self.pinned_rng = encode_rng_state(torch.get_rng_state())
+            torch.empty((), dtype=torch.int64).random_()
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -319,7 +257,7 @@ class Resume:
             "sampler_generator_state": self._generator_state(
                 self.sampler_generator, self.sampler_generator_state, between
             ),
-            "rng_state": None if between or workers == 0 or self.generator is not None else self.workers_rng,
+            "rng_state": self.pinned_rng if between else None if workers == 0 else self.workers_rng,
             "sampler_epoch": None if between or self.order is None else self.order.inner_epoch,
             "sampler": self._sampler_part(between),
             "dataset": copy.deepcopy(self._main_dataset_state(between)) if workers == 0 else None,
@@ -349,31 +287,6 @@ class Resume:
         if self.stream is not None:
             return self.stream.worker_state(with_iter=not between)
         return self.user_dataset.state_dict() if is_stateful(self.user_dataset) else None
-
-    def load_state_dict(self, state: Any, shape: dict[str, Any]) -> None:
-        """Check ``state`` against this loader now; the next pass resumes from it."""
-        check_state(state, shape)
-        for key, generator, how in (
-            ("generator_state", self.generator, "with generator="),
-            ("shuffle_state", self.shuffle_generator, "with shuffle=True and no generator="),
-            ("sampler_generator_state", self.sampler_generator, "with a sampler that has its own generator"),
-        ):
-            saved = state.get(key)
-            if (saved is None) != (generator is None):
-                raise StateMismatchError(
-                    f"load_state_dict: the state was saved by a loader {'not ' if saved is None else ''}built "
-                    f"{how}; build this one the same way as the one that saved it"
-                )
-            if generator is not None:
-                generator.set_state(decode_generator_state(saved))
-        if state.get("sampler_epoch") is not None and self.order is not None:
-            self.order.set_epoch(int(state["sampler_epoch"]))
-        if self.in_epoch:  # a pass is running: its iterator no longer moves this state
-            self.pass_id += 1
-            self.in_epoch = False
-        self.epoch = int(state["epoch"])
-        self._restart = True
-        self.plan = copy.deepcopy(state)
 
 
 def _sampler_generator(

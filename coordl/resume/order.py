@@ -13,7 +13,8 @@ from __future__ import annotations
 import collections
 import copy
 import hashlib
-from collections.abc import Iterator
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -83,6 +84,7 @@ class ResumableSampler:
         self.snapshots: collections.deque = collections.deque()  # states after batches handed out
         self.passes = 0  # passes started (a state taken at rest after one finishes the pass on load)
         self.current: Any = None  # the inner iterator of the pass running
+        self.on_start: Callable[[], Any] | None = None  # run once the next pass is positioned
 
     def __iter__(self) -> Iterator[Any]:
         skip, self.skip = self.skip, 0
@@ -93,9 +95,12 @@ class ResumableSampler:
         track = self.tracks(it)
         seed = self.epoch_seed
         count = 0
-        for n, item in enumerate(it):
-            if n < skip:
-                continue
+        for _ in itertools.islice(it, skip):  # torchdata's fast-forward: drawn, never fetched
+            pass
+        on_start, self.on_start = self.on_start, None
+        if on_start is not None:
+            on_start()
+        for item in it:
             count += 1
             if track and count % self.unit == 0:
                 self.snapshots.append(self.snapshot(it))

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from coordl.resume.workers import PadBatch, Tagged
+from coordl.resume.workers import EndBatch, PadBatch, Tagged
 
 __all__ = ["PassTracker", "torch_iterator"]
 
 
 class PassTracker:
     """torch's iterator for one pass, seen by the loader's state: unwraps :class:`Tagged` batches, drops
-    pad batches and those a fast-forward replays, and reports every batch handed out.
+    pad batches, a stream's end batches (after noting the worker's state) and those a fast-forward
+    replays, and reports every batch handed out.
 
     Any other attribute is torch's iterator's (coordl's error translation reads its workers).
 
@@ -52,6 +53,9 @@ class PassTracker:
             tag = None
             if isinstance(batch, Tagged):
                 tag, batch = batch, batch.batch
+            if isinstance(batch, EndBatch):
+                self.resume.worker_ended(self.pass_id, tag)
+                continue
             if self.discard > 0:
                 self.discard -= 1
                 if self.release is not None:

@@ -17,6 +17,7 @@ resumed pass starts at worker 0 again, so workers ``0..L`` each first make one p
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,7 +26,17 @@ from torch.utils.data._utils.pin_memory import pin_memory
 
 from coordl.resume.state import is_stateful
 
-__all__ = ["PAD", "DatasetState", "PadBatch", "ResumableStream", "Tagged", "TaggingCollate", "WorkerRestore"]
+__all__ = [
+    "END",
+    "PAD",
+    "DatasetState",
+    "EndBatch",
+    "PadBatch",
+    "ResumableStream",
+    "Tagged",
+    "TaggingCollate",
+    "WorkerRestore",
+]
 
 
 class _Pad:
@@ -38,8 +49,24 @@ class _Pad:
 PAD = _Pad()
 
 
+class _End:
+    """The items that follow a worker's last one in a pass (never reach collate or the user)."""
+
+    def __repr__(self) -> str:
+        return "coordl.resume.END"
+
+
+END = _End()
+
+
 class PadBatch:
     """A batch of pads: it only moves torch's turn to the next worker; the main process drops it."""
+
+
+class EndBatch:
+    """A worker's stream ended: its batch carries the worker's state after the end (a Stateful
+    dataset that resets itself there says "the next epoch, from its start"); the main process keeps
+    the state and drops the batch, as torch drops the worker's end."""
 
 
 class Tagged:
@@ -78,24 +105,46 @@ class TaggingCollate:
     """Wraps a worker's collate function: pads become :class:`PadBatch`, every other batch leaves the
     worker as :class:`Tagged` with the state ``holder.worker_state()`` reports (None: no tag).
 
+    A batch that holds :data:`END` items is a stream's last in the worker: its real items (if any, and
+    unless ``drop_last`` would have dropped them as a partial batch) are collated, and the state it
+    carries says the stream ended.
+
     Args:
         collate_fn: the collate function torch would run.
         holder: :class:`DatasetState` or :class:`ResumableStream` (the copy in the worker).
+        drop_last: the loader's ``drop_last`` (a partial last batch is dropped).
     """
 
-    def __init__(self, collate_fn: Callable[[Any], Any], holder: Any) -> None:
+    def __init__(self, collate_fn: Callable[[Any], Any], holder: Any, drop_last: bool = False) -> None:
         self.collate_fn = collate_fn
         self.holder = holder
+        self.drop_last = drop_last
 
     def __call__(self, batch: Any) -> Any:
         if batch is PAD or (isinstance(batch, list) and batch and all(item is PAD for item in batch)):
             return PadBatch()
-        out = self.collate_fn(batch)
+        items, ended = _strip_end(batch)
+        if ended and (not items or self.drop_last):
+            out: Any = EndBatch()
+        else:
+            out = self.collate_fn(items if ended else batch)
         info = torch.utils.data.get_worker_info()
         if info is None:  # the main process: its state is read when the loader's state is taken
             return out
-        state = self.holder.worker_state()
+        # A copy: torch pickles the batch in a feeder thread later, by when the dataset has moved on.
+        state = copy.deepcopy(self.holder.worker_state())
+        if ended:
+            state = {**(state or {}), "ended": True}
         return out if state is None else Tagged(out, info.id, state)
+
+
+def _strip_end(batch: Any) -> tuple[Any, bool]:
+    """``(batch without its END items, whether it had any)``."""
+    if batch is END:
+        return [], True
+    if isinstance(batch, list) and batch and batch[-1] is END:
+        return [item for item in batch if item is not END], True
+    return batch, False
 
 
 class WorkerRestore:
@@ -125,7 +174,9 @@ class ResumableStream(torch.utils.data.IterableDataset):
 
     Each process (a worker, or the main one without workers) restores, at the start of a pass, the
     state meant for it (the dataset's state, then a new iterator, then the iterator's state: torchdata's
-    order), emits its pad batch when it has one, and reports its state after each batch. Any other
+    order; a worker whose stream had ended makes no new iterator), emits its pad batch when it has one,
+    and reports its state after each batch; a worker ends its pass with :data:`END` items that fill its
+    last batch (or make one), so that its state after the end reaches the main process. Any other
     attribute is the user's dataset's (read and set: a ``worker_init_fn`` that configures
     ``get_worker_info().dataset`` configures the user's dataset).
 
@@ -138,7 +189,7 @@ class ResumableStream(torch.utils.data.IterableDataset):
 
     def __init__(self, dataset: Any, pad_items: int) -> None:
         object.__setattr__(self, "dataset", dataset)
-        object.__setattr__(self, "pad_items", max(1, pad_items))
+        object.__setattr__(self, "pad_items", max(1, pad_items))  # items per batch torch takes
         # process key (worker id, or None for the main process) -> {"dataset", "iter", "pads"}
         object.__setattr__(self, "pending", {})
         object.__setattr__(self, "current", None)  # the user's iterator of the pass running here
@@ -148,12 +199,23 @@ class ResumableStream(torch.utils.data.IterableDataset):
         plan = self.pending.pop(info.id if info is not None else None, None) or {}
         if plan.get("dataset") is not None:
             self.dataset.load_state_dict(plan["dataset"])
-        it = iter(self.dataset)
-        if plan.get("iter") is not None and is_stateful(it):
-            it.load_state_dict(plan["iter"])
-        object.__setattr__(self, "current", it)
+        ended, renew = plan.get("ended"), plan.get("renew")
+        it = None
+        if ended or renew or plan.get("iter") is not None:
+            it = iter(self.dataset)
+            if plan.get("iter") is not None and is_stateful(it):
+                it.load_state_dict(plan["iter"])  # (for an ended one: what restoring it does, its RNG)
+        if ended:  # this worker had finished the pass: it only keeps its turn
+            object.__setattr__(self, "current", it)
+            it = iter(())
+        else:
+            if renew or it is None:  # a state from the end of the previous pass: this pass starts anew
+                it = iter(self.dataset)
+            object.__setattr__(self, "current", it)
         pads = int(plan.get("pads", 0)) * self.pad_items
-        return self._padded(it, pads) if pads else it
+        if info is None:  # the main process: its state is read when the loader's state is taken
+            return self._padded(it, pads) if pads else it
+        return self._reported(it, pads)
 
     @staticmethod
     def _padded(it: Iterator[Any], pads: int) -> Iterator[Any]:
@@ -167,6 +229,15 @@ class ResumableStream(torch.utils.data.IterableDataset):
             except StopIteration:
                 return
             yield item
+
+    def _reported(self, it: Iterator[Any], pads: int) -> Iterator[Any]:
+        """A worker's items: its pads, the stream's items, then END items up to the end of a batch."""
+        count = 0
+        for item in self._padded(it, pads):
+            count += item is not PAD
+            yield item
+        for _ in range(self.pad_items - count % self.pad_items):
+            yield END
 
     def worker_state(self, *, with_iter: bool = True) -> dict[str, Any] | None:
         """``{"dataset": ..., "iter": ...}`` of this process now, or None when neither is Stateful."""

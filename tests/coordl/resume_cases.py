@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -172,3 +173,112 @@ def _close(loader: Any) -> None:
     close = getattr(loader, "close", None)
     if callable(close):
         close()
+
+
+class EpochStream(torch.utils.data.IterableDataset):
+    """A generator-backed stream whose dataset is Stateful: worker w of W yields ``(item, epoch)`` for
+    its share of ``n`` items (``sizes``: items per worker), resuming from ``pos``; when its generator
+    ends it resets ``pos`` and counts an epoch, so a state taken after the end says "the next epoch,
+    from its start"."""
+
+    def __init__(self, n: int = 17, *, sizes: list[int] | None = None) -> None:
+        self.n, self.sizes = n, sizes
+        self.pos, self.epoch = 0, 0
+
+    def _share(self) -> list[int]:
+        info = torch.utils.data.get_worker_info()
+        w, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.sizes is None:
+            return list(range(w, self.n, workers))
+        if workers == 1:
+            return list(range(sum(self.sizes)))
+        start = sum(self.sizes[:w])
+        return list(range(start, start + self.sizes[w]))
+
+    def __iter__(self) -> Any:
+        share = self._share()
+        while self.pos < len(share):
+            self.pos += 1
+            yield (share[self.pos - 1], self.epoch)
+        self.pos, self.epoch = 0, self.epoch + 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos, self.epoch = state["pos"], state["epoch"]
+
+
+class PlainStream(EpochStream):
+    """:class:`EpochStream`'s items from a plain generator, without any state: resumed by fast-forward."""
+
+    state_dict = None  # type: ignore[assignment]  # the Stateful protocol's way of saying "not Stateful"
+    load_state_dict = None  # type: ignore[assignment]
+
+    def __iter__(self) -> Any:
+        yield from ((i, 0) for i in self._share())
+
+
+class GlobalRngItems(Items):
+    """Item i is [i, a draw from torch's global RNG]; its state is that RNG's (as a list, for JSON):
+    only a state restored at the moment torchdata restores it gives the same draws after a resume."""
+
+    def __getitem__(self, i: int) -> list[int]:
+        return [int(i), int(torch.randint(1000, ()).item())]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+
+
+class FlipStream(torch.utils.data.IterableDataset):
+    """A Stateful stream whose items depend on everything it yielded before (a per-phase flip), so a
+    worker restored with another worker's or an older state yields other items."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n, self.step, self.flips = n, 0, [0, 0, 0]
+
+    def __iter__(self) -> Any:
+        while self.step < self.n:
+            self.step += 1
+            k = self.step % 3
+            self.flips[k] = 1 - self.flips[k]
+            yield self.flips[k] * 100 + self.step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "flips": self.flips}  # the live list, as datasets often hand it out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.flips = state["step"], list(state["flips"])
+
+
+class SlowItems(Items):
+    """Item ``slow`` takes ``delay_s`` to make: with ``in_order=False`` the batches after it overtake it."""
+
+    def __init__(self, n: int = 12, slow: int = 0, delay_s: float = 0.5) -> None:
+        super().__init__(n)
+        self.slow, self.delay_s = slow, delay_s
+
+    def __getitem__(self, i: int) -> int:
+        if int(i) == self.slow:
+            time.sleep(self.delay_s)
+        return int(i)
+
+
+class SlowHalves(torch.utils.data.IterableDataset):
+    """Worker w of W streams its contiguous share of ``n``; worker 1's first item takes ``delay_s``,
+    so with ``in_order=False`` worker 0 finishes first."""
+
+    def __init__(self, n: int = 10, delay_s: float = 0.5) -> None:
+        self.n, self.delay_s = n, delay_s
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        w, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        per = -(-self.n // workers)
+        for i in range(w * per, min(self.n, (w + 1) * per)):
+            if w == 1 and i == w * per:
+                time.sleep(self.delay_s)
+            yield i
