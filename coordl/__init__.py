@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "DataLoader": "coordl.dataloader",
+    "RemotePrep": "coordl.remote",
+    "RemotePrepError": "coordl.remote",
     "WorkerDiedError": "coordl.errors",
     "CorruptItemError": "coordl.errors",
     "ImageFolder": "coordl.data.datasets",

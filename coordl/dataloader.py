@@ -39,6 +39,7 @@ from coordl.fetch.sample_cache import SampleCacheTier
 from coordl.fetch.view import DatasetView, unwrap_view
 from coordl.options import check_dataset_options, validate_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
+from coordl.remote.dispatch import attach as attach_remote
 from coordl.resume import Resume, group_state, load_group_state, torch_iterator
 from coordl.ring.reader import BatchRing
 from coordl.sharding import unsharded_warning
@@ -88,6 +89,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         snapshot_every_n_steps: accepted as torchdata's ``StatefulDataLoader`` takes it; coordl keeps
             the state of every batch handed out at no cost, so a state never needs replaying and any
             value behaves as 1 (``state_dict()`` is exact at every step).
+        remote_prep: a :class:`coordl.RemotePrep`: prep batches on a Ray cluster's CPUs too, in the same
+            order and with the same per-item seeds (docs/remote_prep.md).
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         fetch_ahead: int | None = None,
         page_cache: str = "auto",
         snapshot_every_n_steps: int | None = 1,
+        remote_prep: Any = None,
     ) -> None:
         """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 9;
         the body composes the parts in order, one statement per part, each complete when built."""
@@ -170,7 +174,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             "on_error": on_error, "sample_cache_tier": self._sample_cache_tier,
             "fetch_ahead": self._fetch_ahead(fetch_ahead), "page_cache": page_cache,
         }  # fmt: skip
-        self._ring = self._inner = self._member = self._resume = self._torch = None
+        self._ring = self._inner = self._member = self._resume = self._torch = self._remote = None
+        self.remote_prep = remote_prep
         self._unsharded: dict[str, Any] | None = {  # checked at the first epoch (coordl.sharding)
             "user_sampler": sampler, "user_batch_sampler": batch_sampler, "partitioned": partitioned,
             "iterable": self._iterable or coordinate is not None,
@@ -227,6 +232,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
                 generator=generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                 pin_memory_device=pin_memory_device, in_order=in_order,
             )  # fmt: skip
+            self._remote = attach_remote(remote_prep, self)  # coordl.remote: batches prepped on Ray too
         except BaseException:
             self._free()
             raise
@@ -311,9 +317,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             self._follow_settings()
             if self._ring is not None and forks_workers(self._torch):
                 self._ring.offer_segments(self._torch.num_workers)
+            start = start_workers if self._remote is None else self._remote.wrap(start_workers)
             try:
-                it = start_workers(self._torch) if self._resume is None else self._resume.start(
-                    self._torch, start_workers, release=self._ring.unwrap if self._ring is not None else None
+                it = start(self._torch) if self._resume is None else self._resume.start(
+                    self._torch, start, release=self._ring.unwrap if self._ring is not None else None
                 )  # fmt: skip
             except (
                 RuntimeError
@@ -488,7 +495,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
         return super().stats()
 
     def _stat_parts(self) -> tuple[Any, ...]:
-        return (self._chain, self._sample_cache_tier, self._ring)
+        return (self._chain, self._sample_cache_tier, self._ring, self._remote)
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -510,7 +517,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], LoaderStats):
             self._torch._iterator = None
         owner = self._view is None or self._view.owner() is self  # else a loader took over the fetch side
         shared = (self._chain, self._counters, self._view) if owner else ()
-        for obj in (self._member, *shared, self._watch, self._inner, self._ring):
+        for obj in (self._member, *shared, self._watch, self._inner, self._ring, self._remote):
             if obj is not None:
                 obj.close()
 
