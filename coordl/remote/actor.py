@@ -36,7 +36,7 @@ def prep_batch(
     error gets a note naming the item, as local workers' errors name the worker.
     """
     samples, read = [], 0
-    for n, (index, seed) in enumerate(zip(indices, seeds)):
+    for n, (index, seed) in enumerate(zip(indices, seeds, strict=True)):
         try:
             if raws is not None:
                 raw = raws[n]

@@ -205,7 +205,7 @@ def _nbytes(batch: Any) -> int:
     """Bytes of the tensors and arrays in ``batch`` (nested in lists, tuples and dicts)."""
     if isinstance(batch, torch.Tensor):
         return batch.numel() * batch.element_size()
-    if hasattr(batch, "nbytes") and isinstance(getattr(batch, "nbytes"), int):
+    if isinstance(getattr(batch, "nbytes", None), int):
         return int(batch.nbytes)
     if isinstance(batch, (list, tuple)):
         return sum(_nbytes(b) for b in batch)

@@ -1,0 +1,124 @@
+"""A real Ray cluster on this machine for the remote-prep tests: separate ``ray start`` processes.
+
+The head is the trainer's node (``--num-cpus 0``: no actor lands there); each prep node is a
+``ray start --address ... --num-cpus 1 --block`` process in a session of its own, pinned with
+``taskset`` to one core where the machine has more than one, so killing its process group kills that
+node (raylet, agents and its actors) as a machine failure would. Token authentication is on (Ray's
+``RAY_AUTH_MODE=token``), the dashboard off, every temp dir under /tmp, and the health checks short so
+that a killed node is declared dead in about two seconds instead of fifteen.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+RAY = str(Path(sys.executable).parent / "ray")
+
+# Ray system settings (RAY_<name> environment variables), read by every Ray process started with them.
+FAST_FAILURE = {
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """One ``ray start --block`` process group."""
+
+    def __init__(self, proc: subprocess.Popen, name: str, log: Path) -> None:
+        self.proc, self.name, self.log = proc, name, log
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole process group (its raylet, agents and actor processes)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+class RayCluster:
+    """Head plus prep nodes; :meth:`stop` kills every process group it started."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="coordl_ray_", dir="/tmp"))
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.token = secrets.token_hex(16)
+        self.nodes: list[Node] = []
+        self.env = {
+            **os.environ,
+            **FAST_FAILURE,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.token,
+            "PYTHONPATH": str(ROOT),
+        }
+
+    def _start(self, name: str, args: list[str], cores: str | None) -> Node:
+        log = self.dir / f"{name}.log"
+        cmd = [RAY, "start", *args, "--block", "--disable-usage-stats", "--temp-dir", str(self.dir / name)]
+        if cores is not None and shutil.which("taskset") and (os.cpu_count() or 1) > 1:
+            cmd = ["taskset", "-c", cores, *cmd]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        node = Node(proc, name, log)
+        self.nodes.append(node)
+        return node
+
+    def start_head(self) -> None:
+        self._start(
+            "head",
+            ["--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port), "--num-cpus", "0",
+             "--include-dashboard=false", "--object-store-memory", str(200 << 20)],
+            cores="0",
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.nodes[0].proc.poll() is not None:
+                    break
+                time.sleep(0.2)
+        raise RuntimeError(f"the Ray head did not start: {self.nodes[0].log.read_text()[-2000:]}")
+
+    def add_node(self, resources: str | None = None, cores: str = "1") -> Node:
+        """A prep node of one CPU; waits until the cluster counts it (needs this process connected)."""
+        import ray
+
+        before = sum(1 for n in ray.nodes() if n["Alive"])
+        args = ["--address", self.address, "--num-cpus", "1", "--object-store-memory", str(100 << 20)]
+        if resources:
+            args += ["--resources", resources]
+        node = self._start(f"node{len(self.nodes)}", args, cores=cores)
+        deadline = time.monotonic() + 120
+        while sum(1 for n in ray.nodes() if n["Alive"]) <= before:
+            if node.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"a Ray node did not join: {node.log.read_text()[-2000:]}")
+            time.sleep(0.3)
+        return node
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
