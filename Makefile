@@ -20,7 +20,7 @@ lint: setup
 	.venv/bin/ruff check .
 
 bench: setup
-	COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray bash scripts/setup.sh
+	COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray,raydata bash scripts/setup.sh
 	@echo "Each benchmark is one command; see benchmarks/README.md"
 
 # The GPU proof (docs/gpu.md): `make gpu-wheels` here packs what the accelerator machine lacks into .whl/;

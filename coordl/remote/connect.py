@@ -93,8 +93,16 @@ class RemotePrep:
             raise ImportError(
                 "remote_prep needs Ray on the trainer and on every prep node: pip install 'coordl[ray]'"
             ) from error
+        global _connected
         if ray.is_initialized():
-            return ray  # this process already is a driver (the user's ray.init, or another loader's)
+            # this process already is a driver: of this cluster (another loader's connect), or the user's
+            # own ray.init (trusted); Ray allows one cluster per process
+            if _connected is not None and _connected != self.address and self.address != "auto":
+                raise RemotePrepError(
+                    f"remote_prep: this process is already connected to the Ray cluster at {_connected}, "
+                    f"not {self.address} (Ray allows one cluster per process)"
+                )
+            return ray
         if self.address != "auto":
             _probe(self.address)
         if self.token is not None:
@@ -109,7 +117,12 @@ class RemotePrep:
                 "(a cluster started with RAY_AUTH_MODE=token needs its token: RemotePrep(token=...) or "
                 "RAY_AUTH_TOKEN)"
             ) from error
+        _connected = self.address
         return ray
+
+
+# The address this process connected to through RemotePrep (None: not connected by coordl).
+_connected: str | None = None
 
 
 def split_address(address: str) -> tuple[str, int]:

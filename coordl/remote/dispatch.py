@@ -105,7 +105,8 @@ class RemoteSide:
         self.ready = True
         probes = {a.handle.probe.remote(0): a for a in self.actors}
         done, late = self.ray.wait(list(probes), num_returns=len(probes), timeout=self.prep.start_timeout)
-        local = raw_digest(self.fetch(0)) if self.prep.read == "auto" else None
+        # the source's own read (not the loader's tiers: no cache fill, no counters)
+        local = raw_digest(self.source.fetch(0)) if self.prep.read == "auto" else None
         for ref in late:
             self._drop(probes[ref], f"not started within {self.prep.start_timeout:.0f} s")
             self.ray.kill(probes[ref].handle)
@@ -138,6 +139,8 @@ class RemoteSide:
                 return start_workers(torch_loader)
             self.start()
             torch_iter = start_workers(torch_loader)
+            for actor in self.actors:  # batches of an epoch left early are forgotten (their results too)
+                actor.pending = 0
             # the same wrapper while torch keeps its iterator (persistent workers): the batch ring
             # recognises the iterator it already knows
             if self._merged is None or self._merged.torch_iter is not torch_iter:

@@ -164,6 +164,8 @@ def test_bad_options(cluster, root):
         coordl.DataLoader(_dataset(root), batch_size=2, remote_prep=cluster.address)
     with pytest.raises(ValueError, match='remote_prep needs on_error="raise"'):
         coordl.DataLoader(_dataset(root), batch_size=2, on_error="skip", remote_prep=coordl.RemotePrep("h:1"))
+    with pytest.raises(coordl.RemotePrepError, match="already connected to the Ray cluster at"):
+        coordl.DataLoader(_dataset(root), batch_size=2, remote_prep=coordl.RemotePrep("127.0.0.1:9"))
     for kwargs, match in [
         ({"address": "no-port"}, "address must be"),
         ({"address": "h:1", "cpus": 0}, "cpus must be"),
@@ -175,19 +177,33 @@ def test_bad_options(cluster, root):
 
 def test_unreachable_cluster_fails_at_once_naming_it():
     # a fresh process: this one is already the test cluster's driver (Ray allows one per process)
+    message, seconds = _connect_in_new_process("127.0.0.1:9", None)
+    assert "127.0.0.1:9" in message and "cannot reach the Ray cluster" in message
+    assert seconds < 10
+
+
+def _connect_in_new_process(address: str, token: str | None) -> list:
+    """``[message, seconds]`` of the RemotePrepError a fresh process gets from ``address``."""
     code = (
-        "import json, time, coordl\n"
+        "import json, sys, time, coordl\n"
         "t = time.monotonic()\n"
         "try:\n"
-        "    coordl.DataLoader(list(range(4)), batch_size=2, remote_prep=coordl.RemotePrep('127.0.0.1:9'))\n"
+        "    coordl.DataLoader(list(range(4)), batch_size=2,\n"
+        "                      remote_prep=coordl.RemotePrep(sys.argv[1], token=sys.argv[2] or None))\n"
         "except coordl.RemotePrepError as e:\n"
         "    print(json.dumps([str(e), time.monotonic() - t]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    message, seconds = json.loads(out.stdout.strip().splitlines()[-1])
-    assert "127.0.0.1:9" in message and "cannot reach the Ray cluster" in message
-    assert seconds < 10
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["PYTHONPATH"] = str(ROOT)
+    args = [sys.executable, "-c", code, address, token or ""]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=180)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_wrong_token_is_refused_naming_the_cluster(cluster):
+    message, _ = _connect_in_new_process(cluster.address, "not-the-token-of-this-cluster")
+    assert cluster.address in message and "token" in message
 
 
 @pytest.mark.slow
