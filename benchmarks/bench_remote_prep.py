@@ -51,7 +51,7 @@ def _epoch(loader: Any) -> tuple[float, int]:
 def coordl_rate(root: str, workers: int, batch: int, remote: Any) -> tuple[float, dict[str, Any]]:
     dataset = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(224))
     loader = coordl.DataLoader(
-        dataset, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0,
+        dataset, batch_size=batch, shuffle=True, num_workers=workers,
         generator=torch.Generator().manual_seed(0), remote_prep=remote,
     )  # fmt: skip
     try:
