@@ -138,7 +138,18 @@ class RemoteSide:
             if self.closed:
                 return start_workers(torch_loader)
             self.start()
-            torch_iter = start_workers(torch_loader)
+            # torch draws a batch for its workers only as it hands one out, in order: with only its own
+            # prefetch queued, its workers idle behind the actors' batches ahead of theirs and the actors
+            # end up with nearly all the work. Queued deeper by the actors' batches in flight, each side
+            # preps at its own pace (measured: 98% of the items went remote at torch's default depth).
+            factor = torch_loader.prefetch_factor
+            if torch_loader.num_workers > 0 and factor is not None:
+                ahead = 2 * self.prep.depth * len(self.live())
+                torch_loader.prefetch_factor = factor + -(-ahead // torch_loader.num_workers)
+            try:
+                torch_iter = start_workers(torch_loader)
+            finally:
+                torch_loader.prefetch_factor = factor
             for actor in self.actors:  # batches of an epoch left early are forgotten (their results too)
                 actor.pending = 0
             # the same wrapper while torch keeps its iterator (persistent workers): the batch ring
