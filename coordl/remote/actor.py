@@ -19,7 +19,7 @@ import torch
 
 from coordl.errors import CorruptItemError
 
-__all__ = ["PrepActor", "prep_batch", "raw_digest"]
+__all__ = ["PrepActor", "as_arrays", "as_tensors", "prep_batch", "raw_digest"]
 
 
 def prep_batch(
@@ -83,5 +83,42 @@ class PrepActor:
         return {"host": socket.gethostname(), "pid": os.getpid(), "digest": digest, "why": why}
 
     def prep(self, indices: list[int], seeds: list[int | None], raws: list[bytes] | None) -> tuple[Any, int]:
-        """The collated batch of ``indices`` and the bytes this actor read for it."""
-        return prep_batch(self.source, indices, seeds, raws, self.source.fetch, self.collate_fn)
+        """The collated batch of ``indices`` (its tensors as NumPy arrays) and the bytes read for it."""
+        batch, read = prep_batch(self.source, indices, seeds, raws, self.source.fetch, self.collate_fn)
+        return as_arrays(batch), read
+
+
+def as_arrays(batch: Any) -> Any:
+    """``batch`` with its CPU tensors as NumPy arrays (in lists, tuples and dicts): Ray moves arrays as
+    raw buffers into its object store, where a tensor is pickled through its storage."""
+    if isinstance(batch, torch.Tensor) and batch.device.type == "cpu" and not batch.requires_grad:
+        return _Array(batch.numpy())
+    if isinstance(batch, (list, tuple)) and type(batch) in (list, tuple):
+        return type(batch)(as_arrays(b) for b in batch)
+    if type(batch) is dict:
+        return {k: as_arrays(v) for k, v in batch.items()}
+    return batch
+
+
+def as_tensors(batch: Any) -> Any:
+    """The inverse of :func:`as_arrays`, in the trainer: each array copied out of Ray's read-only
+    object store into a tensor of the trainer's own (the user may write to it)."""
+    if isinstance(batch, _Array):
+        return torch.from_numpy(batch.array.copy())
+    if isinstance(batch, (list, tuple)) and type(batch) in (list, tuple):
+        return type(batch)(as_tensors(b) for b in batch)
+    if type(batch) is dict:
+        return {k: as_tensors(v) for k, v in batch.items()}
+    return batch
+
+
+class _Array:
+    """A tensor's array on its way back (a user's own NumPy arrays in a batch stay arrays)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __reduce__(self) -> tuple:
+        return (_Array, (self.array,))

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from coordl.remote.actor import as_tensors
+
 __all__ = ["MergedEpoch"]
 
 LOCAL = "local"  # a batch torch drew for its workers
@@ -133,7 +135,8 @@ class MergedEpoch:
         flight.finished = True
         flight.actor.pending -= 1
         try:
-            flight.result, read = side.ray.get(flight.ref)
+            result, read = side.ray.get(flight.ref)
+            flight.result = as_tensors(result)
         except errors.RayTaskError as error:  # the item's own error, raised by prep on the actor
             flight.error = error.cause if isinstance(error.cause, BaseException) else error
             return
