@@ -109,8 +109,12 @@ class RemotePrep:
             os.environ["RAY_AUTH_MODE"] = "token"
             os.environ["RAY_AUTH_TOKEN"] = self.token
             _refresh_ray_config()
+        host = self.address.rsplit(":", 1)[0]
+        # a cluster on this machine's loopback: the driver joins it as 127.0.0.1 too (Ray would otherwise
+        # advertise the machine's first interface address and have the nodes call back through it)
+        local = {"_node_ip_address": host} if host.startswith("127.") or host == "localhost" else {}
         try:
-            ray.init(address=self.address, log_to_driver=False, logging_level="WARNING")
+            ray.init(address=self.address, log_to_driver=False, logging_level="WARNING", **local)
         except Exception as error:
             raise RemotePrepError(
                 f"remote_prep: could not connect to the Ray cluster at {self.address}: {error} "

@@ -135,7 +135,16 @@ class RayCluster:
         import ray
 
         before = sum(1 for n in ray.nodes() if n["Alive"])
-        args = ["--address", self.address, "--num-cpus", "1", "--object-store-memory", str(100 << 20)]
+        args = [
+            "--address",
+            self.address,
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-cpus",
+            "1",
+            "--object-store-memory",
+            str(100 << 20),
+        ]
         if resources:
             args += ["--resources", resources]
         node = self._start(f"node{len(self.nodes)}", args, cores=cores)
