@@ -7,10 +7,16 @@ node (raylet, agents and its actors) as a machine failure would. Token authentic
 ``RAY_AUTH_MODE=token``), the dashboard off, every temp dir under /tmp, and the health checks short so
 that a killed node is declared dead in about five seconds instead of fifteen (shorter, a loaded
 machine's live nodes were declared dead too).
+
+The whole cluster, and this process as its driver, lives in a network namespace of its own that has only a
+loopback interface (:class:`LoopbackNamespace`): Ray 2.x advertises the machine's first interface address
+even when told ``--node-ip-address 127.0.0.1``, and in such a namespace the only address it can find is
+127.0.0.1, so no byte of the tests leaves loopback. Needs root and ``ip`` (the tests skip otherwise).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import shutil
@@ -32,6 +38,37 @@ FAST_FAILURE = {
     "RAY_health_check_failure_threshold": "5",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
+
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+class LoopbackNamespace:
+    """A network namespace with only ``lo`` (up), entered by the calling thread; processes and threads it
+    starts afterwards are in it too. :meth:`leave` returns the thread to where it was and deletes it."""
+
+    def __init__(self) -> None:
+        self.name = f"coordl-ray-{os.getpid()}-{secrets.token_hex(3)}"
+        subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True, timeout=20)
+        subprocess.run(["ip", "-n", self.name, "link", "set", "lo", "up"], check=True, timeout=20)
+        self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        fd = os.open(f"/run/netns/{self.name}", os.O_RDONLY)
+        try:
+            _setns(fd)
+        finally:
+            os.close(fd)
+
+    def leave(self) -> None:
+        _setns(self._home)
+        os.close(self._home)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=20)
 
 
 def _free_port() -> int:
@@ -86,6 +123,7 @@ class RayCluster:
     """Head plus prep nodes; :meth:`stop` kills every process group it started."""
 
     def __init__(self) -> None:
+        self.netns = LoopbackNamespace()
         self.dir = Path(tempfile.mkdtemp(prefix="coordl_ray_", dir="/tmp"))
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -159,3 +197,4 @@ class RayCluster:
         for node in reversed(self.nodes):
             node.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.netns.leave()

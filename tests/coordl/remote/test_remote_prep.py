@@ -27,6 +27,7 @@ import coordl  # noqa: E402
 from coordl.data.synth import make_dataset  # noqa: E402
 from coordl.errors import CorruptItemError  # noqa: E402
 from tests.coordl.remote.ray_cluster import ROOT, RayCluster  # noqa: E402
+from tests.support.netns import skip_reason as netns_skip_reason  # noqa: E402
 
 N = 48
 BATCH = 4
@@ -34,6 +35,9 @@ BATCH = 4
 
 @pytest.fixture(scope="module")
 def cluster():
+    reason = netns_skip_reason()  # the cluster runs in a loopback-only network namespace (ray_cluster.py)
+    if reason:
+        pytest.skip(reason)
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     import ray
 
