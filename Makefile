@@ -11,9 +11,9 @@ demo: setup
 # Fast suite by default; slow tests too when CI=true (as in .ci/run) or COORDL_SLOW=1.
 # The tests also cover coordl.dali on DALI's CPU backend: the `dali` extra is installed for them
 # (not for the demo or the core install); `s3` (boto3) for s3:// sources, whose tests start a moto server;
-# `frameworks` (Lightning, Accelerate) for tests/coordl/frameworks.
+# `frameworks` (Lightning, Accelerate) for tests/coordl/frameworks; `ray` for tests/coordl/remote.
 test: setup
-	@COORDL_EXTRAS=dev,nfs,dali,s3,frameworks bash scripts/setup.sh
+	@COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray bash scripts/setup.sh
 	@bash scripts/test.sh
 
 lint: setup
@@ -26,7 +26,7 @@ typecheck: setup
 	.venv/bin/mypy
 
 bench: setup
-	COORDL_EXTRAS=dev,nfs,dali,s3,frameworks bash scripts/setup.sh
+	COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray,raydata bash scripts/setup.sh
 	@echo "Each benchmark is one command; see benchmarks/README.md"
 
 # The wheel users install (README "Install"): `make wheel` builds dist/coordl-*.tar.gz and a manylinux wheel that

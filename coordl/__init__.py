@@ -14,6 +14,8 @@ from shmem.lazy import lazy_exports
 _LAZY = {
     "__version__": "coordl._version",
     "DataLoader": "coordl.dataloader",
+    "RemotePrep": "coordl.remote",
+    "RemotePrepError": "coordl.remote",
     "WorkerDiedError": "coordl.errors",
     "CorruptItemError": "coordl.errors",
     "ImageFolder": "coordl.datasets.files",

@@ -40,6 +40,7 @@ from coordl.fetch.view import DatasetView, unwrap_view
 from coordl.fetch.watch import WorkerWatch, translate_torch_error
 from coordl.options import check_dataset_options, validate_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
+from coordl.remote.dispatch import attach as attach_remote
 from coordl.resume import Resume, torch_iterator
 from coordl.resume.face import ResumableLoader
 from coordl.ring.reader import BatchRing
@@ -180,7 +181,7 @@ class _LoaderParts:
         return super().stats()
 
     def _stat_parts(self) -> tuple[Any, ...]:
-        return (self._chain, self._sample_cache_tier, self._ring)
+        return (self._chain, self._sample_cache_tier, self._ring, self._remote)
 
     # -- lifetime ----------------------------------------------------------------------------------
 
@@ -202,7 +203,7 @@ class _LoaderParts:
             self._torch._iterator = None
         owner = self._view is None or self._view.owner() is self  # else a loader took over the fetch side
         shared = (self._chain, self._counters, self._view) if owner else ()
-        for obj in (self._member, *shared, self._watch, self._inner, self._ring):
+        for obj in (self._member, *shared, self._watch, self._inner, self._ring, self._remote):
             if obj is not None:
                 obj.close()
 
@@ -279,6 +280,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
         snapshot_every_n_steps: accepted as torchdata's ``StatefulDataLoader`` takes it; coordl keeps
             the state of every batch handed out at no cost, so a state never needs replaying and any
             value behaves as 1 (``state_dict()`` is exact at every step).
+        remote_prep: a :class:`coordl.RemotePrep`: batches prepped on a Ray cluster too (docs/remote_prep.md).
     """
 
     def __init__(
@@ -311,6 +313,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
         fetch_ahead: int | None = None,
         page_cache: str = "auto",
         snapshot_every_n_steps: int | None = 1,
+        remote_prep: Any = None,
     ) -> None:
         """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 9;
         the body composes the parts in order, one statement per part, each complete when built."""
@@ -361,7 +364,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             "on_error": on_error, "sample_cache_tier": self._sample_cache_tier,
             "fetch_ahead": self._fetch_ahead(fetch_ahead), "page_cache": page_cache,
         }  # fmt: skip
-        self._ring = self._inner = self._member = self._resume = self._torch = None
+        self._ring = self._inner = self._member = self._resume = self._torch = self._remote = None
+        self.remote_prep = remote_prep
         self._unsharded: dict[str, Any] | None = {  # checked at the first epoch (coordl.sharding)
             "user_sampler": sampler, "user_batch_sampler": batch_sampler, "partitioned": partitioned,
             "iterable": self._iterable or coordinate is not None,
@@ -418,6 +422,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
                 generator=generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                 pin_memory_device=pin_memory_device, in_order=in_order,
             )  # fmt: skip
+            self._remote = attach_remote(remote_prep, self)  # coordl.remote: batches prepped on Ray too
         except BaseException:
             self._free()
             raise
@@ -445,15 +450,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             self._follow_settings()
             if self._ring is not None and forks_workers(self._torch):
                 self._ring.offer_segments(self._torch.num_workers)
+            start = start_workers if self._remote is None else self._remote.wrap(start_workers)
             try:
-                it = start_workers(self._torch) if self._resume is None else self._resume.start(
-                    self._torch, start_workers, release=self._ring.unwrap if self._ring is not None else None
+                it = start(self._torch) if self._resume is None else self._resume.start(
+                    self._torch, start, release=self._ring.unwrap if self._ring is not None else None
                 )  # fmt: skip
-            except (
-                RuntimeError
-            ) as error:  # a worker died at its start: torch's SIGCHLD handler raised it here
-                translated = self._translate(error, None)
-                if translated is None:
+            except RuntimeError as error:  # a worker died at its start: torch's SIGCHLD handler raised it
+                if (translated := self._translate(error, None)) is None:
                     raise
                 raise translated from error
             if self._ring is not None:

@@ -1,0 +1,151 @@
+"""Remote prep on Ray: does a remote core add to a prep-bound job's throughput, and ahead of Ray Data?
+
+A prep-bound job (the standard recipe, 224 px, on ``--n`` synthetic JPEGs of ImageNet size): the
+trainer and its local workers are pinned to core 0; a Ray cluster runs on this machine with its head
+(``--num-cpus 0``) on core 0 and one prep node of one CPU on core 1 (tests/coordl/remote/ray_cluster.py,
+token authentication on). Samples/s over one epoch (after a warm-up epoch), for:
+
+- ``local``: ``coordl.DataLoader`` with ``--workers`` local workers only (core 0's prep);
+- ``remote only``: ``num_workers=0`` and ``remote_prep=`` (the remote core's prep through Ray);
+- ``local + remote``: both: the target is >= 1.8x ``local``, and >= 90% of ``local + remote only``
+  (the two cores' prep limits, measured in the same run);
+- ``Ray Data``: ``ray.data.from_items(paths).map_batches(prep, batch_size=B, num_cpus=1)`` into
+  ``iter_torch_batches`` on the same cluster (the same files, recipe and batch size).
+
+Also: bytes over the link per remotely prepped sample (both ways), and the Ray path's cost per batch:
+``remote only`` per batch minus ``main process`` per batch (the same prep, no workers, in the trainer).
+
+    .venv/bin/python benchmarks/bench_remote_prep.py [--n 2000] [--batch 32] [--workers 1]
+
+Needs ``pip install 'coordl[ray,raydata]'`` and two cores. On a shared machine, the numbers are
+indicative only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from coordl.data.synth import make_dataset  # noqa: E402
+
+import coordl  # noqa: E402
+from tests.coordl.remote.ray_cluster import RayCluster  # noqa: E402
+
+
+def _epoch(loader: Any) -> tuple[float, int]:
+    """Seconds and samples of one pass."""
+    start, n = time.perf_counter(), 0
+    for x, _ in loader:
+        n += len(x)
+    return time.perf_counter() - start, n
+
+
+def coordl_rate(root: str, workers: int, batch: int, remote: Any) -> tuple[float, dict[str, Any]]:
+    dataset = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(224))
+    loader = coordl.DataLoader(
+        dataset, batch_size=batch, shuffle=True, num_workers=workers,
+        generator=torch.Generator().manual_seed(0), remote_prep=remote,
+    )  # fmt: skip
+    try:
+        _epoch(loader)  # warm-up: workers, actors, page cache
+        loader.reset_stats()
+        seconds, n = _epoch(loader)
+        return n / seconds, loader.stats()
+    finally:
+        loader.close()
+
+
+class RecipeBatch:
+    """Ray Data's map_batches function: read and prep each file of the batch with the same recipe."""
+
+    def __init__(self) -> None:
+        torch.set_num_threads(1)
+        self.transform = coordl.transforms.train_transform(224)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        images = [self.transform(Path(p).read_bytes()) for p in batch["path"]]
+        return {"image": torch.stack(images).numpy(), "label": batch["label"]}
+
+
+def ray_data_rate(root: str, batch: int) -> float:
+    import ray.data
+
+    paths = sorted(str(p) for p in Path(root).rglob("*.jpg"))
+    items = [{"path": p, "label": int(Path(p).parent.name.split("_")[-1])} for p in paths]
+    ds = ray.data.from_items(items).map_batches(
+        RecipeBatch, batch_size=batch, num_cpus=1, concurrency=1, batch_format="numpy"
+    )
+    rates = []
+    for _ in range(2):  # the first pass is the warm-up
+        start, n = time.perf_counter(), 0
+        for b in ds.iter_torch_batches(batch_size=batch):
+            n += len(b["label"])
+        rates.append(n / (time.perf_counter() - start))
+    return rates[-1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000, help="JPEGs in the dataset")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=1, help="local workers (on core 0)")
+    parser.add_argument("--data", default="/tmp/coordl_bench_remote", help="where the JPEGs are made")
+    args = parser.parse_args()
+    if (os.cpu_count() or 1) < 2:
+        print("needs two cores (one for the trainer, one for the Ray node)")
+        return 2
+    root = make_dataset(args.data, n=args.n, classes=10)
+    os.sched_setaffinity(0, {0})  # the trainer and its local workers: core 0
+    cluster = RayCluster()
+    try:
+        cluster.start_head()
+        prep = coordl.RemotePrep(cluster.address, cpus=1, token=cluster.token)
+        prep.connect()
+        cluster.add_node(cores="1")
+        rows: dict[str, float] = {}
+        rows["local"], _ = coordl_rate(root, args.workers, args.batch, None)
+        rows["main process"], _ = coordl_rate(root, 0, args.batch, None)
+        rows["remote only"], remote_stats = coordl_rate(root, 0, args.batch, prep)
+        rows["local + remote"], both_stats = coordl_rate(root, args.workers, args.batch, prep)
+        rows["Ray Data"] = ray_data_rate(root, args.batch)
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.stop()
+    limit = rows["local"] + rows["remote only"]
+    print(f"\n{args.n} JPEGs, standard recipe 224 px, batch {args.batch}, {args.workers} local worker(s)\n")
+    print("| configuration | samples/s | vs local |")
+    print("|---|---:|---:|")
+    for name, rate in rows.items():
+        print(f"| {name} | {rate:.1f} | {rate / rows['local']:.2f}x |")
+    print(
+        f"\nlocal + remote vs the two cores' limits (local + remote only): {rows['local + remote'] / limit:.0%}"
+    )
+    print(f"local + remote vs Ray Data: {rows['local + remote'] / rows['Ray Data']:.2f}x")
+    items = max(1, both_stats["remote_items"])
+    moved = (both_stats["remote_bytes_sent"] + both_stats["remote_bytes_received"]) / items
+    print(f"bytes over the link per remote sample: {moved / 1e3:.0f} KB "
+          f"(sent {both_stats['remote_bytes_sent'] / items:.0f} B, "
+          f"received {both_stats['remote_bytes_received'] / items / 1e3:.0f} KB, "
+          f"read by the node {both_stats['remote_storage_bytes_read'] / items / 1e3:.0f} KB)")  # fmt: skip
+    print(f"remote share of the items in local + remote: {both_stats['remote_items'] / args.n:.0%}")
+    per_batch = {k: 1e3 * args.batch / rows[k] for k in ("remote only", "main process")}
+    print(
+        f"per batch: remote only {per_batch['remote only']:.1f} ms, main process {per_batch['main process']:.1f} ms: "
+        f"Ray path {per_batch['remote only'] - per_batch['main process']:+.1f} ms per batch "
+        f"({remote_stats['remote_batches']} remote batches)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
