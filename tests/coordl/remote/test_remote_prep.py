@@ -23,7 +23,7 @@ import torch
 
 pytest.importorskip("ray", reason="remote prep needs Ray: pip install 'coordl[ray]'")
 
-from coordl.data.synth import make_dataset  # noqa: E402
+from coordl.datasets.synth import make_dataset  # noqa: E402
 
 import coordl  # noqa: E402
 from coordl.errors import CorruptItemError  # noqa: E402
