@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from coordl.datasets.synth import make_dataset  # noqa: E402
 
 import coordl  # noqa: E402
+from coordl.datasets.synth import make_dataset  # noqa: E402
 from tests.coordl.remote.ray_cluster import RayCluster  # noqa: E402
 
 

@@ -23,9 +23,8 @@ import torch
 
 pytest.importorskip("ray", reason="remote prep needs Ray: pip install 'coordl[ray]'")
 
-from coordl.datasets.synth import make_dataset  # noqa: E402
-
 import coordl  # noqa: E402
+from coordl.datasets.synth import make_dataset  # noqa: E402
 from coordl.errors import CorruptItemError  # noqa: E402
 from tests.coordl.remote.ray_cluster import ROOT, RayCluster  # noqa: E402
 from tests.support.netns import skip_reason as netns_skip_reason  # noqa: E402
