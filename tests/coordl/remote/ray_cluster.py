@@ -172,7 +172,8 @@ class RayCluster:
         """A prep node of one CPU; waits until the cluster counts it (needs this process connected)."""
         import ray
 
-        before = sum(1 for n in ray.nodes() if n["Alive"])
+        # by id, not by count: a node an earlier test killed may still count as alive, then drop out
+        before = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
         args = [
             "--address",
             self.address,
@@ -187,7 +188,7 @@ class RayCluster:
             args += ["--resources", resources]
         node = self._start(f"node{len(self.nodes)}", args, cores=cores)
         deadline = time.monotonic() + 120
-        while sum(1 for n in ray.nodes() if n["Alive"]) <= before:
+        while not {n["NodeID"] for n in ray.nodes() if n["Alive"]} - before:
             if node.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"a Ray node did not join: {node.log.read_text()[-2000:]}")
             time.sleep(0.3)
