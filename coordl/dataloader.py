@@ -133,6 +133,19 @@ class _LoaderParts(LoaderStats):
         topo = NodeTopology.from_env()
         return PartitionedSampler(len(self.source), topo.world_size, topo.rank, shuffle=bool(shuffle))
 
+    def _new_loader_source(self, reads: dict[str, Any]) -> LoaderSource:
+        """What coordl's inner torch loader reads for a map-style dataset: the fetch tiers, then prep."""
+        assert self._chain is not None  # every map-style dataset's fetch side has one (_build_fetch_side)
+        return LoaderSource(
+            self.source, self._chain.tiers, self._counters, watch=self._watch,
+            ring=self._ring.collate if self._ring is not None else None, **reads,
+        )  # fmt: skip
+
+    def _built_torch(self) -> torch.utils.data.DataLoader:
+        """The inner torch loader (``DataLoader.__init__`` made it, or raised)."""
+        assert self._torch is not None
+        return self._torch
+
     def _fetch_ahead(self, fetch_ahead: int | None) -> int:
         if fetch_ahead is not None:
             return fetch_ahead
@@ -412,14 +425,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             )
             if self._ring is not None:
                 collate_fn = self._ring.collate
-            self._inner = None
-            if not self._iterable:
-                # every map-style dataset's fetch side has one (_build_fetch_side, _take_over)
-                assert self._chain is not None
-                self._inner = LoaderSource(
-                    self.source, self._chain.tiers, self._counters, watch=self._watch,
-                    ring=self._ring.collate if self._ring is not None else None, **reads,
-                )  # fmt: skip
+            self._inner = None if self._iterable else self._new_loader_source(reads)
             if on_error == "skip":
                 collate_fn = SkipAwareCollate(collate_fn or default_collate)
             inner = dataset if self._inner is None else self._inner
@@ -453,8 +459,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
 
     # -- iteration ---------------------------------------------------------------------------------
 
-    # torch annotates its own iterator class (_BaseDataLoaderIter); coordl's epoch iterator is not one
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch's says its _BaseDataLoaderIter
         if self._closed:
             raise RuntimeError("this coordl.DataLoader was closed")
         if self._unsharded is not None:
@@ -472,8 +477,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
             it: Any = Sized(self._member.epoch(), len(self._member))
         else:
-            torch_loader = self._torch
-            assert torch_loader is not None  # made by __init__ (else it raised)
+            torch_loader = self._built_torch()
             self._follow_settings()
             if self._ring is not None and forks_workers(torch_loader):
                 self._ring.offer_segments(torch_loader.num_workers)
@@ -507,10 +511,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             self._epoch_stats.end(self._counters.snapshot(), complete=True)
 
     def __len__(self) -> int:
-        if self._member is not None:
-            return len(self._member)
-        assert self._torch is not None  # made by __init__ (else it raised)
-        return len(self._torch)
+        return len(self._member) if self._member is not None else len(self._built_torch())
 
     def _end_epoch(self) -> None:
         self._epoch_stats.end(self._counters.snapshot(), complete=True)
