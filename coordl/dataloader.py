@@ -57,12 +57,29 @@ DEFAULT_FETCH_AHEAD = 4
 T_co = TypeVar("T_co", covariant=True)
 
 
-class _LoaderParts:
+class _LoaderParts(LoaderStats):
     """The parts a :class:`DataLoader` composes, apart from iterating them: building the fetch side,
     what profilers change between epochs (workers, fetch tiers), the settings kept in step with the
     inner torch loader, the workers' errors, the statistics, and closing.
 
     A base of :class:`DataLoader` (it reads the attributes ``DataLoader.__init__`` sets)."""
+
+    # Set by DataLoader.__init__ (described there) or torch's DataLoader: declared here, where they are read.
+    cache_bytes: int
+    partitioned: bool
+    prefetch_factor: int | None
+    _iterable: bool
+    _source: Any
+    _chain: FetchChain | None
+    _sample_cache_tier: SampleCacheTier | None
+    _view: DatasetView | None
+    _watch: WorkerWatch | None
+    _ring: BatchRing | None
+    _inner: LoaderSource | None
+    _member: Any
+    _resume: Resume | None
+    _torch: torch.utils.data.DataLoader | None
+    _remote: Any
 
     # -- construction steps ------------------------------------------------------------------------
 
@@ -116,6 +133,19 @@ class _LoaderParts:
         topo = NodeTopology.from_env()
         return PartitionedSampler(len(self.source), topo.world_size, topo.rank, shuffle=bool(shuffle))
 
+    def _new_loader_source(self, reads: dict[str, Any]) -> LoaderSource:
+        """What coordl's inner torch loader reads for a map-style dataset: the fetch tiers, then prep."""
+        assert self._chain is not None  # every map-style dataset's fetch side has one (_build_fetch_side)
+        return LoaderSource(
+            self.source, self._chain.tiers, self._counters, watch=self._watch,
+            ring=self._ring.collate if self._ring is not None else None, **reads,
+        )  # fmt: skip
+
+    def _built_torch(self) -> torch.utils.data.DataLoader:
+        """The inner torch loader (``DataLoader.__init__`` made it, or raised)."""
+        assert self._torch is not None
+        return self._torch
+
     def _fetch_ahead(self, fetch_ahead: int | None) -> int:
         if fetch_ahead is not None:
             return fetch_ahead
@@ -153,10 +183,12 @@ class _LoaderParts:
         For tools that change where a job's reads come from (``dsanalyzer`` serves them from memory to
         measure prep alone). ``tier`` follows :class:`coordl.fetch.pipeline.FetchTier`.
         """
-        if self._inner is None:
+        inner, view = self._inner, self._view
+        if inner is None:
             raise ValueError("add_fetch_tier needs a map-style dataset (an IterableDataset has no fetch)")
-        for reader in (self._inner, self._view):
-            reader.tiers.insert(0, tier)
+        assert view is not None  # a map-style dataset's fetch side has both (DataLoader.__init__)
+        inner.tiers.insert(0, tier)
+        view.tiers.insert(0, tier)
 
     def remove_fetch_tier(self, tier: FetchTier) -> None:
         """Undo :meth:`add_fetch_tier` (a tier that was not added is ignored)."""
@@ -230,8 +262,9 @@ class _LoaderParts:
             if getattr(self._torch, name) is not value:
                 setattr(self._torch, name, value)
 
-    def _translate(self, error: RuntimeError, torch_iter: Any) -> BaseException | None:
-        """A coordl error for torch's worker-death and timeout RuntimeErrors, else None."""
+    def _translate(self, error: Exception, torch_iter: Any) -> BaseException | None:
+        """A coordl error for torch's worker-death and timeout RuntimeErrors (and a data queue's
+        ConnectionError or EOFError at a worker's death), else None."""
         return translate_torch_error(error, torch_iterator(torch_iter), self._watch, self.source)
 
     def _abandon_epoch(self, torch_iter: Any) -> None:
@@ -243,7 +276,7 @@ class _LoaderParts:
         torch_iter = torch_iterator(torch_iter)
         if hasattr(torch_iter, "_shutdown_workers"):
             torch_iter._shutdown_workers()
-        if getattr(self._torch, "_iterator", None) is torch_iter:
+        if self._torch is not None and getattr(self._torch, "_iterator", None) is torch_iter:
             self._torch._iterator = None
 
 
@@ -360,7 +393,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
         else:
             self._build_fetch_side(dataset, options)
         self._watch = WorkerWatch(num_workers) if num_workers > 0 and not self._iterable else None
-        reads = {
+        reads: dict[str, Any] = {
             "on_error": on_error, "sample_cache_tier": self._sample_cache_tier,
             "fetch_ahead": self._fetch_ahead(fetch_ahead), "page_cache": page_cache,
         }  # fmt: skip
@@ -392,10 +425,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             )
             if self._ring is not None:
                 collate_fn = self._ring.collate
-            self._inner = None if self._iterable else LoaderSource(
-                self.source, self._chain.tiers, self._counters, watch=self._watch,
-                ring=self._ring.collate if self._ring is not None else None, **reads,
-            )  # fmt: skip
+            self._inner = None if self._iterable else self._new_loader_source(reads)
             if on_error == "skip":
                 collate_fn = SkipAwareCollate(collate_fn or default_collate)
             inner = dataset if self._inner is None else self._inner
@@ -429,7 +459,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
 
     # -- iteration ---------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch's says its _BaseDataLoaderIter
         if self._closed:
             raise RuntimeError("this coordl.DataLoader was closed")
         if self._unsharded is not None:
@@ -447,13 +477,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
         if self._member is not None:  # coordinated: the group's batches, prepped once for all jobs
             it: Any = Sized(self._member.epoch(), len(self._member))
         else:
+            torch_loader = self._built_torch()
             self._follow_settings()
-            if self._ring is not None and forks_workers(self._torch):
-                self._ring.offer_segments(self._torch.num_workers)
+            if self._ring is not None and forks_workers(torch_loader):
+                self._ring.offer_segments(torch_loader.num_workers)
             start = start_workers if self._remote is None else self._remote.wrap(start_workers)
             try:
-                it = start(self._torch) if self._resume is None else self._resume.start(
-                    self._torch, start, release=self._ring.unwrap if self._ring is not None else None
+                it = start(torch_loader) if self._resume is None else self._resume.start(
+                    torch_loader, start, release=self._ring.unwrap if self._ring is not None else None
                 )  # fmt: skip
             except RuntimeError as error:  # a worker died at its start: torch's SIGCHLD handler raised it
                 if (translated := self._translate(error, None)) is None:
@@ -480,7 +511,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             self._epoch_stats.end(self._counters.snapshot(), complete=True)
 
     def __len__(self) -> int:
-        return len(self._member) if self._member is not None else len(self._torch)
+        return len(self._member) if self._member is not None else len(self._built_torch())
 
     def _end_epoch(self) -> None:
         self._epoch_stats.end(self._counters.snapshot(), complete=True)

@@ -116,6 +116,7 @@ class GroupMember:
         self, group: Group, make_batch: Callable[[list[int]], Any], num_producers: int, mp_context: Any
     ) -> None:
         """Map the ring and start this job's producers (after joining)."""
+        assert self._ctl is not None  # joined just before, in __init__
         slot_bytes = int(self._ctl.hdr[gc.H_SLOTBYTES])
         self._data_fd = os.open(self.base + ".data", os.O_RDONLY)
         self._data = mmap.mmap(self._data_fd, group.slots * slot_bytes, prot=mmap.PROT_READ)
@@ -136,6 +137,8 @@ class GroupMember:
     def epoch(self) -> Iterator[Any]:
         """Yield the batches of this job's next group epoch, in order."""
         ctl, nb = self._ctl, self.batches_per_epoch
+        if ctl is None:
+            raise CoordlError(f"coordinate group {self.group.name!r}: this job is closed")
         cursor = int(ctl.members[self._row, 3])
         resume, self._resume_at = self._resume_at, None
         if resume is not None and resume[0] != cursor // nb:
@@ -189,18 +192,21 @@ class GroupMember:
             yield batch
 
     def _advance(self, cursor: int) -> None:
-        self._ctl.members[self._row, 3] = cursor
-        self._ctl.ring_all()
+        ctl = self._ctl
+        if ctl is None:  # closed while a pass was suspended
+            raise CoordlError(f"coordinate group {self.group.name!r}: this job is closed")
+        ctl.members[self._row, 3] = cursor
+        ctl.ring_all()
 
     def _read(self, g: int) -> Any:
-        ctl, s = self._ctl, g % self.group.slots
+        ctl, data, s = self._ctl, self._data, g % self.group.slots
+        if ctl is None or data is None:  # closed while a pass was suspended
+            raise CoordlError(f"coordinate group {self.group.name!r}: this job is closed")
         deadline = time.monotonic() + self.group.timeout_s
         while True:
             n = ctl.ready_bytes(s, g)
             if n is not None:
-                return batchcodec.decode(
-                    memoryview(self._data)[s * self._slot_bytes : s * self._slot_bytes + n]
-                )
+                return batchcodec.decode(memoryview(data)[s * self._slot_bytes : s * self._slot_bytes + n])
             if not any(p.is_alive() for p in self._producers):
                 codes = [p.exitcode for p in self._producers]
                 raise CoordlError(

@@ -124,12 +124,14 @@ class _FileSource:
         return self._prep_identity
 
     def _prep_deterministic(self, raw: bytes, index: int) -> np.ndarray:
+        assert self._det is not None  # handed out only by prep_deterministic, which refuses without a split
         try:
             return np.ascontiguousarray(self._det(raw))
         except CorruptItemError as e:
             raise self._wrap_corrupt(e, index) from e
 
     def _prep_random(self, array: np.ndarray, index: int) -> Any:
+        assert self._rand is not None  # handed out only by prep_random, which refuses without a split
         return self._rand(array), self.target(index)
 
     def _prep_identity(self) -> str:
@@ -201,6 +203,7 @@ class FileListDataset(_FileSource):
         return (sample, target) if self.has_targets else sample
 
     def _prep_random(self, array: np.ndarray, index: int) -> Any:
+        assert self._rand is not None  # handed out only by prep_random, which refuses without a split
         sample, target = super()._prep_random(array, index)
         return (sample, target) if self.has_targets else sample
 
@@ -316,7 +319,7 @@ class ImageFolder(_FileSource):
         from nfs_cache.layout import check_plain_dataset  # a stage directory must be complete to read as one
 
         check_plain_dataset(self.root, self._keep, f"ImageFolder({self.root!r})")
-        out = []
+        out: list[str] = []
         for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
             if not entry.is_dir() or entry.name.startswith("."):
                 continue  # hidden folders (.coordl/ of a stage directory, .ipynb_checkpoints) are no class

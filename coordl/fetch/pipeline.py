@@ -116,7 +116,7 @@ class LoaderSource(torch.utils.data.Dataset):
         worker = torch.utils.data.get_worker_info()
         worker_id = worker.id if worker is not None and self.watch is not None else None
         # Indices may carry the seed of their prep's random draws (coordl.resume.SeededIndex).
-        self._item_seeds = {int(i): i.seed for i in indices if getattr(i, "seed", None) is not None}
+        self._item_seeds = {int(i): seed for i in indices if (seed := getattr(i, "seed", None)) is not None}
         batched = self._load_batched(indices, worker_id) if self._keys.batched is not None and stack else None
         # The dataset's own batch: collate gets it as is.
         if batched is not None and type(batched) is not list:
@@ -156,7 +156,9 @@ class LoaderSource(torch.utils.data.Dataset):
         finally:
             self._lookup.end_batch()
             if worker_id is not None:
-                self.watch.idle(worker_id)
+                watch = self.watch
+                assert watch is not None  # worker_id is set only with a watch (above)
+                watch.idle(worker_id)
         self.counters.add_many({"items_loaded": n_kept, "skipped_items": n_skipped})
         return stacker.finish() if stacker is not None else kept
 
@@ -164,13 +166,17 @@ class LoaderSource(torch.utils.data.Dataset):
         """The dataset's ``__getitems__`` for the whole batch (its random draws follow the first item's
         seed), or None: with ``on_error="skip"`` a batch whose call raised CorruptItemError is loaded item
         by item, so that only the bad items are dropped."""
+        batched = self._keys.batched
+        assert batched is not None  # _get_many calls this only when the dataset has a batched read
         keys = [int(i) for i in indices]
         if keys:
             self._seed(keys[0])
             if worker_id is not None:
-                self.watch.on_item(worker_id, keys[0])
+                watch = self.watch
+                assert watch is not None  # _get_many sets worker_id only with a watch
+                watch.on_item(worker_id, keys[0])
         try:
-            return self._keys.batched(keys)
+            return batched(keys)
         except CorruptItemError:
             if self.on_error != "skip":
                 raise
@@ -189,7 +195,9 @@ class LoaderSource(torch.utils.data.Dataset):
 
     def _load_one(self, index: int, worker_id: int | None) -> Any:
         if worker_id is not None:
-            self.watch.on_item(worker_id, index)
+            watch = self.watch
+            assert watch is not None  # _get_many sets worker_id only with a watch
+            watch.on_item(worker_id, index)
         try:
             raw = self.fetch(index)
             self._seed(index)
@@ -208,7 +216,9 @@ class LoaderSource(torch.utils.data.Dataset):
         fresh = {}
         for index in indices:
             if worker_id is not None:
-                self.watch.on_item(worker_id, index)
+                watch = self.watch
+                assert watch is not None  # _get_many sets worker_id only with a watch
+                watch.on_item(worker_id, index)
             try:
                 arr = arrays.get(index)
                 if arr is None:

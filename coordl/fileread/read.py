@@ -24,7 +24,8 @@ import threading
 from typing import Any
 
 try:
-    from coordl.fileread import _readahead
+    # a C extension, which mypy cannot read and which has no stub: its names are Any
+    from coordl.fileread import _readahead  # type: ignore[attr-defined]
 except ImportError:  # built optionally (no C compiler at install time): ReadAhead uses Python threads
     _readahead = None
 

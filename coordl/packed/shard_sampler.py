@@ -195,8 +195,13 @@ class ShardSampler:
         self.plan: ShardPlan | None = None
         wants = getattr(dataset, "wants_shard_plan", None)
         if callable(wants) and wants():  # it streams whole shards: let its workers fetch the next ones early
+            attach = getattr(dataset, "attach_shard_plan", None)
+            if not callable(attach):
+                raise TypeError(
+                    f"ShardSampler: {type(dataset).__name__} wants a shard plan, has no attach_shard_plan()"
+                )
             self.plan = ShardPlan(len(self.ranges), num_workers, window)
-            dataset.attach_shard_plan(self.plan)
+            attach(self.plan)
         local = getattr(dataset, "local_shards", None)
         self._local_shards = local if callable(local) else None
 

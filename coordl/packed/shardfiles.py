@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordl.packed.shards import (
     INDEX_SUFFIX,
@@ -29,6 +29,11 @@ from coordl.packed.shards import (
     save_index,
 )
 from shmem.forklock import ForkSafeLock
+
+if TYPE_CHECKING:  # imported where used, lazily: only bucket or staged shards need them
+    from coordl.objectstore.shards import ShardBuffer
+    from coordl.objectstore.source import S3Source
+    from nfs_cache import StagedSource
 
 __all__ = ["DEFAULT_MAX_OPEN_SHARDS", "ShardFiles", "ShardReads"]
 
@@ -81,7 +86,9 @@ class ShardFiles:
         self.pattern, self.directory, self.index_dir = pattern, directory, index_dir
         self.max_open_shards = max_open_shards
         self.names: list[str] = []
-        self.staged = self.bucket = self.buffer = None
+        self.staged: StagedSource | None = None
+        self.bucket: S3Source | None = None
+        self.buffer: ShardBuffer | None = None
         if directory.lower().startswith(("s3://", "s3a://")):
             self._open_bucket(storage_options, memory_shards, stage_dir)
         if stage_dir is not None or ("://" in directory and self.bucket is None):
@@ -204,6 +211,8 @@ class ShardFiles:
     def _local_copy(self, name: str) -> str:
         """A local path to the shard's bytes (staging it first when staged; a temporary copy from a bucket)."""
         if self.bucket is not None:  # through the buffer: one GET, staged whole if the budget has room
+            # made by _open_bucket (index_dir by _open_staged when stage_dir was given)
+            assert self.buffer is not None and self.index_dir is not None
             os.makedirs(self.index_dir, exist_ok=True)
             tmp = os.path.join(self.index_dir, f".{name}.{os.getpid()}.tmp")
             with open(tmp, "wb") as f:
@@ -233,7 +242,7 @@ class ShardFiles:
 
     def stats(self) -> dict[str, int]:
         """Staging counters and a bucket's; empty for local shards."""
-        out = dict(self.staged.stats()) if self.staged is not None else {}
+        out: dict[str, int] = dict(self.staged.stats()) if self.staged is not None else {}
         if self.bucket is not None:
             out.update(self.bucket.stats())
         return out
@@ -275,6 +284,7 @@ class ShardReads:
         if files.buffer is not None and not self._has_local(s):
             name = files.names[s]
             if foreign and not files.buffer.holds(name):  # the epoch's tail: this sample only, one ranged GET
+                assert files.bucket is not None  # the buffer reads from it (made together in _open_bucket)
                 return files.bucket.read_range(name, offset, size)
             return files.buffer.slice(name, offset, size)
         fd, owned = self._fd(s)
@@ -364,7 +374,9 @@ class ShardReads:
             return False  # samples of a window interleave: only a step forward renews the list
         self._plan_front[(epoch, stream)] = position
         # from this shard's window on: its shards may wait fetched ahead and unread, and must not be dropped
-        self.files.buffer.want([self.files.names[t] for t in self.plan.ahead_of(stream, position)])
+        buffer = self.files.buffer
+        assert buffer is not None  # a plan is attached only when wants_plan() saw a buffer
+        buffer.want([self.files.names[t] for t in self.plan.ahead_of(stream, position)])
         return False
 
     def close(self) -> None:

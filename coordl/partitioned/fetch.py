@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from multiprocessing import util as mp_util
 from typing import Any, Protocol
 
@@ -36,7 +36,7 @@ class Transport(Protocol):
 
     counters: Any
 
-    def fetch(self, wanted: dict[int, Sequence[int]]) -> dict[int, memoryview]: ...
+    def fetch(self, wanted: Mapping[int, Sequence[int]]) -> dict[int, memoryview]: ...
     def put(self, node: int, index: int, raw: bytes | memoryview) -> bool: ...
     def put_many(self, node: int, items: Sequence[tuple[int, bytes | memoryview]]) -> int: ...
     def is_down(self, node: int) -> bool: ...

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,7 +147,7 @@ class NodeTopology:
         return self.local_rank == 0
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> NodeTopology:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NodeTopology:
         """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``/``GROUP_RANK`` (torchrun)."""
         env = os.environ if env is None else env
         rank = int(env.get("RANK", 0))

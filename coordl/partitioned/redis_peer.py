@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -177,7 +177,7 @@ class RedisPeerClient:
             node, host, port, type(exc).__name__, exc, self.backoff_s,
         )  # fmt: skip
 
-    def fetch(self, wanted: dict[int, Iterable[int]]) -> dict[int, memoryview]:
+    def fetch(self, wanted: Mapping[int, Iterable[int]]) -> dict[int, memoryview]:
         """The items each node has of those asked: MGETs to every node sent first, then every reply read.
 
         Misses, refused values, errors and down nodes are simply absent (the caller reads storage).

@@ -18,6 +18,7 @@ import os
 import secrets
 import socket
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordl.partitioned.ownership import NodeTopology
@@ -57,7 +58,7 @@ def check_secret(secret: bytes | str, origin: str) -> bytes:
     return raw
 
 
-def secret_from_env(env: dict[str, str] | None = None) -> bytes | None:
+def secret_from_env(env: Mapping[str, str] | None = None) -> bytes | None:
     """``COORDL_PEER_SECRET`` as bytes (its UTF-8 text), or None when unset."""
     env = os.environ if env is None else env
     value = env.get(SECRET_ENV)
@@ -73,7 +74,7 @@ def fingerprint(secret: bytes) -> str:
     return hmac.new(secret, b"coordl-peer fingerprint", hashlib.sha256).hexdigest()[:16]
 
 
-def advertise_address(env: dict[str, str] | None = None) -> str:
+def advertise_address(env: Mapping[str, str] | None = None) -> str:
     """The address peers should use to reach this node's Redis.
 
     ``COORDL_PEER_ADDR`` when set; else the address of the interface gloo was told to use
@@ -157,7 +158,8 @@ def exchange(
     record = ""
     if redis is not None:
         host, port, shared, status = redis
-        fp = fingerprint(user_secret or made) if (user_secret or made) else "-"
+        key = user_secret or made
+        fp = fingerprint(key) if key else "-"
         record = (
             f"{topo.node} {host} {port} {int(cache_bytes)} {num_items} {seed} {fp} "
             f"{made.hex() if made else '-'} {int(shared)} {status}"

@@ -26,13 +26,15 @@ The same extension holds the recipe's last step, :data:`to_chw_float` (None when
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import simplejpeg
 
 try:
-    from coordl.prep import _cropjpeg
+    # a C extension, which mypy cannot read and which has no stub: its names are Any
+    from coordl.prep import _cropjpeg  # type: ignore[attr-defined]
 except ImportError as _e:  # built optionally: no compiler or no libjpeg headers at install time
     _cropjpeg = None
     _IMPORT_ERROR: ImportError | None = _e
@@ -47,7 +49,8 @@ AVAILABLE = _cropjpeg is not None
 # to_chw_float(src, height, width, out, scale0, scale1, scale2, shift0, shift1, shift2, flip): src a
 # C-contiguous HWC uint8 RGB buffer, out a writable float32 CHW one; out[c] = src[..., c] * scale[c] +
 # shift[c] (the multiply and the add rounded separately, as torch's mul_ then add_), mirrored when flip.
-to_chw_float = getattr(_cropjpeg, "to_chw_float", None)  # None also for a stale build without it
+# None also for a stale build without it
+to_chw_float: Callable[..., None] | None = getattr(_cropjpeg, "to_chw_float", None)
 _header = getattr(_cropjpeg, "jpeg_size", None)  # None also for a stale build without it
 _warned = False
 _EOI = b"\xff\xd9"

@@ -216,7 +216,7 @@ def index_tree(
         raise ValueError(f"crop-index: in place rewrites the source {src}: give no destination")
     if dst is None and not in_place:
         raise ValueError("crop-index: give a destination, or rewrite in place")
-    dst = src if in_place else Path(dst).resolve()
+    dst = src if in_place or dst is None else Path(dst).resolve()  # None here only in place (raised above)
     if not in_place and (dst == src or dst.is_relative_to(src) or src.is_relative_to(dst)):
         raise ValueError(
             f"crop-index: destination {dst} must be outside the source {src} (and not contain it)"

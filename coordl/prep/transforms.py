@@ -33,7 +33,7 @@ bilinear uint8 kernel (what torchvision's ``antialias=True`` uses).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -114,7 +114,7 @@ class Compose(Stage):
     def __len__(self) -> int:
         return len(self.stages)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.stages)
 
     @property
@@ -385,14 +385,15 @@ class _ToTensorNormalize:
 
     def __call__(self, arr: np.ndarray) -> torch.Tensor:
         mirrored = self.flip is not None and self.flip.draw()
+        kernel = cropdecode.to_chw_float
         if (
-            cropdecode.to_chw_float is not None
+            kernel is not None
             and arr.ndim == 3
             and arr.shape[2] == 3
             and arr.dtype == np.uint8
             and arr.flags.c_contiguous
         ):
-            out = self._kernel(arr, mirrored)
+            out = self._kernel(kernel, arr, mirrored)
             if out is not None:
                 return out
         x = _chw_view(_mirror(arr) if mirrored else arr)
@@ -400,7 +401,7 @@ class _ToTensorNormalize:
         # Convert, then scale and shift in place: 0.02 ms for 3x224x224 vs 0.07 for one broadcast addcmul.
         return new_output(x.shape, torch.float32).copy_(x).mul_(scale).add_(shift)
 
-    def _kernel(self, arr: np.ndarray, mirrored: bool) -> torch.Tensor | None:
+    def _kernel(self, kernel: Callable[..., None], arr: np.ndarray, mirrored: bool) -> torch.Tensor | None:
         h, w = arr.shape[:2]
         out = new_output((3, h, w), torch.float32)
         if not out.is_contiguous():
@@ -411,7 +412,7 @@ class _ToTensorNormalize:
                 *scale.expand(3, 1, 1).flatten().tolist(),
                 *shift.expand(3, 1, 1).flatten().tolist(),
             )
-        cropdecode.to_chw_float(arr, h, w, out.numpy(), *self._kernel_args, mirrored)
+        kernel(arr, h, w, out.numpy(), *self._kernel_args, mirrored)
         return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from coordl.resume.order import ResumableSampler
 from coordl.resume.state import (
     StateMismatchError,
     check_state,
@@ -26,6 +27,7 @@ from coordl.resume.state import (
     encode_generator_state,
     is_stateful,
 )
+from coordl.resume.workers import ResumableStream
 
 __all__ = ["ResumeRestore"]
 
@@ -35,6 +37,31 @@ log = logging.getLogger("coordl")
 class ResumeRestore:
     """Loading a state and applying it at the next pass (a base of :class:`~coordl.resume.loader.Resume`,
     whose attributes it reads and sets)."""
+
+    # Made by Resume.__init__ (described there): declared here, where they are also read and set.
+    generator: torch.Generator | None
+    shuffle_generator: torch.Generator | None
+    sampler_generator: torch.Generator | None
+    user_dataset: Any
+    order: ResumableSampler | None
+    stream: ResumableStream | None
+    epoch: int
+    in_epoch: bool
+    batches_done: int
+    pass_id: int
+    pass_workers: int
+    pass_offset: int
+    persistent: bool
+    generator_state: str | None
+    shuffle_state: str | None
+    sampler_generator_state: str | None
+    pinned_rng: str | None
+    sampler_start: dict[str, Any] | None
+    sampler_state: dict[str, Any] | None
+    worker_states: dict[int, Any]
+    last_worker: int | None
+    plan: dict[str, Any] | None
+    _restart: bool
 
     def _begin_pass(self, workers: int, plan: dict[str, Any] | None) -> int:
         """Bookkeeping of a new pass (and the main-process parts of ``plan``); the batches to drop."""
@@ -69,6 +96,7 @@ class ResumeRestore:
 
     def _begin_order(self, plan: dict[str, Any] | None, skip: int) -> int:
         order = self.order
+        assert order is not None  # _begin_pass calls this only for a sampler's order
         saved = plan.get("sampler") if plan is not None else None
         if saved is not None:
             order.restore = saved  # the sampler positions itself
@@ -102,14 +130,21 @@ class ResumeRestore:
             or self.generator is not None
         ):
             return True
-        inner = self.order.inner
-        inner = getattr(inner, "sampler", inner) if self.order.batched else inner
+        order = self.order
+        assert order is not None  # called by _begin_order only
+        inner = order.inner
+        inner = getattr(inner, "sampler", inner) if order.batched else inner
         return type(inner) is torch.utils.data.SequentialSampler
 
     def _begin_stream(self, plan: dict[str, Any], skip: int, workers: int) -> int:
         """A stream resumes from its states; without any (nothing Stateful), by replaying ``skip``
         batches from the start (torchdata's fast-forward)."""
         if workers == 0 and plan.get("dataset") is not None:
+            if self.stream is None:  # a torch DataPipe, passed to torch as it is: nothing takes the state
+                raise StateMismatchError(
+                    f"load_state_dict: the state holds a dataset state, but "
+                    f"{type(self.user_dataset).__name__} is a DataPipe, which cannot load one"
+                )
             self.stream.pending[None] = plan["dataset"]
             return 0
         if workers > 0 and any(
