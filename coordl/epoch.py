@@ -106,6 +106,10 @@ class LoaderStats:
         """Zero the counters and forget per-epoch numbers (call between epochs)."""
         self._counters.reset()
         self._epoch_stats.reset()
+        for part in self._stat_parts():  # parts that count on their own (remote prep)
+            reset = getattr(part, "reset_stats", None)
+            if callable(reset):
+                reset()
 
 
 # torch's worker-death and timeout errors, and a queue connection reset by a worker killed mid-batch

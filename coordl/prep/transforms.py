@@ -132,6 +132,19 @@ class Compose(Stage):
             cut += 1
         return Compose(self.stages[:cut], self.crop_decode), Compose(self.stages[cut:], self.crop_decode)
 
+    def split_tail(self) -> tuple[Compose, Compose]:
+        """(everything before the tail, the tail): the longest suffix of deterministic stages whose
+        output is not a compact array (``ToTensor``, ``Normalize``). The head's output is the compact
+        uint8 array a remote worker sends back (4x fewer bytes than the float tensor); the tail turns it
+        into the sample where it is used (:mod:`coordl.remote.compact`)."""
+        cut = len(self.stages)
+        while cut > 0:
+            stage = self.stages[cut - 1]
+            if not getattr(stage, "deterministic", False) or getattr(stage, "array_output", True):
+                break
+            cut -= 1
+        return Compose(self.stages[:cut], self.crop_decode), Compose(self.stages[cut:], self.crop_decode)
+
     def __repr__(self) -> str:
         return "Compose([" + ", ".join(repr(s) for s in self.stages) + "])"
 

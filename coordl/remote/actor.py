@@ -28,9 +28,11 @@ def prep_batch(
     seeds: Sequence[int | None],
     raws: Sequence[bytes] | None,
     fetch: Callable[[int], bytes],
-    collate_fn: Callable[[list[Any]], Any],
+    collate_fn: Callable[[list[Any]], Any] | None,
 ) -> tuple[Any, int]:
     """``(collated batch, bytes read here)`` for ``indices``; ``raws`` (or ``fetch``) gives the raw bytes.
+    Without ``collate_fn``, the list of samples (compact samples the trainer finishes and collates:
+    :mod:`coordl.remote.compact`).
 
     An item's error is raised as it is (a :class:`CorruptItemError` names its file and item); any other
     error gets a note naming the item, as local workers' errors name the worker.
@@ -54,7 +56,7 @@ def prep_batch(
             if hasattr(error, "add_note"):  # Python 3.11+; on 3.10 the error goes as it is
                 error.add_note(note)
             raise
-    return collate_fn(samples), read
+    return (samples if collate_fn is None else collate_fn(samples)), read
 
 
 def raw_digest(raw: bytes) -> str:
@@ -67,10 +69,11 @@ class PrepActor:
 
     Args:
         source: the loader's item source (``fetch`` and ``prep``), shipped once by Ray.
-        collate_fn: the loader's collate (the user's, or torch's default).
+        collate_fn: the loader's collate (the user's, or torch's default); None: the samples are sent
+            back uncollated (compact samples, finished and collated by the trainer).
     """
 
-    def __init__(self, source: Any, collate_fn: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, source: Any, collate_fn: Callable[[list[Any]], Any] | None) -> None:
         torch.set_num_threads(1)  # one CPU per actor, as torch sets in each of its loader workers
         self.source = source
         self.collate_fn = collate_fn

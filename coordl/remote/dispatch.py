@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coordl.remote.actor import PrepActor, prep_batch, raw_digest
+from coordl.remote.compact import compact_source, finish_all, wire_bytes
 from coordl.remote.connect import RemotePrep, RemotePrepError
 
 __all__ = ["COUNTER_NAMES", "RemoteSide", "attach"]
@@ -30,7 +31,7 @@ COUNTER_NAMES = (
     "remote_batches",  # batches prepped by an actor and handed out
     "remote_items",
     "remote_bytes_sent",  # raw bytes shipped to actors, plus 16 bytes per index (index and seed)
-    "remote_bytes_received",  # bytes of the prepped batches' tensors and arrays that came back
+    "remote_bytes_received",  # bytes of the prepped batches' arrays that came back (uint8 crops: compact.py)
     "remote_storage_bytes_read",  # raw bytes the actors read from storage themselves
     "remote_redone_batches",  # batches an actor lost with its node, prepped again in the trainer
     "remote_redone_items",
@@ -83,8 +84,11 @@ class RemoteSide:
                 f"remote_prep: the Ray cluster at {prep.address} offers no CPUs (start prep nodes with "
                 "`ray start --address ... --num-cpus N`)"
             )
+        # the standard recipe's float tail runs here, after the network (coordl.remote.compact)
+        compact = compact_source(source)
+        self.tail = None if compact is None else compact[1]
         try:
-            source_ref = self.ray.put(source)
+            source_ref = self.ray.put(source if compact is None else compact[0])
         except Exception as error:
             raise TypeError(
                 f"remote_prep: the dataset {type(source).__name__} could not be sent to the Ray cluster "
@@ -94,7 +98,8 @@ class RemoteSide:
         if prep.resources:
             options["resources"] = prep.resources
         actor_class = self.ray.remote(PrepActor).options(**options)
-        self.actors = [Actor(actor_class.remote(source_ref, collate_fn), n) for n in range(cpus)]
+        actor_collate = collate_fn if compact is None else None
+        self.actors = [Actor(actor_class.remote(source_ref, actor_collate), n) for n in range(cpus)]
 
     # -- the first epoch: actors up, read mode chosen ------------------------------------------------
 
@@ -173,6 +178,14 @@ class RemoteSide:
         self.counts["remote_bytes_sent"] += 16 * len(indices) + (sum(len(r) for r in raws) if raws else 0)
         return actor.handle.prep.remote(indices, seeds, raws)
 
+    def received(self, result: Any) -> Any:
+        """An actor's result as the batch the trainer hands out: compact samples finished and collated
+        here; a collated batch as it came. Counts the bytes that came over the network."""
+        self.counts["remote_bytes_received"] += wire_bytes(result)
+        if self.tail is None:
+            return result
+        return self.collate_fn(finish_all(result, self.tail))
+
     def redo(self, indices: list[int], seeds: list[int | None], raws: list[bytes] | None) -> Any:
         """A batch an actor lost, prepped in the trainer with the same seeds."""
         self.counts["remote_redone_batches"] += 1
@@ -201,6 +214,10 @@ class RemoteSide:
             )
 
     # -- stats and lifetime ---------------------------------------------------------------------------
+
+    def reset_stats(self) -> None:
+        """Zero the ``remote_*`` counters (the loader's :meth:`reset_stats`)."""
+        self.counts = dict.fromkeys(COUNTER_NAMES, 0)
 
     def stats(self) -> dict[str, Any]:
         """``remote_*`` counters, plus ``remote_actors`` (live now) and ``remote_shipped_actors``."""

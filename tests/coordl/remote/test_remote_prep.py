@@ -111,8 +111,32 @@ def test_same_batches_as_local_workers(cluster, root, local):
     assert stats["remote_items"] == BATCH * stats["remote_batches"]
     # local and remote items together are the epoch, none twice
     assert stats["items_loaded"] + stats["remote_items"] == N
-    assert stats["remote_bytes_received"] == stats["remote_batches"] * BATCH * (3 * 32 * 32 * 4 + 8)
+    # the uint8 crops came back (ToTensor + Normalize ran in the trainer: coordl.remote.compact)
+    assert stats["remote_bytes_received"] == stats["remote_batches"] * BATCH * 3 * 32 * 32
     assert stats["remote_storage_bytes_read"] > 0 and stats["remote_shipped_actors"] == 0
+
+
+def _user_transform(raw: bytes) -> torch.Tensor:
+    """A user's own transform (not a coordl Compose): its batches come back collated, as tensors."""
+    return coordl.transforms.train_transform(32)(raw)
+
+
+def test_a_user_transform_comes_back_collated(cluster, root, local):
+    def run(remote):
+        loader = coordl.DataLoader(
+            coordl.ImageFolder(str(root), transform=_user_transform), batch_size=BATCH, shuffle=True,
+            num_workers=0, generator=torch.Generator().manual_seed(5), remote_prep=remote,
+        )  # fmt: skip
+        try:
+            return [(x.clone(), y.clone()) for x, y in loader], loader.stats()
+        finally:
+            loader.close()
+
+    batches, stats = run(coordl.RemotePrep(cluster.address))
+    assert _same(batches, local)
+    assert stats["remote_batches"] == len(local)
+    # float32 crops and int64 labels, collated on the actor
+    assert stats["remote_bytes_received"] == stats["remote_batches"] * BATCH * (3 * 32 * 32 * 4 + 8)
 
 
 def test_all_prep_remote_without_workers(cluster, root, local):
