@@ -21,9 +21,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from coordl.prep.transforms import Compose
+import torch
+from torch.utils.data import default_collate
 
-__all__ = ["Compact", "compact_source", "finish", "finish_all", "wire_bytes"]
+from coordl.prep.transforms import Compose
+from coordl.ring.output_buffers import lend
+
+__all__ = ["Compact", "collate_finished", "compact_source", "finish", "finish_all", "wire_bytes"]
 
 
 class Compact:
@@ -100,3 +104,95 @@ def wire_bytes(sample: Any) -> int:
     if isinstance(sample, dict):
         return sum(wire_bytes(v) for v in sample.values())
     return 0
+
+
+def collate_finished(
+    samples: list[Any], tail: Callable[[Any], Any], collate_fn: Callable[[list[Any]], Any]
+) -> Any:
+    """The batch of ``samples`` finished (:func:`finish`) and collated by ``collate_fn``.
+
+    With torch's ``default_collate`` (the loader's default), each sample's tail writes its output
+    straight into its row of the batch tensor (:func:`coordl.ring.output_buffers.lend`), as a local
+    worker's batch ring does: the stack's copy of the whole batch (19 MB for 32 crops of 224 px, 8 ms
+    here) is not made. Anything else (a user's collate, samples of other shapes) finishes each sample
+    and calls ``collate_fn``.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        if collate_fn is default_collate and samples:
+            batch = _stacked(samples, tail)
+            if batch is not None:
+                return batch
+        return collate_fn([finish(s, tail) for s in samples])
+
+
+def _paths(sample: Any, path: tuple = ()) -> list[tuple]:
+    """Where the :class:`Compact` leaves of ``sample`` are (keys into plain tuples, lists and dicts)."""
+    if isinstance(sample, Compact):
+        return [path]
+    if type(sample) in (list, tuple):
+        return [p for n, s in enumerate(sample) for p in _paths(s, (*path, n))]
+    if type(sample) is dict:
+        return [p for k, v in sample.items() for p in _paths(v, (*path, k))]
+    return []
+
+
+def _at(sample: Any, path: tuple) -> Any:
+    for key in path:
+        sample = sample[key]
+    return sample
+
+
+def _stripped(sample: Any) -> Any:
+    """``sample`` with each Compact leaf as 0 (collated apart, then put in its place)."""
+    if isinstance(sample, Compact):
+        return 0
+    if type(sample) in (list, tuple):
+        return type(sample)(_stripped(s) for s in sample)
+    if type(sample) is dict:
+        return {k: _stripped(v) for k, v in sample.items()}
+    return sample
+
+
+def _stacked(samples: list[Any], tail: Callable[[Any], Any]) -> Any:
+    """``default_collate`` of the finished samples, each Compact position finished into its batch tensor
+    row by row; None when the samples do not allow it (then the caller collates as usual)."""
+    paths = _paths(samples[0])
+    if not paths:
+        return None
+    n = len(samples)
+    stacks: dict[tuple, torch.Tensor] = {}
+    for path in paths:
+        out: torch.Tensor | None = None
+        for i, sample in enumerate(samples):
+            try:
+                leaf = _at(sample, path)
+            except (IndexError, KeyError, TypeError):
+                return None
+            if not isinstance(leaf, Compact):
+                return None
+
+            def take(shape: tuple[int, ...], dtype: torch.dtype, i: int = i) -> torch.Tensor | None:
+                nonlocal out
+                if out is None:
+                    out = torch.empty((n, *shape), dtype=dtype)
+                return out[i] if (out.shape[1:], out.dtype) == (shape, dtype) else None
+
+            with lend(take):
+                value = tail(leaf.array)
+            if not isinstance(value, torch.Tensor) or out is None or value.shape != out.shape[1:]:
+                return None
+            if value.dtype != out.dtype:
+                return None
+            if value.data_ptr() != out[i].data_ptr():  # the tail made a tensor of its own: copy it in
+                out[i].copy_(value)
+        assert out is not None
+        stacks[path] = out
+    batch = default_collate([_stripped(s) for s in samples])
+    for path, stack in stacks.items():
+        *parents, last = path
+        holder = _at(batch, tuple(parents))
+        if type(holder) not in (list, dict):  # default_collate gives lists for tuples; anything else
+            return None
+        holder[last] = stack
+    return batch

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coordl.remote.actor import PrepActor, prep_batch, raw_digest
-from coordl.remote.compact import compact_source, finish_all, wire_bytes
+from coordl.remote.compact import collate_finished, compact_source, wire_bytes
 from coordl.remote.connect import RemotePrep, RemotePrepError
 
 __all__ = ["COUNTER_NAMES", "RemoteSide", "attach"]
@@ -184,7 +184,7 @@ class RemoteSide:
         self.counts["remote_bytes_received"] += wire_bytes(result)
         if self.tail is None:
             return result
-        return self.collate_fn(finish_all(result, self.tail))
+        return collate_finished(result, self.tail, self.collate_fn)
 
     def redo(self, indices: list[int], seeds: list[int | None], raws: list[bytes] | None) -> Any:
         """A batch an actor lost, prepped in the trainer with the same seeds."""

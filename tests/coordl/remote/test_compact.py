@@ -65,3 +65,38 @@ def test_sources_without_a_coordl_tail_are_sent_as_they_are(folder):
     assert compact_source(coordl.ImageFolder(folder, transform=T.Compose([T.ToTensor()]))) is None
     assert compact_source(coordl.ImageFolder(folder)) is None  # decode only: already the compact array
     assert compact_source(object()) is None
+
+
+def _compact_batch(folder, transform, n=5):
+    ds = coordl.ImageFolder(folder, transform=transform)
+    remote, tail = compact_source(ds)
+    torch.manual_seed(0)
+    return [remote.prep(ds.fetch(i), i) for i in range(n)], tail
+
+
+def test_default_collate_gets_rows_written_in_place(folder, monkeypatch):
+    from torch.utils.data import default_collate
+
+    from coordl.remote import compact
+
+    samples, tail = _compact_batch(folder, T.train_transform(40))
+    expected = default_collate(finish_all(samples, tail))
+    copies = []
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: copies.append(1) or self, raising=True)
+    batch = compact.collate_finished(samples, tail, default_collate)
+    monkeypatch.undo()
+    assert isinstance(batch, list) and torch.equal(batch[0], expected[0]) and torch.equal(batch[1], expected[1])
+    assert not copies  # every row was written by the tail itself, none copied in
+
+
+def test_a_dict_sample_and_a_user_collate(folder):
+    from torch.utils.data import default_collate
+
+    from coordl.remote import compact
+
+    samples, tail = _compact_batch(folder, T.eval_transform(32))
+    as_dicts = [{"image": s[0], "label": s[1]} for s in samples]
+    batch = compact.collate_finished(as_dicts, tail, default_collate)
+    assert batch["image"].shape == (5, 3, 32, 32) and batch["label"].tolist() == [s[1] for s in samples]
+    mine = compact.collate_finished(samples, tail, lambda items: [x for x, _ in items])
+    assert len(mine) == 5 and all(torch.equal(m, b) for m, b in zip(mine, batch["image"], strict=True))
