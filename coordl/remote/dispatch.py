@@ -231,6 +231,8 @@ class RemoteSide:
         if self.closed:
             return
         self.closed = True
+        if self._merged is not None:
+            self._merged.stop()
         for actor in self.actors:
             if actor.alive:
                 try:

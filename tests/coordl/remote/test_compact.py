@@ -82,10 +82,14 @@ def test_default_collate_gets_rows_written_in_place(folder, monkeypatch):
     samples, tail = _compact_batch(folder, T.train_transform(40))
     expected = default_collate(finish_all(samples, tail))
     copies = []
-    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: copies.append(1) or self, raising=True)
+    monkeypatch.setattr(
+        torch.Tensor, "copy_", lambda self, src, *a, **k: copies.append(1) or self, raising=True
+    )
     batch = compact.collate_finished(samples, tail, default_collate)
     monkeypatch.undo()
-    assert isinstance(batch, list) and torch.equal(batch[0], expected[0]) and torch.equal(batch[1], expected[1])
+    assert (
+        isinstance(batch, list) and torch.equal(batch[0], expected[0]) and torch.equal(batch[1], expected[1])
+    )
     assert not copies  # every row was written by the tail itself, none copied in
 
 

@@ -62,15 +62,35 @@ def root(tmp_path_factory) -> Path:
     return Path(make_dataset(tmp_path_factory.mktemp("jpegs"), n=N, classes=3, width=96, height=72, seed=1))
 
 
-def _dataset(root: Path) -> coordl.ImageFolder:
-    return coordl.ImageFolder(str(root), transform=coordl.transforms.train_transform(32))
+def _dataset(root: Path, transform=None) -> coordl.ImageFolder:
+    return coordl.ImageFolder(str(root), transform=transform or coordl.transforms.train_transform(32))
 
 
-def _run(root: Path, remote=None, workers: int = 1, stop_after: int | None = None, on_batch=None, **kw):
+class _SlowRecipe:
+    """The recipe at 30 ms an item: an actor still has batches in flight when its node is killed (its
+    feeder thread takes finished batches as soon as they are done)."""
+
+    def __init__(self) -> None:
+        self.recipe = coordl.transforms.train_transform(32)
+
+    def __call__(self, raw: bytes) -> torch.Tensor:
+        time.sleep(0.03)
+        return self.recipe(raw)
+
+
+def _run(
+    root: Path,
+    remote=None,
+    workers: int = 1,
+    stop_after: int | None = None,
+    on_batch=None,
+    transform=None,
+    **kw,
+):
     """Every batch of one shuffled epoch (copies), and the loader's stats."""
     kw.setdefault("batch_size", BATCH)
     loader = coordl.DataLoader(
-        _dataset(root), shuffle=True, num_workers=workers,
+        _dataset(root, transform), shuffle=True, num_workers=workers,
         generator=torch.Generator().manual_seed(5), remote_prep=remote, **kw,
     )  # fmt: skip
     out = []
@@ -240,7 +260,7 @@ def test_node_killed_mid_epoch_loses_and_repeats_nothing(cluster, root, local_pa
     try:
         batches, _, stats = _run(
             root, coordl.RemotePrep(cluster.address, cpus=2), workers=1, batch_size=2,
-            on_batch=lambda n: node.kill() if n == 0 else None,
+            on_batch=lambda n: node.kill() if n == 0 else None, transform=_SlowRecipe(),
         )  # fmt: skip
     finally:
         node.kill()
