@@ -19,6 +19,7 @@ from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.comm import CommModel
 from dsanalyzer.model.whatif import Model, format_bytes
 from dsanalyzer.report.schema import load_report
+from dsanalyzer.whatif_remote import add_remote_args, check_remote_args, remote_point
 
 __all__ = ["add_whatif_parser", "run_whatif", "load_report_file"]
 
@@ -72,6 +73,7 @@ def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "--items-per-request", type=float,
         help="items one bucket GET brings (tar shards: items per shard); default: as measured (1: loose files)",
     )  # fmt: skip
+    add_remote_args(p)
     p.add_argument("--json", action="store_true", help="print the prediction as JSON before the last line")
     p.set_defaults(func=run_whatif)
     return p
@@ -156,6 +158,9 @@ def _store_args(args: argparse.Namespace, model: Model) -> dict | None:
             file=sys.stderr,
         )
         return None
+    if (bad := check_remote_args(args)) is not None:
+        print(f"dsanalyzer whatif: error: {bad}", file=sys.stderr)
+        return None
     if model.store is None and any(v is not None for v in kw.values()):
         print(
             "dsanalyzer whatif: error: --fetch-ahead and --items-per-request are for a job that reads a bucket "
@@ -223,6 +228,8 @@ def run_whatif(args: argparse.Namespace) -> int:
     point = model.predict(
         cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers, **store_kw
     )
+    if args.remote_cpus is not None:
+        point = remote_point(args, model, point, cpus, args.gpu_speedup)
     print(
         f"\npoint: cache {format_bytes(cache)} ({policy}, hit ratio {point.hit_ratio:.3f}), {cpus} cpus, "
         f"storage {format_bytes(storage)}/s, gpu x{args.gpu_speedup:g}: {point.samples_per_s:.1f} samples/s, "

@@ -14,7 +14,7 @@ Inside ``coordl``, rooms (a folder, or a module directly under ``coordl/``) by f
 (:data:`COORDL_FLOOR`): the shared error and argument types; the rooms that need nothing else of coordl
 (the batch ring, file reading, the object store, the partitioned and coordinated caches, graphs, the
 epoch); prep (decode, transforms); datasets (the item protocol, image-file datasets); packed formats and
-resumable state; the packer and the fetch path; starting workers, DALI and the options; the DataLoader;
+resumable state; the packer and the fetch path; starting workers, DALI, the options and remote prep; the DataLoader;
 the demo; the command line. A module imports its own room or a lower floor, never a room beside or
 above it; no folder of coordl holds over ~2,000 lines of Python without a reason in its ``__init__``.
 """
@@ -123,12 +123,11 @@ def test_dsanalyzer_rooms_point_down() -> None:
 COORDL_FLOOR = {
     "errors": 0, "argtypes": 0, "sharding": 0, "_version": 0,
     "ring": 1, "fileread": 1, "objectstore": 1, "partitioned": 1, "coordinated": 1, "graph": 1, "epoch": 1,
-    "remote": 1,
     "prep": 2,
     "datasets": 3,
     "packed": 4, "resume": 4,
     "packing": 5, "fetch": 5,
-    "workers": 6, "dali": 6, "options": 6,
+    "workers": 6, "dali": 6, "options": 6, "remote": 6,
     "dataloader": 7,
     "demo": 8,
     "cli": 9,

@@ -22,21 +22,17 @@ from typing import Any
 import numpy as np
 
 from dsanalyzer.judge.epochs import epoch_start_note
+from dsanalyzer.judge.remedies import ranked, ranked_text
 from dsanalyzer.model import search
 from dsanalyzer.model.rates import Prediction
+from dsanalyzer.model.remedy import Remedy
 from dsanalyzer.model.store import StoreModel, loader_concurrency
 from dsanalyzer.model.whatif import Model, format_bytes
 
-__all__ = [
-    "verdict",
-    "advice_sentence",
-    "rate_spread",
-    "recommend",
-    "other_cpu_cores",
-    "is_dali",
-    "workers_noun",
-    "threads_note",
-]
+# fmt: off
+__all__ = ["verdict", "advice_sentence", "rate_spread", "recommend", "other_cpu_cores", "is_dali", "workers_noun",
+           "threads_note"]
+# fmt: on
 
 _FEW_ITERS_SPREAD = 0.15  # a block-rate spread above this: the run was too short (or too noisy) to read
 OTHER_CPU_SHARE = 0.10  # other processes using this share of the cores: interference
@@ -233,6 +229,7 @@ def verdict(report: dict) -> dict:
         "epoch_start": epoch_start_note(report, model, pred),
         "more_cores": _more_cores(report, model, pred),
         "fix": None if fix is None else {**fix, "code": _change_text(fix["change"], report)},
+        "remedies": [r.as_json() for r in ranked(model, report, fix)],
     }
     if measured in _BOUNDS and measured != pred.bound:
         out["bound_note"] = _bound_note(report, model, pred, stated)
@@ -362,6 +359,8 @@ def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
         parts.append(_no_fix_text(model, bound, noun))
     if more["note"] and more["rises"] and bound != "compute":
         parts.append(more["note"])
+    if len(v["remedies"]) > 1:  # one is the fix above
+        parts.append(ranked_text([Remedy(**r) for r in v["remedies"]], model.compute_rate()))
     return "; ".join(parts) + "."
 
 

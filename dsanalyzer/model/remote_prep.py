@@ -1,0 +1,106 @@
+"""What N remote CPUs add to a job (coordl's ``remote_prep=``, prep on a Ray cluster's CPUs).
+
+A remote CPU preps as one local worker does, ``P(1)`` samples/s (the job's own fitted prep curve), and
+sends back what it made: ``wire_bytes`` per sample (the uint8 crop when the recipe ends in ToTensor +
+Normalize, which then run in the trainer: :mod:`coordl.remote.compact`), plus the raw bytes the trainer
+ships when the remote nodes cannot read the dataset. So the remote side gives
+
+    X_r = min(N * P(1), link / (wire_bytes + shipped_bytes))
+
+and costs the trainer's cores ``u_r`` per remote sample: receiving it (Ray's transfer into the node's
+object store and out of it), finishing it (the tail's float output, 4x the wire bytes) and handing it
+out, ``RECEIVE_COPIES`` memory copies of its wire bytes at the measured memory bandwidth, plus the step's
+own CPU per sample. The trainer's cores first spend what the local job leaves idle; beyond that every
+core-second spent on a remote sample is one the local workers lose:
+
+    X_local = L - max(0, X_r * u_r - spare) / u,  spare = max(0, a*c - L*u)
+
+with ``L`` the local-only rate at the asked point, ``u`` the job's CPU per sample and ``a*c`` the cores
+it gets. The job runs at ``min(compute, X_local + X_r)``: batches are shared demand-driven (the
+faster side gets more), so the sum holds while neither side's share is capped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dsanalyzer.model.cores import job_cpu_per_sample
+from dsanalyzer.model.params import JobParams
+from dsanalyzer.model.rates import Prediction
+from dsanalyzer.model.remedy import Remedy
+
+__all__ = ["RECEIVE_COPIES", "RemoteSetup", "receive_cpu_s", "remote_rate", "with_remote", "remedy"]
+
+# The trainer's CPU per remote sample, in memory copies of the sample's wire bytes: measured with
+# benchmarks/bench_remote_prep.py's scratch probe on the 2-core VM (2026-11-27): trainer + Ray head
+# 14.9 ms per remote batch of 32 uint8 crops of 224 px (4.8 MB) against 2.5 ms for a local worker's
+# batch, 0.39 ms a sample = 19 copies of 150 KB at the measured 7.3 GB/s.
+RECEIVE_COPIES = 19.0
+_INDEX_BYTES = 16  # an index and its seed, sent per item
+
+
+@dataclass(frozen=True)
+class RemoteSetup:
+    """The remote side asked for: ``cpus`` remote CPUs, each sample ``wire_bytes`` back over a link of
+    ``link_bytes_per_s`` (inf: not limiting), with the raw bytes shipped out when ``ship``."""
+
+    cpus: int
+    wire_bytes: float
+    link_bytes_per_s: float = math.inf
+    ship: bool = False
+
+
+def remote_rate(job: JobParams, setup: RemoteSetup) -> float:
+    """``X_r``: samples/s the remote CPUs send back (their prep, capped by the link)."""
+    if setup.cpus <= 0:
+        return 0.0
+    prep = setup.cpus * job.prep.rate(1)
+    moved = setup.wire_bytes + _INDEX_BYTES + (job.avg_item_bytes if setup.ship else 0.0)
+    link = setup.link_bytes_per_s / moved if moved > 0 else math.inf
+    return min(prep, link)
+
+
+def receive_cpu_s(job: JobParams, setup: RemoteSetup) -> float:
+    """``u_r``: the trainer's CPU seconds per remote sample (receive, finish, hand out, the step's share)."""
+    membw = job.mem_bandwidth_bytes_per_s or 0.0
+    receive = RECEIVE_COPIES * setup.wire_bytes / membw if membw > 0 else 0.0
+    shipped = job.avg_item_bytes / membw if (setup.ship and membw > 0) else 0.0  # read here, sent on
+    step = (job.step_cpu_s or 0.0) / job.batch_size
+    return receive + shipped + step
+
+
+def with_remote(
+    job: JobParams, local: Prediction, setup: RemoteSetup, cores: float, compute: float
+) -> Prediction:
+    """The job at ``local``'s operating point (the local-only prediction, on ``cores`` cores) with the
+    remote side ``setup`` added; ``compute`` is the job's compute rate there."""
+    x_r = remote_rate(job, setup)
+    if x_r <= 0:
+        return local
+    rate_local = local.steady
+    u = job_cpu_per_sample(job) or (1.0 / job.prep.rate(1))
+    spare = max(0.0, job.cpu_share * cores - rate_local * u)
+    lost = max(0.0, x_r * receive_cpu_s(job, setup) - spare) / u
+    x_local = max(0.0, rate_local - lost)
+    rate = min(compute, x_local + x_r)
+    bound = "compute" if rate >= compute * (1 - 1e-6) else "prep"
+    items = job.epoch_items or job.dataset_items
+    stages = {**local.stage_rates, "remote": x_r, "local_with_remote": x_local}
+    return Prediction(rate, items / rate, bound, stages, local.hit_ratio, local.per_iter_s)
+
+
+def remedy(job: JobParams, local: Prediction, setup: RemoteSetup, cores: float, compute: float) -> Remedy:
+    """:func:`with_remote` as a :class:`~dsanalyzer.model.remedy.Remedy` for the verdict's ranking."""
+    p = with_remote(job, local, setup, cores, compute)
+    return Remedy(
+        name="remote_prep",
+        samples_per_s=p.samples_per_s,
+        bound=p.bound,
+        cost={"remote_cpus": setup.cpus},
+        loader_args={"remote_prep": f"coordl.RemotePrep('HEAD_HOST:PORT', cpus={setup.cpus})"},
+        note=(
+            f"{p.stage_rates['remote']:.0f} samples/s from {setup.cpus} remote CPU(s), "
+            f"{p.stage_rates['local_with_remote']:.0f} local (its cores receive the remote batches)"
+        ),
+    )

@@ -1,0 +1,67 @@
+"""``dsanalyzer whatif REPORT --remote-cpus N``: the job with N remote CPUs of a Ray cluster added.
+
+The model is :mod:`dsanalyzer.model.remote_prep`'s; this module adds its options to ``whatif`` and
+prints its answer. ``--remote-sample-kb`` is what one sample weighs on the way back (the uint8 crop for a
+recipe that ends in ToTensor + Normalize: 150.5 KB at 224 px; the float tensor otherwise);
+``--remote-link-gbps`` the link between the trainer and the prep nodes (default: not limiting);
+``--remote-ship`` when the prep nodes cannot read the dataset and the trainer sends them its bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from dsanalyzer.model.rates import Prediction
+from dsanalyzer.model.remote_prep import RemoteSetup, receive_cpu_s, remote_rate, with_remote
+from dsanalyzer.model.whatif import Model
+
+__all__ = ["add_remote_args", "remote_point", "check_remote_args"]
+
+
+def add_remote_args(p: argparse.ArgumentParser) -> None:
+    """Register the remote-prep options on ``whatif``."""
+    p.add_argument("--remote-cpus", type=int, help="remote CPUs of a Ray cluster prepping too (remote_prep=)")
+    p.add_argument(
+        "--remote-sample-kb", type=float,
+        help="KB (1e3 bytes) one sample weighs coming back from a remote CPU (224 px uint8 crop: 150.5)",
+    )  # fmt: skip
+    p.add_argument(
+        "--remote-link-gbps", type=float, help="link to the prep nodes, Gbit/s (default: not limiting)"
+    )
+    p.add_argument(
+        "--remote-ship", action="store_true", help="the trainer sends the raw bytes (nodes cannot read)"
+    )
+
+
+def check_remote_args(args: argparse.Namespace) -> str | None:
+    """The error message for bad remote options (None: fine)."""
+    if args.remote_cpus is None:
+        given = [n for n in ("remote_sample_kb", "remote_link_gbps") if getattr(args, n) is not None]
+        if given or args.remote_ship:
+            return "--remote-sample-kb, --remote-link-gbps and --remote-ship need --remote-cpus"
+        return None
+    if args.remote_cpus < 1:
+        return f"--remote-cpus must be >= 1, got {args.remote_cpus}"
+    if args.remote_sample_kb is None or args.remote_sample_kb <= 0:
+        return "--remote-cpus needs --remote-sample-kb > 0 (what one prepped sample weighs on the way back)"
+    if args.remote_link_gbps is not None and args.remote_link_gbps <= 0:
+        return f"--remote-link-gbps must be > 0, got {args.remote_link_gbps}"
+    return None
+
+
+def remote_point(
+    args: argparse.Namespace, model: Model, local: Prediction, cpus: int, gpu_speedup: float
+) -> Prediction:
+    """The asked point with the remote CPUs added; prints how the rate splits."""
+    link = args.remote_link_gbps * 1e9 / 8 if args.remote_link_gbps else math.inf
+    setup = RemoteSetup(args.remote_cpus, args.remote_sample_kb * 1e3, link, args.remote_ship)
+    point = with_remote(model, local, setup, cpus, model.compute_rate(gpu_speedup))
+    print(
+        f"\nremote prep: {setup.cpus} remote CPU(s) at {model.prep.rate(1):.1f} samples/s each "
+        f"(the profiled worker's), {remote_rate(model, setup):.1f} samples/s back"
+        + (f" over {args.remote_link_gbps:g} Gbit/s" if args.remote_link_gbps else "")
+        + f"; each costs the trainer {receive_cpu_s(model, setup) * 1e3:.2f} ms of CPU, leaving "
+        f"{point.stage_rates['local_with_remote']:.1f} samples/s of local prep (alone: {local.steady:.1f})"
+    )
+    return point

@@ -1,0 +1,56 @@
+"""The remote-prep what-if (dsanalyzer/model/remote_prep.py): remote CPUs add, the trainer pays to receive."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from dsanalyzer.model.remote_prep import RECEIVE_COPIES, RemoteSetup, receive_cpu_s, remote_rate, with_remote
+from dsanalyzer.model.whatif import Model
+from tests.dsanalyzer.judge.test_verdict import FAST_STORAGE, base
+
+CROP = 150_528.0  # a 224 px uint8 crop
+
+
+@pytest.fixture
+def model() -> Model:
+    m = Model.from_report(base(fetch=FAST_STORAGE, cache_bytes=1e9))
+    # a prep-bound job whose cores are busy: the CPU per sample is its prep's on its cores
+    return dataclasses.replace(m, job_cpu_s=m.cpus / m.prep.rate(m.cpus), mem_bandwidth_bytes_per_s=8e9)
+
+
+def _point(model: Model, setup: RemoteSetup):
+    local = model.predict_measured()
+    return local, with_remote(model, local, setup, model.cpus, model.compute_rate())
+
+
+def test_remote_cpus_add_their_prep_less_what_receiving_costs_the_trainer(model):
+    local, p = _point(model, RemoteSetup(2, CROP))
+    x_r = 2 * model.prep.rate(1)
+    assert remote_rate(model, RemoteSetup(2, CROP)) == pytest.approx(x_r)
+    u_r = receive_cpu_s(model, RemoteSetup(2, CROP))
+    assert u_r == pytest.approx(RECEIVE_COPIES * CROP / 8e9)
+    spare = max(0.0, model.cpu_share * model.cpus - local.steady * model.job_cpu_s)  # what the job leaves idle
+    lost = max(0.0, x_r * u_r - spare) / model.job_cpu_s
+    assert lost > 0
+    assert p.samples_per_s == pytest.approx(min(model.compute_rate(), local.steady - lost + x_r), rel=1e-3)
+    assert local.steady < p.samples_per_s
+
+
+def test_a_slow_link_caps_the_remote_side_and_shipping_costs_more(model):
+    fast = remote_rate(model, RemoteSetup(4, CROP))
+    slow = remote_rate(model, RemoteSetup(4, CROP, link_bytes_per_s=10e6))
+    assert slow == pytest.approx(10e6 / (CROP + 16)) and slow < fast
+    shipped = remote_rate(model, RemoteSetup(4, CROP, link_bytes_per_s=10e6, ship=True))
+    assert shipped < slow
+    assert receive_cpu_s(model, RemoteSetup(4, CROP, ship=True)) > receive_cpu_s(model, RemoteSetup(4, CROP))
+
+
+def test_no_remote_cpu_is_the_local_prediction_and_compute_caps_it(model):
+    local, p = _point(model, RemoteSetup(0, CROP))
+    assert p is local
+    _, many = _point(model, RemoteSetup(1000, CROP))
+    assert many.samples_per_s == pytest.approx(model.compute_rate()) and many.bound == "compute"
+    assert math.isfinite(many.epoch_s)
