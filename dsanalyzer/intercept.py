@@ -129,13 +129,13 @@ class ProbeState:
         if "torch" in sys.modules:
             self.recorder.timeline.sync = cuda_sync_or_none()
         self.default_batch = getattr(loader, "batch_size", None) or 1
-        # A fresh iterator per worker count: torch's own __iter__ would reuse persistent workers.
-        fresh = getattr(loader, "_get_iterator", None)
+        from dsanalyzer.jobs.coordl_loader import fresh_iter
+
         prepared = jobs.prepare(
             self.cfg,  # a HookConfig is the RunPlan it asks for
             loader,
             lambda: orig_iter(loader),
-            fresh if callable(fresh) else None,
+            fresh_iter(loader, lambda: orig_iter(loader)),  # a fresh iterator per worker count
             progress=self.recorder.progress,
         )
         self.info.update(prepared.info)

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 
 from dsanalyzer.jobs import dali_iter, prepare
+from dsanalyzer.jobs.coordl_loader import fresh_iter
 from dsanalyzer.measure import runs
 from dsanalyzer.measure.cpu import main_process_section
 from dsanalyzer.measure.hookconfig import HookConfig
@@ -285,9 +286,8 @@ def _join(series: list[dict]) -> dict:
 
 
 def _fresh_iter(loader: Any) -> Callable[[], Any]:
-    """A new iterator per call (torch's ``__iter__`` would reuse persistent workers)."""
-    get = getattr(loader, "_get_iterator", None)
-    return get if callable(get) else (lambda: iter(loader))
+    """A new iterator per call (:func:`dsanalyzer.jobs.coordl_loader.fresh_iter`)."""
+    return fresh_iter(loader, lambda: iter(loader)) or (lambda: iter(loader))
 
 
 def _open_iter(loader: Any) -> Callable[[], Any]:

@@ -158,7 +158,7 @@ def _store_args(args: argparse.Namespace, model: Model) -> dict | None:
             file=sys.stderr,
         )
         return None
-    if (bad := check_remote_args(args)) is not None:
+    if (bad := check_remote_args(args, model)) is not None:
         print(f"dsanalyzer whatif: error: {bad}", file=sys.stderr)
         return None
     if model.store is None and any(v is not None for v in kw.values()):

@@ -2,7 +2,8 @@
 
 The model is :mod:`dsanalyzer.model.remote_prep`'s; this module adds its options to ``whatif`` and
 prints its answer. ``--remote-sample-kb`` is what one sample weighs on the way back (the uint8 crop for a
-recipe that ends in ToTensor + Normalize: 150.5 KB at 224 px; the float tensor otherwise);
+recipe that ends in ToTensor + Normalize: 150.5 KB at 224 px; the float tensor otherwise; default: what
+the profile measured on item 0 of a coordl loader);
 ``--remote-link-gbps`` the link between the trainer and the prep nodes (default: not limiting);
 ``--remote-ship`` when the prep nodes cannot read the dataset and the trainer sends them its bytes.
 """
@@ -24,7 +25,7 @@ def add_remote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remote-cpus", type=int, help="remote CPUs of a Ray cluster prepping too (remote_prep=)")
     p.add_argument(
         "--remote-sample-kb", type=float,
-        help="KB (1e3 bytes) one sample weighs coming back from a remote CPU (224 px uint8 crop: 150.5)",
+        help="KB (1e3 bytes) one sample weighs coming back from a remote CPU (default: as profiled; 224 px uint8 crop: 150.5)",
     )  # fmt: skip
     p.add_argument(
         "--remote-link-gbps", type=float, help="link to the prep nodes, Gbit/s (default: not limiting)"
@@ -34,7 +35,7 @@ def add_remote_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def check_remote_args(args: argparse.Namespace) -> str | None:
+def check_remote_args(args: argparse.Namespace, model: Model) -> str | None:
     """The error message for bad remote options (None: fine)."""
     if args.remote_cpus is None:
         given = [n for n in ("remote_sample_kb", "remote_link_gbps") if getattr(args, n) is not None]
@@ -43,8 +44,13 @@ def check_remote_args(args: argparse.Namespace) -> str | None:
         return None
     if args.remote_cpus < 1:
         return f"--remote-cpus must be >= 1, got {args.remote_cpus}"
-    if args.remote_sample_kb is None or args.remote_sample_kb <= 0:
-        return "--remote-cpus needs --remote-sample-kb > 0 (what one prepped sample weighs on the way back)"
+    if args.remote_sample_kb is None and not model.remote_wire_bytes:
+        return (
+            "--remote-cpus needs --remote-sample-kb (what one prepped sample weighs on the way back): the "
+            "profile measures it only for a coordl loader whose transform ends in ToTensor + Normalize"
+        )
+    if args.remote_sample_kb is not None and args.remote_sample_kb <= 0:
+        return f"--remote-sample-kb must be > 0, got {args.remote_sample_kb}"
     if args.remote_link_gbps is not None and args.remote_link_gbps <= 0:
         return f"--remote-link-gbps must be > 0, got {args.remote_link_gbps}"
     return None
@@ -55,7 +61,12 @@ def remote_point(
 ) -> Prediction:
     """The asked point with the remote CPUs added; prints how the rate splits."""
     link = args.remote_link_gbps * 1e9 / 8 if args.remote_link_gbps else math.inf
-    setup = RemoteSetup(args.remote_cpus, args.remote_sample_kb * 1e3, link, args.remote_ship)
+    wire = (
+        args.remote_sample_kb * 1e3
+        if args.remote_sample_kb is not None
+        else float(model.remote_wire_bytes or 0)
+    )
+    setup = RemoteSetup(args.remote_cpus, wire, link, args.remote_ship)
     point = with_remote(model, local, setup, cpus, model.compute_rate(gpu_speedup))
     print(
         f"\nremote prep: {setup.cpus} remote CPU(s) at {model.prep.rate(1):.1f} samples/s each "

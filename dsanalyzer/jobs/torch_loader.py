@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dsanalyzer.jobs import item_source
-from dsanalyzer.jobs.coordl_loader import fetch_ahead, is_coordl_loader
+from dsanalyzer.jobs.coordl_loader import fetch_ahead, is_coordl_loader, remote_facts
 from dsanalyzer.measure import fetchrate, itemsize, objectstore, runs
 from dsanalyzer.measure.plan import MODES, Prepared, RunPlan
 from dsanalyzer.model.store import loader_concurrency
@@ -39,6 +39,7 @@ def loader_facts(loader: Any) -> dict:
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "batches_per_epoch": _batches_per_epoch(loader),
         "torch_threads": _torch_threads(),
+        **remote_facts(loader),
     }
 
 

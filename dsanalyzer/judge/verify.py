@@ -27,6 +27,7 @@ import statistics
 from dsanalyzer.judge.verdict import OTHER_CPU_SHARE, other_cpu_cores
 from dsanalyzer.measure.launch import ProfileError
 from dsanalyzer.measure.timeline import summarize
+from dsanalyzer.model.remote_prep import RemoteSetup, with_remote
 from dsanalyzer.model.whatif import Model
 
 __all__ = ["verify_result", "fill_epochs", "warmup_for", "TARGET_ERROR", "PAUSE_FACTOR"]
@@ -130,6 +131,12 @@ def verify_result(report: dict, run: dict | list[dict], warmup: int, command: li
     predicted = model.predict(
         cache_bytes, model.cpus, model.storage_bytes_per_s, policy=policy, workers=workers, fetch_ahead=ahead
     )
+    remote = int(loader.get("remote_cpus") or 0)
+    wire = loader.get("remote_wire_bytes") or model.remote_wire_bytes
+    if remote > 0 and wire:  # the run prepped on remote CPUs too (coordl's remote_prep=)
+        change["remote_cpus"] = remote
+        setup = RemoteSetup(remote, float(wire))
+        predicted = with_remote(model, predicted, setup, model.cpus, model.compute_rate())
     each = [_measured(r, warmup) for r in runs]
     measured = statistics.median(m["samples_per_s"] for m in each)
     error = (measured - predicted.samples_per_s) / predicted.samples_per_s

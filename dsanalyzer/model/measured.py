@@ -169,6 +169,7 @@ def model_fields(report: dict) -> dict:
         "cache_bytes": float(field(report, "cache_bytes", required=False, default=0.0)),
         "cache_policy": policy,
         "prep_points": tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
+        "remote_wire_bytes": _number(field(report, "loader", "remote_wire_bytes", required=False)),
         **main_process_costs(report, cpus),
         **store,
     }

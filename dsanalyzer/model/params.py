@@ -52,6 +52,7 @@ class JobParams:
     store: StoreModel | None = None  # an object store's fitted rates (None: files; see model/store.py)
     fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
     items_per_request: float = 1.0  # items one store request brings (a shard's items; 1 for loose files)
+    remote_wire_bytes: float | None = None  # one sample's bytes back from a remote CPU (None: not measured)
 
     @property
     def fetch_free(self) -> bool:
@@ -89,6 +90,7 @@ def params_json(job: JobParams) -> dict:
         "store": None if job.store is None else job.store.params(),
         "fetch_ahead": job.fetch_ahead,
         "items_per_request": job.items_per_request,
+        "remote_wire_bytes": job.remote_wire_bytes,
         "measured_at": {
             "cpus": job.cpus,
             "workers": job.workers,

@@ -29,6 +29,6 @@ loader = coordl.DataLoader(
     remote_prep=remote,
 )
 for _ in range(args.epochs):
-    for images, labels in loader:
+    for _batch in loader:  # no model: the job is its data path (prep-bound)
         pass
 loader.close()

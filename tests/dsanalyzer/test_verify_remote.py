@@ -1,0 +1,72 @@
+"""``whatif --remote-cpus`` against a real run on a Ray cluster, judged by ``dsanalyzer verify``.
+
+A prep-bound job (the standard recipe at 224 px, one local worker, no model: tests/dsanalyzer/remote_job.py)
+is profiled on core 0 alone; the what-if predicts it with one remote CPU; then the same job runs with
+``remote_prep=`` against a cluster whose one prep node is pinned to core 1 (tests/coordl/remote/ray_cluster.py,
+in a loopback-only network namespace), under ``dsanalyzer verify``: the judge applies the run's remote
+CPUs (its loader's facts) and sets the measured rate beside the prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.netns import skip_reason as netns_skip_reason
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "dsanalyzer" / "remote_job.py"
+DSANALYZER = [sys.executable, "-m", "dsanalyzer.cli"]
+
+
+def _run(args: list[str], timeout: float = 900) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_remote_cpu_what_if_is_verified_on_a_cluster(tmp_path):
+    if (os.cpu_count() or 1) < 2 or netns_skip_reason():
+        pytest.skip(netns_skip_reason() or "needs two cores")
+    pytest.importorskip("ray")
+    import coordl
+    from coordl.datasets.synth import make_dataset
+    from tests.coordl.remote.ray_cluster import RayCluster
+
+    root = make_dataset(tmp_path / "jpegs", n=1000, classes=10)
+    core0 = ["taskset", "-c", "0"]
+    out = tmp_path / "profile"
+    _run([*core0, *DSANALYZER, "profile", "--iters", "60", "--min-seconds", "5", "--quiet", "--out", str(out),
+          "--", sys.executable, str(JOB), root])  # fmt: skip
+    report = json.loads((out / "report.json").read_text())
+    assert report["loader"]["remote_cpus"] == 0 and report["loader"]["remote_wire_bytes"] == 224 * 224 * 3
+    predicted = float(
+        _run([*DSANALYZER, "whatif", str(out / "report.json"), "--remote-cpus", "1"]).split("=")[-1]
+    )
+
+    cluster = RayCluster()
+    try:
+        cluster.start_head()
+        coordl.RemotePrep(cluster.address, token=cluster.token).connect()
+        cluster.add_node(cores="1")
+        job = [sys.executable, str(JOB), root, "--remote", cluster.address, "--token", cluster.token]
+        _run([*core0, *DSANALYZER, "verify", "--runs", "3", "--iters", "60", "--min-seconds", "5", "--quiet",
+              str(out), "--", *job])  # fmt: skip
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.stop()
+    v = json.loads((out / "report.json").read_text())["verify"]
+    assert v["change"] == {"remote_cpus": 1}
+    assert v["predicted_samples_per_s"] == pytest.approx(predicted, rel=1e-5)  # whatif prints 6 digits
+    print(f"remote what-if: predicted {predicted:.1f}, measured {v['measured_samples_per_s']:.1f} "
+          f"({v['error']:+.1%}; runs {[round(r['samples_per_s']) for r in v['runs']]})")  # fmt: skip
+    assert abs(v["error"]) <= 0.10, v
