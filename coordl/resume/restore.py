@@ -10,7 +10,6 @@ the turn to the worker whose turn it was).
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import logging
@@ -51,7 +50,10 @@ class ResumeRestore:
     pass_id: int
     pass_workers: int
     pass_offset: int
+    handed: set[int]
     persistent: bool
+    in_order: bool
+    pad_turns: bool
     generator_state: str | None
     shuffle_state: str | None
     sampler_generator_state: str | None
@@ -70,15 +72,16 @@ class ResumeRestore:
         self.pass_id += 1
         self.in_epoch = True
         self.pass_workers = workers
-        skip = 0
+        skip, self.handed = 0, set()
         if plan is not None:
             self.epoch, skip = int(plan["epoch"]), int(plan["batches_done"])
+            self.handed = {int(n) for n in plan.get("handed_out_after") or ()}
             self.worker_states = dict(enumerate(plan.get("workers") or []))
             self.worker_states = {k: v for k, v in self.worker_states.items() if v is not None}
             self.last_worker = plan.get("last_worker")
         elif not self.persistent:
             self.worker_states, self.last_worker = {}, None  # new workers start from the main copy
-        self.batches_done = self.pass_offset = skip
+        self.batches_done, self.pass_offset = skip, skip + len(self.handed)
         self.generator_state = encode_generator_state(self.generator) if self.generator is not None else None
         self.shuffle_state = (
             encode_generator_state(self.shuffle_generator) if self.shuffle_generator is not None else None
@@ -89,14 +92,21 @@ class ResumeRestore:
         self.sampler_state = None
         discard = 0
         if self.order is not None:
-            discard = self._begin_order(plan, skip)
+            discard = self._begin_order(plan, skip, workers)
         elif plan is not None:
             discard = self._begin_stream(plan, skip, workers)
         return discard
 
-    def _begin_order(self, plan: dict[str, Any] | None, skip: int) -> int:
+    def _begin_order(self, plan: dict[str, Any] | None, skip: int, workers: int) -> int:
         order = self.order
         assert order is not None  # _begin_pass calls this only for a sampler's order
+        # torch hands batch i of a pass to worker i % workers (in order): the epoch's batch ``skip`` was
+        # worker skip % workers's turn, so workers 0 .. that one - 1 each take a pad batch first and every
+        # worker goes on from its own state. Out of order, the batches name their number instead.
+        in_order = self.in_order or workers == 0
+        order.first, order.drop = skip, frozenset(self.handed)
+        order.pads = skip % workers if in_order and workers and self.pad_turns else 0
+        order.number = not in_order
         saved = plan.get("sampler") if plan is not None else None
         if saved is not None:
             order.restore = saved  # the sampler positions itself
@@ -169,11 +179,9 @@ class ResumeRestore:
             last = self.last_worker if plan is not None and self.batches_done else None
             pads = set(range(last + 1)) if last is not None and last < workers - 1 else set()
             return {i: {**(states.get(i) or {}), "pads": int(i in pads)} for i in range(workers)}
-        # torch gives this pass's batch i to worker i % workers; it was batch pass_offset + i, made
-        # by worker (pass_offset + i) % workers in the uninterrupted run: that worker's state goes there.
-        shift = self.pass_offset if plan is not None else 0
-        placed = {i: states.get((shift + i) % workers) for i in range(workers)}
-        return {i: s for i, s in placed.items() if s is not None}
+        # each worker its own state (the sampler's pads keep the turns): after its last batch handed
+        # out, or the loaded one when it has handed out none since; none: it starts as constructed
+        return {i: s for i, s in states.items() if s is not None and i < workers}
 
     def load_state_dict(self, state: Any, shape: dict[str, Any]) -> None:
         """Check ``state`` against this loader now; the next pass resumes from it."""
@@ -199,4 +207,4 @@ class ResumeRestore:
         self.epoch = int(state["epoch"])
         self._restart = True
         self.pinned_rng = None
-        self.plan = copy.deepcopy(state)
+        self.plan = dict(state)  # copied when the next pass applies it
