@@ -31,8 +31,8 @@ from coordl.resume.state import (
     is_stateful,
     torch_generator,
 )
-from coordl.resume.tracker import PassTracker
-from coordl.resume.workers import DatasetState, ResumableStream, Tagged, TaggingCollate, WorkerRestore
+from coordl.resume.tracker import PassProgress, PassTracker
+from coordl.resume.workers import DatasetState, ResumableStream, TaggingCollate, WorkerRestore
 
 __all__ = ["Resume"]
 
@@ -47,7 +47,7 @@ def _private_generator() -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-class Resume(ResumeRestore):
+class Resume(ResumeRestore, PassProgress):
     """The order and progress of a loader's passes, kept resumable (see the module docstring).
 
     Args:
@@ -115,6 +115,7 @@ class Resume(ResumeRestore):
         self.persistent = False
         self.in_order = True
         self.pad_turns = True  # a resumed map-style pass keeps torch's turns with pad batches
+        self.greet = 0  # the pass starts with a pad from each worker, telling its state
         self.generator_state: str | None = None
         self.shuffle_state: str | None = None
         self.sampler_generator_state: str | None = None
@@ -204,55 +205,10 @@ class Resume(ResumeRestore):
                 self.stream.pending.clear()
         if it is not live:
             self.workers_rng = rng
-        return PassTracker(it, self, self.pass_id, discard=discard, release=release)
-
-    def batch_done(self, pass_id: int, tag: Tagged | None) -> None:
-        """A batch of pass ``pass_id`` was handed out (or dropped: every item skipped, or its error raised).
-
-        Its number in the epoch is the tag's (a batch handed out of order), else the lowest not handed
-        out yet; each worker's state is the one it sent with the last batch handed out from it."""
-        if pass_id != self.pass_id:
-            return  # an iterator of an earlier pass, or of one a load replaced
-        number = tag.number if tag is not None else None
-        if number is not None and number > self.batches_done:
-            self.handed.add(number)  # overtook batches still being made
-        else:
-            self._handed_next()
-        while self.handed and self.batches_done in self.handed:
-            self.handed.discard(self.batches_done)
-            self._handed_next()
-        if tag is None:
-            return
-        if tag.state is not None:
-            self.worker_states[tag.worker] = tag.state
-        self.last_worker = tag.worker
-
-    def _handed_next(self) -> None:
-        """The lowest batch not handed out yet was: the sampler's state is the one after it."""
-        self.batches_done += 1
-        if self.order is not None and self.order.snapshots:
-            self.sampler_state = self.order.snapshots.popleft()
-
-    def worker_ended(self, pass_id: int, tag: Tagged | None) -> None:
-        """A worker of pass ``pass_id`` finished its stream; ``tag`` holds its state after the end."""
-        if pass_id == self.pass_id and tag is not None:
-            self.worker_states[tag.worker] = tag.state
-
-    def pass_ended(self, pass_id: int) -> None:
-        if pass_id != self.pass_id or not self.in_epoch:
-            return
-        self.in_epoch = False
-        self.epoch += 1
-        self.batches_done = 0
-        self.handed = set()
-        if self.order is not None:
-            self.order.snapshots.clear()
-        if not self.persistent:
-            self.worker_states, self.last_worker = {}, None
-            return
-        if self.stream is not None:  # the next pass makes new iterators; the datasets (and RNGs) live on
-            kept = {w: {**s, "ended": False, "renew": True} for w, s in self.worker_states.items()}
-            self.worker_states = kept
+        tracker = PassTracker(it, self, self.pass_id, discard=discard, release=release)
+        if self.greet:  # (as torchdata's iterator waits for its persistent workers' states)
+            tracker.take_pads(self.greet)
+        return tracker
 
     # -- state ------------------------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ class ResumeRestore:
     persistent: bool
     in_order: bool
     pad_turns: bool
+    greet: int
     generator_state: str | None
     shuffle_state: str | None
     sampler_generator_state: str | None
@@ -67,7 +68,8 @@ class ResumeRestore:
 
     def _begin_pass(self, workers: int, plan: dict[str, Any] | None) -> int:
         """Bookkeeping of a new pass (and the main-process parts of ``plan``); the batches to drop."""
-        if self.in_epoch:  # the previous pass was left early: this is the next epoch
+        left_early = self.in_epoch
+        if left_early:  # the previous pass was left early: this is the next epoch
             self.epoch += 1
         self.pass_id += 1
         self.in_epoch = True
@@ -92,12 +94,15 @@ class ResumeRestore:
         self.sampler_state = None
         discard = 0
         if self.order is not None:
-            discard = self._begin_order(plan, skip, workers)
+            # persistent workers that made batches of a pass left early no one got: their states now
+            # are not those of their last batches handed out; each tells it with a pad first
+            hello = left_early and plan is None and self.persistent and not self._restart
+            discard = self._begin_order(plan, skip, workers, hello=hello)
         elif plan is not None:
             discard = self._begin_stream(plan, skip, workers)
         return discard
 
-    def _begin_order(self, plan: dict[str, Any] | None, skip: int, workers: int) -> int:
+    def _begin_order(self, plan: dict[str, Any] | None, skip: int, workers: int, *, hello: bool) -> int:
         order = self.order
         assert order is not None  # _begin_pass calls this only for a sampler's order
         # torch hands batch i of a pass to worker i % workers (in order): the epoch's batch ``skip`` was
@@ -106,6 +111,10 @@ class ResumeRestore:
         in_order = self.in_order or workers == 0
         order.first, order.drop = skip, frozenset(self.handed)
         order.pads = skip % workers if in_order and workers and self.pad_turns else 0
+        self.greet = 0
+        if hello and in_order and self.pad_turns and is_stateful(self.user_dataset):
+            order.pads += workers  # one each: they come back first, as worker i's, i = 0 .. workers - 1
+            self.greet = workers
         order.number = not in_order
         saved = plan.get("sampler") if plan is not None else None
         if saved is not None:

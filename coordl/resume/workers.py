@@ -140,10 +140,15 @@ class TaggingCollate:
         self.collate_fn = collate_fn
         self.holder = holder
         self.drop_last = drop_last
+        # a map-style worker's pad carries its state: the state it starts the pass with
+        self.pad_state = isinstance(holder, DatasetState) and holder.stateful
 
     def __call__(self, batch: Any) -> Any:
         if batch is PAD or (isinstance(batch, list) and batch and all(item is PAD for item in batch)):
-            return PadBatch()
+            info = torch.utils.data.get_worker_info()
+            if not self.pad_state or info is None:
+                return PadBatch()
+            return Tagged(PadBatch(), info.id, copy.deepcopy(self.holder.worker_state()))
         items, ended = _strip_end(batch)
         if ended and (not items or self.drop_last):
             out: Any = EndBatch()

@@ -306,11 +306,12 @@ def _early_map_state(
     ctx: str | None,
     load_at: int | None,
     k: int,
+    left_early: int = 0,
 ) -> tuple[list, list]:
     """``k`` batches after ``iter()`` (``load_at``: after ``load_at`` batches, a state loaded back into
-    the same loader, and ``k`` batches after that), then a state: the rest of the run (and the next epoch
-    with persistent workers) uninterrupted, and from a new loader, under another global seed, that
-    loaded the state."""
+    the same loader, and ``k`` batches after that; ``left_early``: after a pass left after that many
+    batches), then a state: the rest of the run (and the next epoch with persistent workers)
+    uninterrupted, and from a new loader, under another global seed, that loaded the state."""
 
     def make():
         kwargs: dict[str, Any] = {"batch_size": 2, "num_workers": workers, "persistent_workers": persistent}
@@ -322,6 +323,10 @@ def _early_map_state(
     torch.manual_seed(0)
     dl = make()
     it = iter(dl)
+    if left_early:
+        for _ in range(left_early):
+            next(it)
+        it = iter(dl)
     if load_at is not None:
         for _ in range(load_at):
             next(it)
@@ -369,3 +374,15 @@ def test_map_style_turns_kept_without_a_dataset_state(load_at: int | None, k: in
     assert got == _early_map_state(StatefulDataLoader, PlainRngItems, 3, False, "fork", load_at, k)
     whole, resumed = got
     assert resumed[: 3 - k] == whole[: 3 - k]  # the workers that had given none: their first batch
+
+
+@pytest.mark.parametrize(("left_early", "k"), [(2, 0), (2, 1), (4, 2)])
+def test_persistent_map_workers_after_a_pass_left_early(left_early: int, k: int) -> None:
+    """Persistent workers made batches of a pass left early that no one got: when the next pass begins
+    their states are not those of their last batches handed out. A state taken in that pass before
+    every worker gave a batch (right after ``iter()`` too) resumes each from the state it began the
+    pass with; torchdata's loader resumes the same."""
+    args = (GlobalRngItems, 3, True, "fork", None, k, left_early)
+    whole, got = _early_map_state(coordl.DataLoader, *args)
+    assert got == whole
+    assert (whole, got) == _early_map_state(StatefulDataLoader, *args)
