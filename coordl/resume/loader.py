@@ -28,6 +28,7 @@ from coordl.resume.state import (
     STATE_VERSION,
     encode_generator_state,
     encode_rng_state,
+    encode_runs,
     is_stateful,
     torch_generator,
 )
@@ -230,9 +231,9 @@ class Resume(ResumeRestore, PassProgress):
             **shape,
             "epoch": self.epoch,
             "batches_done": 0 if between else self.batches_done,
-            # (out of order: the batches after it handed out already; a few numbers, at most the
-            # batches in flight)
-            "handed_out_after": [] if between else sorted(self.handed),
+            # (out of order: the batches after it handed out already, as runs [first, last]: a few,
+            # however many batches overtook a slow one)
+            "handed_out_after": [] if between else encode_runs(self.handed),
             "generator_state": self._generator_state(self.generator, self.generator_state, between),
             "shuffle_state": self._generator_state(self.shuffle_generator, self.shuffle_state, between),
             "sampler_generator_state": self._generator_state(

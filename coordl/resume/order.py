@@ -5,7 +5,10 @@ indices ahead of the batches the user gets (``prefetch_factor * num_workers`` ba
 so the wrapper notes a Stateful sampler's state after each batch it hands out and the loader keeps
 the one of the last batch the user got (torchdata takes its main-process snapshots the same way). On
 resume it either restores that state (a Stateful sampler or sampler iterator positions itself) or skips
-the batches already returned (any other sampler: they are never fetched or prepped again).
+the batches already returned (any other sampler: they are never fetched or prepped again), drops the
+later batches already handed out out of order, and yields first the pad batches that keep torch's
+worker turns. Out of order, each batch's first index carries the batch's number in the epoch, so the
+state can name the batches handed out.
 """
 
 from __future__ import annotations

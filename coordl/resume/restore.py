@@ -23,6 +23,7 @@ from coordl.resume.state import (
     StateMismatchError,
     check_state,
     decode_generator_state,
+    decode_runs,
     encode_generator_state,
     is_stateful,
 )
@@ -77,7 +78,7 @@ class ResumeRestore:
         skip, self.handed = 0, set()
         if plan is not None:
             self.epoch, skip = int(plan["epoch"]), int(plan["batches_done"])
-            self.handed = {int(n) for n in plan.get("handed_out_after") or ()}
+            self.handed = decode_runs(plan.get("handed_out_after") or [])
             self.worker_states = dict(enumerate(plan.get("workers") or []))
             self.worker_states = {k: v for k, v in self.worker_states.items() if v is not None}
             self.last_worker = plan.get("last_worker")
@@ -195,6 +196,7 @@ class ResumeRestore:
     def load_state_dict(self, state: Any, shape: dict[str, Any]) -> None:
         """Check ``state`` against this loader now; the next pass resumes from it."""
         check_state(state, shape)
+        decode_runs(state.get("handed_out_after") or [])  # refused now, not at the next iter()
         for key, generator, how in (
             ("generator_state", self.generator, "with generator="),
             ("shuffle_state", self.shuffle_generator, "with shuffle=True and no generator="),

@@ -12,7 +12,12 @@ Resuming a stream mid-epoch must also give the batches in the order the uninterr
 have: torch hands batch ``i`` of a pass to worker ``i % num_workers`` (skipping workers that have
 ended), so after the user got a batch from worker ``L``, the next one comes from worker ``L + 1``. A
 resumed pass starts at worker 0 again, so workers ``0..L`` each first make one pad batch
-(:data:`PAD` items, collated to :class:`PadBatch`), which the main process drops.
+(:data:`PAD` items, collated to :class:`PadBatch`), which the main process drops. A map-style pass
+does the same with pad indices from its sampler (:class:`coordl.resume.order.ResumableSampler`), which
+the fetch passes through untouched: every worker keeps its own state and its turns. A map-style
+worker's pad carries its state (the one it begins the pass with), and a batch handed out of order
+carries its number in the epoch, which its first index brought to the worker's fetch
+(:func:`note_batch`).
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 import coordl
+from coordl.resume import StateMismatchError
+from coordl.resume.state import decode_runs, encode_runs
 from tests.coordl.resume_cases import (
     EpochStream,
     FlipStream,
@@ -180,13 +182,26 @@ def test_out_of_order_map_style_hands_out_every_batch_once(
     handed = {batch[0] // batch_size for batch in got}
     lowest = min(set(range(12 // batch_size)) - handed)
     assert state["batches_done"] == lowest
-    assert state["handed_out_after"] == sorted(n for n in handed if n > lowest)
+    after = [n for first, last in state["handed_out_after"] for n in range(first, last + 1)]
+    assert after == sorted(n for n in handed if n > lowest)
     dl = make()
     dl.load_state_dict(state)
     got += [plain(b) for b in dl]
     assert sorted(i for batch in got for i in batch) == list(range(12)), got
     assert sorted(i for b in dl for i in plain(b)) == list(range(12))  # the next epoch, whole
     _close(dl)
+
+
+def test_out_of_order_state_names_runs_and_refuses_others() -> None:
+    """The batches handed out above the lowest are saved as runs; a state holding anything else there
+    is refused at load, naming the key."""
+    assert encode_runs({3, 4, 5, 9, 11, 12}) == [[3, 5], [9, 9], [11, 12]]
+    assert decode_runs([[3, 5], [9, 9]]) == {3, 4, 5, 9}
+    dl = coordl.DataLoader(SlowItems(12, delay_s=0), batch_size=1, num_workers=0)
+    state = dl.state_dict()
+    dl.load_state_dict({**state, "handed_out_after": [[2, 3]]})
+    with pytest.raises(StateMismatchError, match="handed_out_after"):
+        dl.load_state_dict({**state, "handed_out_after": [4]})
 
 
 @pytest.mark.parametrize("interrupt", [3, 7])
