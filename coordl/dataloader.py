@@ -484,7 +484,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             start = start_workers if self._remote is None else self._remote.wrap(start_workers)
             try:
                 it = start(torch_loader) if self._resume is None else self._resume.start(
-                    torch_loader, start, release=self._ring.unwrap if self._ring is not None else None
+                    torch_loader, start, release=self._ring.unwrap if self._ring is not None else None,
+                    turns=self._remote is None,
                 )  # fmt: skip
             except RuntimeError as error:  # a worker died at its start: torch's SIGCHLD handler raised it
                 if (translated := self._translate(error, None)) is None:

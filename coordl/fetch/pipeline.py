@@ -27,6 +27,7 @@ from coordl.fetch.pagecache import check_mode
 from coordl.fetch.skipping import SKIPPED, SkipLog
 from coordl.fetch.tiers import BASE_COUNTERS, FetchTier, MinioTier, TierLookup
 from coordl.fetch.watch import WorkerWatch
+from coordl.resume.workers import PAD, note_batch
 from coordl.ring.output_buffers import lend
 from shmem.counters import SharedCounters
 
@@ -99,7 +100,7 @@ class LoaderSource(torch.utils.data.Dataset):
 
     def __getitem__(self, index: Any) -> Any:
         if not is_index(index):  # batch_size=None and a sampler of lists, slices, names...: dataset[key]
-            return self._keys.get(index)
+            return PAD if index is PAD else self._keys.get(index)  # a resumed pass's pad: not an item
         out = self._get_many([index], stack=False)
         if not out:
             # Only reachable without batching, which the loader refuses with on_error="skip".
@@ -108,6 +109,8 @@ class LoaderSource(torch.utils.data.Dataset):
 
     def __getitems__(self, indices: Sequence[Any]) -> Any:
         if not all(is_index(i) for i in indices):
+            if indices[0] is PAD:  # a resumed pass's pad batch (coordl.resume): the collate drops it
+                return list(indices)
             return self._keys.get_many(indices)
         return self._get_many(indices, stack=True)
 
@@ -115,8 +118,11 @@ class LoaderSource(torch.utils.data.Dataset):
         """The batch's samples (skipped ones left out), or, with the batch ring, the stacked batch."""
         worker = torch.utils.data.get_worker_info()
         worker_id = worker.id if worker is not None and self.watch is not None else None
-        # Indices may carry the seed of their prep's random draws (coordl.resume.SeededIndex).
+        # Indices may carry the seed of their prep's random draws (coordl.resume.SeededIndex), and the
+        # first the batch's number in its epoch (handed out of order: the resumable state names it).
         self._item_seeds = {int(i): seed for i in indices if (seed := getattr(i, "seed", None)) is not None}
+        if indices and (number := getattr(indices[0], "batch", None)) is not None:
+            note_batch(number)
         batched = self._load_batched(indices, worker_id) if self._keys.batched is not None and stack else None
         # The dataset's own batch: collate gets it as is.
         if batched is not None and type(batched) is not list:

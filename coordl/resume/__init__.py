@@ -4,7 +4,8 @@ not been handed out, in the same order (torchdata's ``StatefulDataLoader`` seman
 What a state holds (plain data, O(workers), never O(dataset)):
 
 * the pass: its epoch and the batches already handed out (batches whose items were all skipped
-  count: they were used up);
+  count: they were used up), named by the lowest not handed out and, with ``in_order=False``, the
+  numbers above it that were;
 * the order: the state, when the pass began, of the generator that shuffles it (``generator=``, or
   the loader's own one for ``shuffle=True`` without it, seeded once from torch's global RNG as torch's
   and torchdata's ``RandomSampler`` seed theirs), and torch's RNG when the workers were made (their
@@ -13,8 +14,9 @@ What a state holds (plain data, O(workers), never O(dataset)):
 * the Stateful protocol (``state_dict()`` / ``load_state_dict()``, torchdata's meaning): a sampler,
   batch sampler or sampler iterator that has them saves its own position instead (after the last
   batch handed out, not the ones drawn ahead); a dataset, and an ``IterableDataset``'s iterator, that
-  have them are saved where they live, in each worker after the last batch it gave (or in the main
-  process without workers), and restored there;
+  have them are saved where they live, in each worker after the last batch it gave (or as it began
+  the pass, before it gave one; in the main process without workers), and restored in that worker,
+  whose turn in torch's round robin the resumed pass keeps;
 * an ``IterableDataset`` without any state is replayed from the start of the epoch and the batches
   already handed out are dropped (torchdata's fast-forward, with the same worker seeds).
 

@@ -28,11 +28,12 @@ from coordl.resume.state import (
     STATE_VERSION,
     encode_generator_state,
     encode_rng_state,
+    encode_runs,
     is_stateful,
     torch_generator,
 )
-from coordl.resume.tracker import PassTracker
-from coordl.resume.workers import DatasetState, ResumableStream, Tagged, TaggingCollate, WorkerRestore
+from coordl.resume.tracker import PassProgress, PassTracker
+from coordl.resume.workers import DatasetState, ResumableStream, TaggingCollate, WorkerRestore
 
 __all__ = ["Resume"]
 
@@ -47,7 +48,7 @@ def _private_generator() -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-class Resume(ResumeRestore):
+class Resume(ResumeRestore, PassProgress):
     """The order and progress of a loader's passes, kept resumable (see the module docstring).
 
     Args:
@@ -107,12 +108,15 @@ class Resume(ResumeRestore):
         self.sampler_generator = _sampler_generator(self.order, generator) if self.order is not None else None
         self.epoch = 0  # the epoch running, or the next one between epochs
         self.in_epoch = False
-        self.batches_done = 0  # of the pass running, including those resumed past
+        self.batches_done = 0  # of the pass running: the lowest batch number not handed out yet
+        self.handed: set[int] = set()  # numbers above batches_done handed out already (out of order)
         self.pass_id = 0
         self.pass_workers = 0
         self.pass_offset = 0  # batches resumed past at the start of the pass running
         self.persistent = False
         self.in_order = True
+        self.pad_turns = True  # a resumed map-style pass keeps torch's turns with pad batches
+        self.greet = 0  # the pass starts with a pad from each worker, telling its state
         self.generator_state: str | None = None
         self.shuffle_state: str | None = None
         self.sampler_generator_state: str | None = None
@@ -126,7 +130,6 @@ class Resume(ResumeRestore):
         self.last_worker: int | None = None
         self.plan: dict[str, Any] | None = None  # a loaded state, applied when the next pass starts
         self._restart = False  # the next pass needs new workers (a load, or a rotated resume)
-        self._warned = False
 
     # -- what torch is built with ----------------------------------------------------------------------
 
@@ -142,8 +145,10 @@ class Resume(ResumeRestore):
     def for_torch(self, dataset: Any, collate_fn: Callable | None) -> tuple[Any, Callable | None]:
         """``(dataset, collate_fn)`` to build torch's loader with: the stream wrapper for an
         ``IterableDataset``; a collate that reports each worker's state when there is one to report."""
-        if self.stream is None and not is_stateful(self.user_dataset):
-            return dataset, collate_fn
+        if self.stream is None and self.order is None:
+            return dataset, collate_fn  # a torch DataPipe: torch's own
+        # (map-style, any dataset: a resumed pass's pad batches and the numbers of batches handed out
+        # out of order pass through it too)
         collate_fn = collate_fn or (default_collate if self._auto_collation else default_convert)
         holder = self.stream if self.stream is not None else DatasetState(self.user_dataset)
         tagging = TaggingCollate(collate_fn, holder, drop_last=self._drop_last)
@@ -152,15 +157,25 @@ class Resume(ResumeRestore):
     # -- a pass -----------------------------------------------------------------------------------------
 
     def start(
-        self, torch_loader: Any, start_workers: Callable[[Any], Any], release: Callable | None = None
+        self,
+        torch_loader: Any,
+        start_workers: Callable[[Any], Any],
+        release: Callable | None = None,
+        *,
+        turns: bool = True,
     ) -> PassTracker:
         """Start a pass of ``torch_loader`` (``start_workers(torch_loader)`` makes its iterator), with a
-        loaded state applied: the main process's parts now, the workers' in the new workers."""
+        loaded state applied: the main process's parts now, the workers' in the new workers.
+
+        ``turns``: torch's workers take the pass's batches in turn (not so when remote prep shares
+        them), so a resumed pass's pads give the first batch to the worker whose turn it was."""
         workers = torch_loader.num_workers
-        plan, self.plan = self.plan, None
+        # (a copy: the parts of it handed to the user's sampler and datasets are theirs to change)
+        plan, self.plan = copy.deepcopy(self.plan), None
+        self.in_order = bool(getattr(torch_loader, "in_order", True))
+        self.pad_turns = turns
         discard = self._begin_pass(workers, plan)
         self.persistent = bool(torch_loader.persistent_workers) and workers > 0
-        self.in_order = bool(getattr(torch_loader, "in_order", True))
         placed = self._worker_plan(plan, workers)
         live = getattr(torch_loader, "_iterator", None)
         if live is not None and (self._restart or placed):
@@ -191,53 +206,17 @@ class Resume(ResumeRestore):
                 self.stream.pending.clear()
         if it is not live:
             self.workers_rng = rng
-        return PassTracker(it, self, self.pass_id, discard=discard, release=release)
-
-    def batch_done(self, pass_id: int, tag: Tagged | None) -> None:
-        """A batch of pass ``pass_id`` was handed out (or dropped: every item skipped, or its error raised)."""
-        if pass_id != self.pass_id:
-            return  # an iterator of an earlier pass, or of one a load replaced
-        index = self.batches_done
-        self.batches_done += 1
-        if self.order is not None and self.order.snapshots:
-            self.sampler_state = self.order.snapshots.popleft()
-        if tag is None:
-            return
-        worker = tag.worker if self.stream is not None else index % max(1, self.pass_workers)
-        self.worker_states[worker] = tag.state
-        self.last_worker = worker
-
-    def worker_ended(self, pass_id: int, tag: Tagged | None) -> None:
-        """A worker of pass ``pass_id`` finished its stream; ``tag`` holds its state after the end."""
-        if pass_id == self.pass_id and tag is not None:
-            self.worker_states[tag.worker] = tag.state
-
-    def pass_ended(self, pass_id: int) -> None:
-        if pass_id != self.pass_id or not self.in_epoch:
-            return
-        self.in_epoch = False
-        self.epoch += 1
-        self.batches_done = 0
-        if self.order is not None:
-            self.order.snapshots.clear()
-        if not self.persistent:
-            self.worker_states, self.last_worker = {}, None
-            return
-        if self.stream is not None:  # the next pass makes new iterators; the datasets (and RNGs) live on
-            kept = {w: {**s, "ended": False, "renew": True} for w, s in self.worker_states.items()}
-            self.worker_states = kept
-        elif self.pass_offset % max(1, self.pass_workers):
-            self._restart = True  # the resumed pass's workers hold rotated states: back to their own
+        tracker = PassTracker(it, self, self.pass_id, discard=discard, release=release)
+        if self.greet:  # (as torchdata's iterator waits for its persistent workers' states)
+            tracker.take_pads(self.greet)
+        return tracker
 
     # -- state ------------------------------------------------------------------------------------------
 
     def state_dict(self, shape: dict[str, Any]) -> dict[str, Any]:
         """The plain-data state; ``shape`` is what a loader resuming it must agree on."""
         if self.plan is not None:  # loaded, not applied yet: it still says where this loader is
-            return copy.deepcopy({**self.plan, **shape})
-        if self.pass_workers and not self.in_order and not self._warned:
-            self._warned = True
-            log.warning("coordl: in_order=False: the state may not name the batches handed out exactly")
+            return {**self.plan, **shape}  # the values loaded, as torchdata returns them (equal to them)
         between = not self.in_epoch
         workers = int(shape.get("num_workers", self.pass_workers))
         if self.pass_id == 0 and self.generator is None and self.pinned_rng is None:
@@ -252,6 +231,9 @@ class Resume(ResumeRestore):
             **shape,
             "epoch": self.epoch,
             "batches_done": 0 if between else self.batches_done,
+            # (out of order: the batches after it handed out already, as runs [first, last]: a few,
+            # however many batches overtook a slow one)
+            "handed_out_after": [] if between else encode_runs(self.handed),
             "generator_state": self._generator_state(self.generator, self.generator_state, between),
             "shuffle_state": self._generator_state(self.shuffle_generator, self.shuffle_state, between),
             "sampler_generator_state": self._generator_state(

@@ -5,7 +5,10 @@ indices ahead of the batches the user gets (``prefetch_factor * num_workers`` ba
 so the wrapper notes a Stateful sampler's state after each batch it hands out and the loader keeps
 the one of the last batch the user got (torchdata takes its main-process snapshots the same way). On
 resume it either restores that state (a Stateful sampler or sampler iterator positions itself) or skips
-the batches already returned (any other sampler: they are never fetched or prepped again).
+the batches already returned (any other sampler: they are never fetched or prepped again), drops the
+later batches already handed out out of order, and yields first the pad batches that keep torch's
+worker turns. Out of order, each batch's first index carries the batch's number in the epoch, so the
+state can name the batches handed out.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from coordl.datasets.source import is_index
 from coordl.resume.state import is_stateful
+from coordl.resume.workers import PAD
 
 __all__ = ["ResumableSampler", "SeededIndex", "item_seed"]
 
@@ -30,18 +34,31 @@ def _seeded(key: Any, seed: int) -> Any:
     return SeededIndex(int(key), item_seed(seed, int(key))) if is_index(key) else key
 
 
+def _numbered(key: Any, number: int) -> Any:
+    """The first key of batch ``number``, carrying that number (keeping its seed); a key that is not an
+    index as it is (its batch is then counted, not named)."""
+    if not is_index(key):
+        return key
+    return SeededIndex(int(key), getattr(key, "seed", None), number)
+
+
 class SeededIndex(int):
-    """An item index that carries the seed its prep's random draws start from (pickles as an int does)."""
+    """An item index that carries the seed its prep's random draws start from (None: none), and, first
+    in a batch of an epoch handed out out of order, that batch's number in the epoch (pickles as an int
+    does).
+    """
 
-    seed: int
+    seed: int | None
+    batch: int | None
 
-    def __new__(cls, index: int, seed: int) -> SeededIndex:
+    def __new__(cls, index: int, seed: int | None, batch: int | None = None) -> SeededIndex:
         obj = super().__new__(cls, index)
         obj.seed = seed
+        obj.batch = batch
         return obj
 
     def __reduce__(self) -> tuple:
-        return (SeededIndex, (int(self), self.seed))
+        return (SeededIndex, (int(self), self.seed, self.batch))
 
 
 def item_seed(epoch_seed: int, index: int) -> int:
@@ -78,6 +95,13 @@ class ResumableSampler:
         self.unit = 1 if batched else max(1, unit)
         self.shuffle_generator = shuffle_generator
         self.skip = 0  # items (batches when batched) of the next pass not to yield
+        # The next pass: its first batch's number in the epoch (after the skip), the numbers of batches
+        # after it already handed out (not yielded), the pad batches that come first (they move torch's
+        # turn to the worker whose turn it was), and whether each batch's first index carries its number.
+        self.first = 0
+        self.drop: frozenset[int] = frozenset()
+        self.pads = 0
+        self.number = False
         self.epoch_seed: int | None = None
         self.inner_epoch: int | None = None  # the inner sampler's epoch in the pass now running
         self.restore: dict[str, Any] | None = None  # a Stateful sampler's saved state, for the next pass
@@ -88,29 +112,41 @@ class ResumableSampler:
 
     def __iter__(self) -> Iterator[Any]:
         skip, self.skip = self.skip, 0
+        first, drop, pads, self.first, self.drop, self.pads = (
+            self.first,
+            self.drop,
+            self.pads,
+            0,
+            frozenset(),
+            0,
+        )
         self.snapshots.clear()
         it = self._start()
         self.current = it
         self.inner_epoch = getattr(self.inner, "epoch", None)
         track = self.tracks(it)
-        seed = self.epoch_seed
+        seed, number, unit = self.epoch_seed, self.number, self.unit
         count = 0
         for _ in itertools.islice(it, skip):  # torchdata's fast-forward: drawn, never fetched
             pass
         on_start, self.on_start = self.on_start, None
         if on_start is not None:
             on_start()
+        for _ in range(pads):  # never fetched: the source and the collate pass them through
+            yield from [[PAD]] if self.batched else [PAD] * unit
         for item in it:
             count += 1
-            if track and count % self.unit == 0:
+            if track and count % unit == 0:
                 self.snapshots.append(self.snapshot(it))
-            if seed is None:
-                yield item
-            elif self.batched:
-                yield [_seeded(i, seed) for i in item]
-            else:
-                yield _seeded(item, seed)
-        if track and count % self.unit:
+            if drop and first + (count - 1) // unit in drop:
+                continue  # handed out before the state was taken (out of order): drawn, not fetched
+            if seed is not None:
+                item = [_seeded(i, seed) for i in item] if self.batched else _seeded(item, seed)
+            if number and (self.batched or (count - 1) % unit == 0):
+                n = first + (count - 1) // unit
+                item = [_numbered(item[0], n), *item[1:]] if self.batched and item else _numbered(item, n)
+            yield item
+        if track and count % unit:
             self.snapshots.append(self.snapshot(it))  # the last, partial batch
 
     def _start(self) -> Iterator[Any]:

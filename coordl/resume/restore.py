@@ -10,7 +10,6 @@ the turn to the worker whose turn it was).
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import logging
@@ -24,6 +23,7 @@ from coordl.resume.state import (
     StateMismatchError,
     check_state,
     decode_generator_state,
+    decode_runs,
     encode_generator_state,
     is_stateful,
 )
@@ -51,7 +51,11 @@ class ResumeRestore:
     pass_id: int
     pass_workers: int
     pass_offset: int
+    handed: set[int]
     persistent: bool
+    in_order: bool
+    pad_turns: bool
+    greet: int
     generator_state: str | None
     shuffle_state: str | None
     sampler_generator_state: str | None
@@ -65,20 +69,22 @@ class ResumeRestore:
 
     def _begin_pass(self, workers: int, plan: dict[str, Any] | None) -> int:
         """Bookkeeping of a new pass (and the main-process parts of ``plan``); the batches to drop."""
-        if self.in_epoch:  # the previous pass was left early: this is the next epoch
+        left_early = self.in_epoch
+        if left_early:  # the previous pass was left early: this is the next epoch
             self.epoch += 1
         self.pass_id += 1
         self.in_epoch = True
         self.pass_workers = workers
-        skip = 0
+        skip, self.handed = 0, set()
         if plan is not None:
             self.epoch, skip = int(plan["epoch"]), int(plan["batches_done"])
+            self.handed = decode_runs(plan.get("handed_out_after") or [])
             self.worker_states = dict(enumerate(plan.get("workers") or []))
             self.worker_states = {k: v for k, v in self.worker_states.items() if v is not None}
             self.last_worker = plan.get("last_worker")
         elif not self.persistent:
             self.worker_states, self.last_worker = {}, None  # new workers start from the main copy
-        self.batches_done = self.pass_offset = skip
+        self.batches_done, self.pass_offset = skip, skip + len(self.handed)
         self.generator_state = encode_generator_state(self.generator) if self.generator is not None else None
         self.shuffle_state = (
             encode_generator_state(self.shuffle_generator) if self.shuffle_generator is not None else None
@@ -89,14 +95,28 @@ class ResumeRestore:
         self.sampler_state = None
         discard = 0
         if self.order is not None:
-            discard = self._begin_order(plan, skip)
+            # persistent workers that made batches of a pass left early no one got: their states now
+            # are not those of their last batches handed out; each tells it with a pad first
+            hello = left_early and plan is None and self.persistent and not self._restart
+            discard = self._begin_order(plan, skip, workers, hello=hello)
         elif plan is not None:
             discard = self._begin_stream(plan, skip, workers)
         return discard
 
-    def _begin_order(self, plan: dict[str, Any] | None, skip: int) -> int:
+    def _begin_order(self, plan: dict[str, Any] | None, skip: int, workers: int, *, hello: bool) -> int:
         order = self.order
         assert order is not None  # _begin_pass calls this only for a sampler's order
+        # torch hands batch i of a pass to worker i % workers (in order): the epoch's batch ``skip`` was
+        # worker skip % workers's turn, so workers 0 .. that one - 1 each take a pad batch first and every
+        # worker goes on from its own state. Out of order, the batches name their number instead.
+        in_order = self.in_order or workers == 0
+        order.first, order.drop = skip, frozenset(self.handed)
+        order.pads = skip % workers if in_order and workers and self.pad_turns else 0
+        self.greet = 0
+        if hello and in_order and self.pad_turns and is_stateful(self.user_dataset):
+            order.pads += workers  # one each: they come back first, as worker i's, i = 0 .. workers - 1
+            self.greet = workers
+        order.number = not in_order
         saved = plan.get("sampler") if plan is not None else None
         if saved is not None:
             order.restore = saved  # the sampler positions itself
@@ -169,15 +189,14 @@ class ResumeRestore:
             last = self.last_worker if plan is not None and self.batches_done else None
             pads = set(range(last + 1)) if last is not None and last < workers - 1 else set()
             return {i: {**(states.get(i) or {}), "pads": int(i in pads)} for i in range(workers)}
-        # torch gives this pass's batch i to worker i % workers; it was batch pass_offset + i, made
-        # by worker (pass_offset + i) % workers in the uninterrupted run: that worker's state goes there.
-        shift = self.pass_offset if plan is not None else 0
-        placed = {i: states.get((shift + i) % workers) for i in range(workers)}
-        return {i: s for i, s in placed.items() if s is not None}
+        # each worker its own state (the sampler's pads keep the turns): after its last batch handed
+        # out, or the loaded one when it has handed out none since; none: it starts as constructed
+        return {i: s for i, s in states.items() if s is not None and i < workers}
 
     def load_state_dict(self, state: Any, shape: dict[str, Any]) -> None:
         """Check ``state`` against this loader now; the next pass resumes from it."""
         check_state(state, shape)
+        decode_runs(state.get("handed_out_after") or [])  # refused now, not at the next iter()
         for key, generator, how in (
             ("generator_state", self.generator, "with generator="),
             ("shuffle_state", self.shuffle_generator, "with shuffle=True and no generator="),
@@ -199,4 +218,4 @@ class ResumeRestore:
         self.epoch = int(state["epoch"])
         self._restart = True
         self.pinned_rng = None
-        self.plan = copy.deepcopy(state)
+        self.plan = dict(state)  # copied when the next pass applies it

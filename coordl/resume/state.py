@@ -17,8 +17,10 @@ __all__ = [
     "StateMismatchError",
     "check_state",
     "decode_generator_state",
+    "decode_runs",
     "encode_generator_state",
     "encode_rng_state",
+    "encode_runs",
     "group_state",
     "is_stateful",
     "load_group_state",
@@ -62,6 +64,29 @@ def encode_generator_state(generator: torch.Generator) -> str:
 
 def decode_generator_state(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def encode_runs(numbers: set[int]) -> list[list[int]]:
+    """``numbers`` as sorted runs ``[first, last]`` of consecutive numbers."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return runs
+
+
+def decode_runs(runs: list[Any]) -> set[int]:
+    """The numbers of :func:`encode_runs`'s runs (a run that is not two ascending ints is refused)."""
+    numbers: set[int] = set()
+    for run in runs:
+        if not (isinstance(run, (list, tuple)) and len(run) == 2 and all(isinstance(n, int) for n in run)):
+            raise StateMismatchError(
+                f"load_state_dict: handed_out_after holds {run!r}, not a run [first, last]"
+            )
+        numbers.update(range(int(run[0]), int(run[1]) + 1))
+    return numbers
 
 
 def torch_generator(text: str) -> torch.Generator:

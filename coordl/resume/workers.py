@@ -12,7 +12,12 @@ Resuming a stream mid-epoch must also give the batches in the order the uninterr
 have: torch hands batch ``i`` of a pass to worker ``i % num_workers`` (skipping workers that have
 ended), so after the user got a batch from worker ``L``, the next one comes from worker ``L + 1``. A
 resumed pass starts at worker 0 again, so workers ``0..L`` each first make one pad batch
-(:data:`PAD` items, collated to :class:`PadBatch`), which the main process drops.
+(:data:`PAD` items, collated to :class:`PadBatch`), which the main process drops. A map-style pass
+does the same with pad indices from its sampler (:class:`coordl.resume.order.ResumableSampler`), which
+the fetch passes through untouched: every worker keeps its own state and its turns. A map-style
+worker's pad carries its state (the one it begins the pass with), and a batch handed out of order
+carries its number in the epoch, which its first index brought to the worker's fetch
+(:func:`note_batch`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ class _Pad:
     def __repr__(self) -> str:
         return "coordl.resume.PAD"
 
+    def __reduce__(self) -> str:
+        return "PAD"  # unpickled (in a worker: a map-style pad index travels there) as this module's PAD
+
 
 PAD = _Pad()
 
@@ -54,6 +62,9 @@ class _End:
 
     def __repr__(self) -> str:
         return "coordl.resume.END"
+
+    def __reduce__(self) -> str:
+        return "END"
 
 
 END = _End()
@@ -75,35 +86,50 @@ class Tagged:
     Args:
         batch: what the collate function returned.
         worker: the id of the worker process that made it.
-        state: that worker's dataset (and stream) state after it.
+        state: that worker's dataset (and stream) state after it (None: nothing Stateful).
+        number: the batch's number in the epoch, when the sampler numbered it (``in_order=False``).
     """
 
-    __slots__ = ("batch", "worker", "state")
+    __slots__ = ("batch", "worker", "state", "number")
 
-    def __init__(self, batch: Any, worker: int, state: Any) -> None:
-        self.batch, self.worker, self.state = batch, worker, state
+    def __init__(self, batch: Any, worker: int, state: Any, number: int | None = None) -> None:
+        self.batch, self.worker, self.state, self.number = batch, worker, state, number
 
     def __reduce__(self) -> tuple:
-        return (Tagged, (self.batch, self.worker, self.state))
+        return (Tagged, (self.batch, self.worker, self.state, self.number))
 
     def pin_memory(self) -> Tagged:
         """torch's pin-memory thread pins what it finds inside (it calls this on objects that have it)."""
-        return Tagged(pin_memory(self.batch), self.worker, self.state)
+        return Tagged(pin_memory(self.batch), self.worker, self.state, self.number)
+
+
+# The number of the batch this worker is making, noted by the fetch (:func:`note_batch`) and read by
+# the collate that follows it in the same worker (:class:`TaggingCollate`): torch's worker loop
+# fetches a batch's items and collates them in one call, one batch at a time.
+_making: list[int | None] = [None]
+
+
+def note_batch(number: int) -> None:
+    """The batch a worker fetches now has this number in the epoch (its first index carried it)."""
+    _making[0] = number
 
 
 class DatasetState:
-    """The state a map-style dataset's worker reports: the user's dataset's ``state_dict()``."""
+    """The state a map-style dataset's worker reports: the user's dataset's ``state_dict()`` (None when
+    it has none)."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
+        self.stateful = is_stateful(dataset)
 
     def worker_state(self) -> Any:
-        return self.dataset.state_dict()
+        return self.dataset.state_dict() if self.stateful else None
 
 
 class TaggingCollate:
     """Wraps a worker's collate function: pads become :class:`PadBatch`, every other batch leaves the
-    worker as :class:`Tagged` with the state ``holder.worker_state()`` reports (None: no tag).
+    worker as :class:`Tagged` with the state ``holder.worker_state()`` reports and the batch's number
+    when the fetch noted one (neither: no tag).
 
     A batch that holds :data:`END` items is a stream's last in the worker: its real items (if any, and
     unless ``drop_last`` would have dropped them as a partial batch) are collated, and the state it
@@ -119,10 +145,15 @@ class TaggingCollate:
         self.collate_fn = collate_fn
         self.holder = holder
         self.drop_last = drop_last
+        # a map-style worker's pad carries its state: the state it starts the pass with
+        self.pad_state = isinstance(holder, DatasetState) and holder.stateful
 
     def __call__(self, batch: Any) -> Any:
         if batch is PAD or (isinstance(batch, list) and batch and all(item is PAD for item in batch)):
-            return PadBatch()
+            info = torch.utils.data.get_worker_info()
+            if not self.pad_state or info is None:
+                return PadBatch()
+            return Tagged(PadBatch(), info.id, copy.deepcopy(self.holder.worker_state()))
         items, ended = _strip_end(batch)
         if ended and (not items or self.drop_last):
             out: Any = EndBatch()
@@ -131,11 +162,12 @@ class TaggingCollate:
         info = torch.utils.data.get_worker_info()
         if info is None:  # the main process: its state is read when the loader's state is taken
             return out
+        number, _making[0] = _making[0], None
         # A copy: torch pickles the batch in a feeder thread later, by when the dataset has moved on.
         state = copy.deepcopy(self.holder.worker_state())
         if ended:
             state = {**(state or {}), "ended": True}
-        return out if state is None else Tagged(out, info.id, state)
+        return out if state is None and number is None else Tagged(out, info.id, state, number)
 
 
 def _strip_end(batch: Any) -> tuple[Any, bool]:

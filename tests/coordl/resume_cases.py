@@ -282,3 +282,10 @@ class SlowHalves(torch.utils.data.IterableDataset):
             if w == 1 and i == w * per:
                 time.sleep(self.delay_s)
             yield i
+
+
+class PlainRngItems(GlobalRngItems):
+    """:class:`GlobalRngItems` without a state: each worker's draws follow only the seed torch gives it."""
+
+    state_dict = None  # type: ignore[assignment]  # the Stateful protocol's way of saying "not Stateful"
+    load_state_dict = None  # type: ignore[assignment]

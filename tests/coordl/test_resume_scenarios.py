@@ -4,9 +4,11 @@ two loaders' orders are meant to match, coordl's is torchdata's.
 
 1. a state saved at the end of an epoch of a stream yields the next full epoch (persistent workers too);
 2. a sampler without ``state_dict()`` is fast-forwarded by the indices already drawn, with a warning;
-3. ``in_order=False``: every item exactly once after a resume;
+3. ``in_order=False``: every batch exactly once after a resume (map-style: the state names the batches
+   handed out, where torchdata's may repeat or lose some);
 4. a state taken before the first batch (after construction, or right after ``iter()``);
 5. a state asked for within the first ``num_workers`` batches after a load (round robin, persistent);
+   for a map-style dataset, after ``iter()`` or after a load, each worker resumes from its own state;
 6. another ``num_workers`` is refused at ``load_state_dict()`` (``tests/coordl/test_resume_stateful.py``).
 """
 
@@ -20,12 +22,16 @@ from typing import Any
 import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 import coordl
+from coordl.resume import StateMismatchError
+from coordl.resume.state import decode_runs, encode_runs
 from tests.coordl.resume_cases import (
     EpochStream,
     FlipStream,
     GlobalRngItems,
+    PlainRngItems,
     PlainStream,
     SlowHalves,
     SlowItems,
@@ -148,33 +154,54 @@ def test_a_sampler_without_state_is_fast_forwarded(workers: int, interrupt: int,
 # -- 3. in_order=False ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 46: map-style in_order=False states count batches, not which ones were handed out",
-)
-@pytest.mark.parametrize("interrupt", [2, 4, 7])
-def test_out_of_order_map_style_hands_out_every_batch_once(interrupt: int) -> None:
-    """Item 0 is slow: the batches after it overtake it; a state taken meanwhile must still hand it out."""
+@pytest.mark.parametrize(
+    ("interrupt", "batch_size", "sampler"), [(2, 1, False), (4, 1, False), (7, 1, False), (2, 2, True), (3, 1, True)]
+)  # fmt: skip
+def test_out_of_order_map_style_hands_out_every_batch_once(
+    interrupt: int, batch_size: int, sampler: bool
+) -> None:
+    """Item 0 is slow: the batches after it overtake it. A state taken meanwhile names the lowest batch
+    not handed out and the ones above it that were; the resumed loader hands out exactly the others,
+    then whole epochs. (torchdata 0.11 keeps a count instead: the same runs with its loader repeated
+    and lost batches, e.g. 3 workers, state after 4 batches: 2 and 5 again, 6 and 7 never.)"""
 
     def make():
-        return coordl.DataLoader(
-            SlowItems(12, slow=0, delay_s=0.6), batch_size=1, num_workers=2, in_order=False
-        )
+        ds = SlowItems(12, slow=0, delay_s=0.6)
+        order = StatefulDistributedSampler(ds, num_replicas=1, rank=0, shuffle=False) if sampler else None
+        return coordl.DataLoader(ds, batch_size=batch_size, sampler=order, num_workers=2, in_order=False)
 
     dl = make()
     got = []
     for i, batch in enumerate(dl):
-        got.append(int(batch))
+        got.append(plain(batch))
         if i + 1 == interrupt:
             break
     state = _round_trip(dl.state_dict())
     _close(dl)
-    assert 0 not in got or interrupt > 4
+    assert interrupt > 4 or all(0 not in batch for batch in got), "item 0 was not overtaken"
+    handed = {batch[0] // batch_size for batch in got}
+    lowest = min(set(range(12 // batch_size)) - handed)
+    assert state["batches_done"] == lowest
+    after = [n for first, last in state["handed_out_after"] for n in range(first, last + 1)]
+    assert after == sorted(n for n in handed if n > lowest)
     dl = make()
     dl.load_state_dict(state)
-    got += [int(b) for b in dl]
+    got += [plain(b) for b in dl]
+    assert sorted(i for batch in got for i in batch) == list(range(12)), got
+    assert sorted(i for b in dl for i in plain(b)) == list(range(12))  # the next epoch, whole
     _close(dl)
-    assert sorted(got) == list(range(12)), got
+
+
+def test_out_of_order_state_names_runs_and_refuses_others() -> None:
+    """The batches handed out above the lowest are saved as runs; a state holding anything else there
+    is refused at load, naming the key."""
+    assert encode_runs({3, 4, 5, 9, 11, 12}) == [[3, 5], [9, 9], [11, 12]]
+    assert decode_runs([[3, 5], [9, 9]]) == {3, 4, 5, 9}
+    dl = coordl.DataLoader(SlowItems(12, delay_s=0), batch_size=1, num_workers=0)
+    state = dl.state_dict()
+    dl.load_state_dict({**state, "handed_out_after": [[2, 3]]})
+    with pytest.raises(StateMismatchError, match="handed_out_after"):
+        dl.load_state_dict({**state, "handed_out_after": [4]})
 
 
 @pytest.mark.parametrize("interrupt", [3, 7])
@@ -281,3 +308,96 @@ def test_state_asked_right_after_a_load(interrupt: int, ctx: str) -> None:
     # The uninterrupted stream is torchdata's. (torchdata's resumed one differs here: the dataset hands
     # out its live list, which changes before torchdata's worker sends it on.)
     assert rest == _fast_request(StatefulDataLoader, interrupt, ctx)[0]
+
+
+# -- 5b. map-style: a state taken before every worker gave a batch -------------------------------------
+
+
+def _early_map_state(
+    L: Callable,
+    make_ds: Callable,
+    workers: int,
+    persistent: bool,
+    ctx: str | None,
+    load_at: int | None,
+    k: int,
+    left_early: int = 0,
+) -> tuple[list, list]:
+    """``k`` batches after ``iter()`` (``load_at``: after ``load_at`` batches, a state loaded back into
+    the same loader, and ``k`` batches after that; ``left_early``: after a pass left after that many
+    batches), then a state: the rest of the run (and the next epoch with persistent workers)
+    uninterrupted, and from a new loader, under another global seed, that loaded the state."""
+
+    def make():
+        kwargs: dict[str, Any] = {"batch_size": 2, "num_workers": workers, "persistent_workers": persistent}
+        if workers:
+            kwargs["multiprocessing_context"] = ctx
+        return L(make_ds(16), **kwargs)
+
+    epochs = 2 if persistent else 1  # later epochs' worker seeds come from the global RNG, as in torch
+    torch.manual_seed(0)
+    dl = make()
+    it = iter(dl)
+    if left_early:
+        for _ in range(left_early):
+            next(it)
+        it = iter(dl)
+    if load_at is not None:
+        for _ in range(load_at):
+            next(it)
+        dl.load_state_dict(_round_trip(dl.state_dict()))
+        it = iter(dl)
+    for _ in range(k):
+        next(it)
+    state = _round_trip(dl.state_dict())
+    whole = [plain(b) for b in it] + [plain(b) for _ in range(epochs - 1) for b in dl]
+    _close(dl)
+    torch.manual_seed(99)
+    dl = make()
+    dl.load_state_dict(state)
+    got = [plain(b) for _ in range(epochs) for b in dl]
+    _close(dl)
+    return whole, got
+
+
+@pytest.mark.parametrize(
+    ("workers", "persistent", "ctx"),
+    [(3, False, "fork"), (3, True, "fork")]
+    + [pytest.param(*p, marks=pytest.mark.slow) for p in [(0, False, None), (1, False, "fork"), (2, True, "spawn")]],
+)  # fmt: skip
+@pytest.mark.parametrize(("load_at", "k"), [(None, 1), (None, 2), (1, 1), (4, 2)])
+def test_map_style_state_before_every_worker_gave_a_batch(
+    workers: int, persistent: bool, ctx: str | None, load_at: int | None, k: int
+) -> None:
+    """Item i is [i, a draw from torch's RNG], the dataset's state that RNG: each worker draws from its
+    own seed, so a worker resumed from another worker's state, or from none, draws otherwise. Each
+    worker must resume from its own state (its state at its last batch handed out, or the loaded one, or
+    as it started) with the turns of an uninterrupted run; torchdata's loader resumes the same."""
+    whole, got = _early_map_state(coordl.DataLoader, GlobalRngItems, workers, persistent, ctx, load_at, k)
+    assert got == whole
+    assert (whole, got) == _early_map_state(
+        StatefulDataLoader, GlobalRngItems, workers, persistent, ctx, load_at, k
+    )
+
+
+@pytest.mark.parametrize(("load_at", "k"), [(None, 1), (None, 2), (4, 2)])
+def test_map_style_turns_kept_without_a_dataset_state(load_at: int | None, k: int) -> None:
+    """The same without a dataset state: a worker's draws follow its seed only, so the resumed pass is
+    not the uninterrupted one, but a worker that had given no batch yet makes its first as it would
+    have, on its turn, as torchdata's loader does."""
+    got = _early_map_state(coordl.DataLoader, PlainRngItems, 3, False, "fork", load_at, k)
+    assert got == _early_map_state(StatefulDataLoader, PlainRngItems, 3, False, "fork", load_at, k)
+    whole, resumed = got
+    assert resumed[: 3 - k] == whole[: 3 - k]  # the workers that had given none: their first batch
+
+
+@pytest.mark.parametrize(("left_early", "k"), [(2, 0), (2, 1), (4, 2)])
+def test_persistent_map_workers_after_a_pass_left_early(left_early: int, k: int) -> None:
+    """Persistent workers made batches of a pass left early that no one got: when the next pass begins
+    their states are not those of their last batches handed out. A state taken in that pass before
+    every worker gave a batch (right after ``iter()`` too) resumes each from the state it began the
+    pass with; torchdata's loader resumes the same."""
+    args = (GlobalRngItems, 3, True, "fork", None, k, left_early)
+    whole, got = _early_map_state(coordl.DataLoader, *args)
+    assert got == whole
+    assert (whole, got) == _early_map_state(StatefulDataLoader, *args)
