@@ -14,7 +14,7 @@ from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.scaling import PrepScaling
 from dsanalyzer.model.store import store_fields
 
-__all__ = ["field", "positive", "main_process_costs", "model_fields"]
+__all__ = ["field", "positive", "main_process_costs", "remedy_fields", "model_fields"]
 
 
 def field(report: dict, *keys: str, required: bool = True, default: Any = None) -> Any:
@@ -97,6 +97,30 @@ def main_process_costs(report: dict, cpus: int) -> dict:
     return out
 
 
+_OLD = "the report has no remedy_probes (profiled before dsanalyzer measured them): profile again"
+
+
+def remedy_fields(report: dict) -> dict:
+    """What the prep-scaling run's probes measured for coordinated prep and the sample cache
+    (``remedy_probes``, :mod:`dsanalyzer.measure.remedy_probes`); a remedy not measured keeps None and
+    the reason (``*_why``), so that its what-if says why instead of guessing."""
+    probes = field(report, "remedy_probes", required=False) or {}
+    coord = probes.get("coordinate") or {"not_measured": _OLD}
+    cache = probes.get("sample_cache") or {"not_measured": _OLD}
+    out: dict = {
+        "shared_batch_bytes": _number(coord.get("batch_bytes")) or None,
+        "shared_receive_s": _number(coord.get("receive_cpu_s_per_batch")),
+        "det_cpu_s": _number(cache.get("det_cpu_s_per_sample")),
+        "random_cpu_s": _number(cache.get("random_cpu_s_per_sample")),
+        "cached_sample_bytes": _number(cache.get("cached_sample_bytes")) or None,
+        "cache_read_s": _number(cache.get("read_cpu_s_per_sample")),
+    }
+    out["coordinate_why"] = "" if out["shared_batch_bytes"] else str(coord.get("not_measured") or _OLD)
+    complete = out["det_cpu_s"] is not None and out["cached_sample_bytes"] and out["cache_read_s"] is not None
+    out["sample_cache_why"] = "" if complete else str(cache.get("not_measured") or _OLD)
+    return out
+
+
 def _item_bytes(report: dict, items: int) -> float:
     """The mean item size: measured, else the dataset's bytes over its items; unknown is an error."""
     avg = field(report, "dataset", "avg_item_bytes", required=False)
@@ -170,5 +194,6 @@ def model_fields(report: dict) -> dict:
         "cache_policy": policy,
         "prep_points": tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
         **main_process_costs(report, cpus),
+        **remedy_fields(report),
         **store,
     }
