@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from dsanalyzer.judge.verdict import advice_sentence, threads_note
@@ -19,7 +20,7 @@ from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.comm import CommModel
 from dsanalyzer.model.whatif import Model, format_bytes
 from dsanalyzer.report.schema import load_report
-from dsanalyzer.whatif_remedies import add_remedy_options, print_remedy, remedy_error
+from dsanalyzer.whatif_remedies import add_remedy_options, print_remedy, remedy_ok
 
 __all__ = ["add_whatif_parser", "run_whatif", "load_report_file"]
 
@@ -186,10 +187,7 @@ def run_whatif(args: argparse.Namespace) -> int:
     storage = args.storage_mbps * 1e6 if args.storage_mbps else model.storage_bytes_per_s
     policy = args.cache_policy or model.cache_policy
     workers = args.workers if args.workers is not None else (model.workers if args.cpus is None else None)
-    if (store_kw := _store_args(args, model)) is None:
-        return 2
-    if (error := remedy_error(args, model)) is not None:
-        print(f"dsanalyzer whatif: error: {error}", file=sys.stderr)
+    if (store_kw := _store_args(args, model)) is None or not remedy_ok(args, model):
         return 2
     bad_workers = workers is not None and workers < 0
     if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0 or bad_workers:
@@ -246,9 +244,8 @@ def run_whatif(args: argparse.Namespace) -> int:
                 }
             )
         )
-    asked = stages.Point(cache, cpus, storage, args.gpu_speedup, policy, cpus if workers is None else workers,
-                         store_kw["fetch_ahead"], store_kw["items_per_request"])  # fmt: skip
-    remedy_rate = print_remedy(args, model, asked)
+    asked = stages.Point(cache, cpus, storage, args.gpu_speedup, policy, cpus if workers is None else workers)
+    remedy_rate = print_remedy(args, model, replace(asked, **store_kw))
     print(f"predicted_samples_per_s={point.samples_per_s if remedy_rate is None else remedy_rate:.6g}")
     return 0
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from dsanalyzer.model import coordinate, sample_cache, stages
 from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.whatif import Model, format_bytes
 
-__all__ = ["add_remedy_options", "remedy_error", "print_remedy"]
+__all__ = ["add_remedy_options", "remedy_error", "remedy_ok", "print_remedy"]
 
 
 def add_remedy_options(p: argparse.ArgumentParser) -> None:
@@ -47,6 +48,14 @@ def remedy_error(args: argparse.Namespace, model: Model) -> str | None:
         if model.det_cpu_s is None or not model.cached_sample_bytes:
             return f"--sample-cache-gb: the sample cache was not measured in this report: {model.sample_cache_why}"
     return None
+
+
+def remedy_ok(args: argparse.Namespace, model: Model) -> bool:
+    """False (after printing the error) when ``--jobs`` / ``--sample-cache-gb`` cannot be answered."""
+    error = remedy_error(args, model)
+    if error is not None:
+        print(f"dsanalyzer whatif: error: {error}", file=sys.stderr)
+    return error is None
 
 
 def _rate(p: Prediction) -> str:
