@@ -86,6 +86,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("--sample-cache-bytes", type=int, default=0)
     p.add_argument("--measure", type=int, default=0, help="batches to time (0: train until stopped)")
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument(
+        "--sync-dir", default=None, help="coordinated runs: wait for --jobs members, stop on 'stop'"
+    )
+    p.add_argument("--jobs", type=int, default=1)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     src = SplitSource(a.data, a.det_ms / 1e3, a.rand_ms / 1e3, a.side)
@@ -96,6 +100,10 @@ def main(argv: list[str]) -> None:
         store = memcache.LocalStore(a.sample_cache_bytes, name=f"remedyjob{os.getpid()}")
     loader = coordl.DataLoader(src, batch_size=a.batch, shuffle=True, num_workers=a.workers, drop_last=True,
                                coordinate=a.coordinate, sample_cache=store)  # fmt: skip
+    if a.sync_dir:  # every job a member before any reads (a late joiner waits for the next epoch)
+        open(os.path.join(a.sync_dir, f"ready-{os.getpid()}"), "w").close()
+        while sum(n.startswith("ready-") for n in os.listdir(a.sync_dir)) < a.jobs:
+            time.sleep(0.01)
     done, t0, per_epoch = 0, None, len(loader)
     warmup = a.warmup if store is None else per_epoch  # the first epoch fills the sample cache
     for _ in range(10_000):
@@ -111,6 +119,9 @@ def main(argv: list[str]) -> None:
                 print(f"samples_per_s={rate:.3f}", flush=True)
                 if store is not None:
                     print(f"stats={loader.stats()}", flush=True)
+            # coordinated: keep the group's producers at work until every job has measured
+            stop = a.sync_dir is None or os.path.exists(os.path.join(a.sync_dir, "stop"))
+            if a.measure and done >= warmup + a.measure and stop:
                 loader.close()
                 return
 
