@@ -1,5 +1,4 @@
 """Orchestration of the differential runs, for a command line and for the Python API (``dsanalyzer.profile``).
-
 Named ``profiler`` so that the module never shadows the ``dsanalyzer.profile`` function.
 
 ``profile_command(["python", "train.py", ...])`` runs the unmodified script four times under the
@@ -134,9 +133,8 @@ def assemble_report(
 ) -> dict:
     """Combine the four runs' raw results into a report (model and what-if attached).
 
-    ``page_cache_bytes`` is the page cache the job may use (default: the memory available now);
-    ``storage_note`` and ``compute_note`` label the storage and the step (the demo's emulated
-    device and accelerator).
+    ``page_cache_bytes`` is the page cache the job may use (default: the memory available now); ``storage_note``
+    and ``compute_note`` label the storage and the step (the demo's emulated device and accelerator).
     """
     summaries = _summaries(results, warmup)
     diff = differential(summaries["compute"], summaries["prep"], summaries["real"])
@@ -191,6 +189,7 @@ def assemble_report(
         "warmup_iters": warmup,
         "source": scal_res.get("source") or {"kind": "files" if dataset.get("path") else "unknown"},
         "prep_memory": results["prep"].get("memory", {}),
+        "remedy_probes": scal_res.get("remedy_probes") or {},  # coordinate=, sample_cache=
         "real_cold": results["real"].get("cold", {}),
     }
     start = epoch_start(results["real"].get("wait_s", []), results["real"].get("epoch_starts") or [], warmup)

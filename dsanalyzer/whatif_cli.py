@@ -11,14 +11,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from dsanalyzer.judge.verdict import advice_sentence, threads_note
-from dsanalyzer.model import search
+from dsanalyzer.model import search, stages
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.comm import CommModel
 from dsanalyzer.model.whatif import Model, format_bytes
 from dsanalyzer.report.schema import load_report
+from dsanalyzer.whatif_remedies import add_remedy_options, print_remedy, remedy_ok
 from dsanalyzer.whatif_remote import add_remote_args, check_remote_args, remote_point
 
 __all__ = ["add_whatif_parser", "run_whatif", "load_report_file"]
@@ -74,6 +76,7 @@ def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="items one bucket GET brings (tar shards: items per shard); default: as measured (1: loose files)",
     )  # fmt: skip
     add_remote_args(p)
+    add_remedy_options(p)
     p.add_argument("--json", action="store_true", help="print the prediction as JSON before the last line")
     p.set_defaults(func=run_whatif)
     return p
@@ -189,7 +192,7 @@ def run_whatif(args: argparse.Namespace) -> int:
     storage = args.storage_mbps * 1e6 if args.storage_mbps else model.storage_bytes_per_s
     policy = args.cache_policy or model.cache_policy
     workers = args.workers if args.workers is not None else (model.workers if args.cpus is None else None)
-    if (store_kw := _store_args(args, model)) is None:
+    if (store_kw := _store_args(args, model)) is None or not remedy_ok(args, model):
         return 2
     bad_workers = workers is not None and workers < 0
     if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0 or bad_workers:
@@ -228,8 +231,7 @@ def run_whatif(args: argparse.Namespace) -> int:
     point = model.predict(
         cache, cpus, storage, gpu_speedup=args.gpu_speedup, policy=policy, workers=workers, **store_kw
     )
-    if args.remote_cpus is not None:
-        point = remote_point(args, model, point, cpus, args.gpu_speedup)
+    point = point if args.remote_cpus is None else remote_point(args, model, point, cpus, args.gpu_speedup)
     print(
         f"\npoint: cache {format_bytes(cache)} ({policy}, hit ratio {point.hit_ratio:.3f}), {cpus} cpus, "
         f"storage {format_bytes(storage)}/s, gpu x{args.gpu_speedup:g}: {point.samples_per_s:.1f} samples/s, "
@@ -248,7 +250,9 @@ def run_whatif(args: argparse.Namespace) -> int:
                 }
             )
         )
-    print(f"predicted_samples_per_s={point.samples_per_s:.6g}")
+    asked = stages.Point(cache, cpus, storage, args.gpu_speedup, policy, cpus if workers is None else workers)
+    remedy_rate = print_remedy(args, model, replace(asked, **store_kw))
+    print(f"predicted_samples_per_s={point.samples_per_s if remedy_rate is None else remedy_rate:.6g}")
     return 0
 
 

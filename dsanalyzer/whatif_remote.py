@@ -42,6 +42,8 @@ def check_remote_args(args: argparse.Namespace, model: Model) -> str | None:
         if given or args.remote_ship:
             return "--remote-sample-kb, --remote-link-gbps and --remote-ship need --remote-cpus"
         return None
+    if getattr(args, "jobs", None) is not None or getattr(args, "sample_cache_gb", None) is not None:
+        return "--remote-cpus goes with neither --jobs nor --sample-cache-gb (coordl refuses remote_prep with both)"
     if args.remote_cpus < 1:
         return f"--remote-cpus must be >= 1, got {args.remote_cpus}"
     if args.remote_sample_kb is None and not model.remote_wire_bytes:

@@ -9,10 +9,21 @@ is already loaded): dsanalyzer works without coordl installed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["is_coordl_loader", "MemoryTier", "serve_tier", "fetch_ahead", "fresh_iter", "remote_facts"]
+from dsanalyzer.measure import remedy_probes as probes
+
+__all__ = [
+    "is_coordl_loader",
+    "MemoryTier",
+    "serve_tier",
+    "fetch_ahead",
+    "fresh_iter",
+    "remedy_probes",
+    "remote_facts",
+]
 
 
 def is_coordl_loader(loader: Any) -> bool:
@@ -110,3 +121,40 @@ def fresh_iter(loader: Any, own_iter: Callable[[], Iterator]) -> Callable[[], It
         return own_iter
     get = getattr(loader, "_get_iterator", None)
     return get if callable(get) else None
+
+
+def _failed(e: BaseException) -> dict:
+    return {
+        "not_measured": f"the probe failed: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    }
+
+
+def remedy_probes(loader: Any, take_batch: Callable[[], Any]) -> dict:
+    """What the what-ifs of ``coordinate=`` and ``sample_cache=`` need (:mod:`dsanalyzer.measure.remedy_probes`),
+    or why each was not measured: both are coordl's, and the sample cache needs a source that splits its prep."""
+    if not is_coordl_loader(loader):
+        why = f"{{}}= is coordl.DataLoader's; this loader is {type(loader).__module__}.{type(loader).__qualname__}"
+        return {"coordinate": {"not_measured": why.format("coordinate")},
+                "sample_cache": {"not_measured": why.format("sample_cache")}}  # fmt: skip
+    from coordl.coordinated import batchcodec
+    from coordl.datasets.source import has_split_prep
+    from coordl.fetch.sample_cache import import_memcache
+
+    out: dict = {}
+    try:
+        out["coordinate"] = probes.shared_batch(take_batch(), batchcodec)
+    except Exception as e:  # noqa: BLE001 - a batch the ring cannot hold, a loader that fails: say so
+        out["coordinate"] = _failed(e)
+    source = getattr(loader, "source", None)
+    if source is None or not has_split_prep(source):
+        kind = "no item source" if source is None else f"its source ({type(source).__qualname__})"
+        out["sample_cache"] = {"not_measured": f"{kind} does not split prep into prep_deterministic and "
+                               "prep_random: only the deterministic prefix can be cached"}  # fmt: skip
+        return out
+    try:
+        memcache = import_memcache()
+        store = lambda cap: memcache.LocalStore(cap, name=f"dsanalyzer_probe_{os.getpid()}")  # noqa: E731
+        out["sample_cache"] = probes.split_prep(source, store)
+    except Exception as e:  # noqa: BLE001
+        out["sample_cache"] = _failed(e)
+    return out

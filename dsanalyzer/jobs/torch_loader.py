@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dsanalyzer.jobs import item_source
-from dsanalyzer.jobs.coordl_loader import fetch_ahead, is_coordl_loader, remote_facts
+from dsanalyzer.jobs.coordl_loader import fetch_ahead, is_coordl_loader, remedy_probes, remote_facts
 from dsanalyzer.measure import fetchrate, itemsize, objectstore, runs
 from dsanalyzer.measure.plan import MODES, Prepared, RunPlan
 from dsanalyzer.model.store import loader_concurrency
@@ -106,6 +106,8 @@ def _prep_scaling(
             progress=(lambda n: progress(n, total)) if progress is not None else None,
             set_workers=set_workers,
         )
+        # items still from memory: the probes for coordinated prep and the sample cache (a second or two)
+        info["remedy_probes"] = remedy_probes(loader, lambda: take_one_batch(loader, fresh_iter))
     finally:
         undo()
     if bucket is not None and str(info["memory"].get("method", "")).startswith("none"):

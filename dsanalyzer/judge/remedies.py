@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from dsanalyzer.model import remote_prep, sample_cache
 from dsanalyzer.model.remedy import Remedy, rank
 from dsanalyzer.model.whatif import Model, format_bytes
 
@@ -32,11 +33,45 @@ def _local_fix(model: Model, fix: dict | None) -> list[Remedy]:
     ]
 
 
-# Each provider: (model, report) -> the remedies it offers this job (none when it does not apply).
-# The remedies of other modules join here (coordinated prep, the partitioned cache, the sample cache,
-# GPU prep, remote CPUs), each a pure function of the model and what the report measured.
+def _sample_cache(model: Model, report: dict) -> list[Remedy]:
+    """The sample cache holding every sample's deterministic prefix, or as many as half the machine's
+    memory holds (only where the profile measured the split of prep: a coordl loader's split source)."""
+    if model.det_cpu_s is None or not model.cached_sample_bytes:
+        return []
+    memory = float((report.get("machine") or {}).get("memory_bytes") or 0.0)
+    whole = model.dataset_items * model.cached_sample_bytes
+    size = min(whole, memory / 2) if memory > 0 else whole
+    return [sample_cache.remedy(model, size)]
+
+
+_MAX_REMOTE_CPUS = 256
+
+
+def _remote_cpus(model: Model, report: dict) -> list[Remedy]:
+    """Remote CPUs of a Ray cluster: the fewest that make the job compute-bound (or the most that still
+    add), where the profile measured what a remote sample weighs (a coordl loader's compact recipe)."""
+    if not model.remote_wire_bytes:
+        return []
+    local = model.predict_measured()
+    compute = model.compute_rate()
+    best = None
+    for n in (*range(1, 17), 24, 32, 48, 64, 96, 128, 192, _MAX_REMOTE_CPUS):
+        setup = remote_prep.RemoteSetup(n, model.remote_wire_bytes)
+        r = remote_prep.remedy(model, local, setup, model.cpus, compute)
+        if best is not None and (r.samples_per_s or 0) <= (best.samples_per_s or 0) * 1.001:
+            break  # no more gain: the trainer's cores, not the remote ones, bind
+        best = r
+        if r.removes_stall(compute):
+            break
+    return [] if best is None else [best]
+
+
+# Each provider: (model, report) -> the remedies it offers this job (none when it does not apply), each a
+# pure function of the model and what the report measured. Coordinated prep is not one of them: it
+# shares one job's prep with other jobs over the same dataset and does not speed up a job alone
+# (``whatif --jobs K`` answers it).
 Provider = Callable[[Model, dict], list[Remedy]]
-PROVIDERS: list[Provider] = []
+PROVIDERS: list[Provider] = [_sample_cache, _remote_cpus]
 
 
 def ranked(model: Model, report: dict, fix: dict | None) -> list[Remedy]:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 
+from dsanalyzer.model import stages
 from dsanalyzer.model.params import JobParams
 from dsanalyzer.model.rates import Prediction
 
-__all__ = ["fill_s", "epoch_start_at"]
+__all__ = ["fill_s", "epoch_start_at", "with_start"]
 
 
 def fill_s(job: JobParams, steady: Prediction, workers: int) -> float:
@@ -37,3 +38,14 @@ def epoch_start_at(job: JobParams, steady: Prediction, workers: int, profiled_fi
         return job.epoch_start_s
     filled = min(job.epoch_start_s, profiled_fill_s)
     return job.epoch_start_s - filled + filled * fill_s(job, steady, workers) / profiled_fill_s
+
+
+def with_start(job: JobParams, steady: Prediction, workers: int) -> Prediction:
+    """``steady`` with the epoch start charged at its operating point, as ``Model.predict`` charges it
+    (for the remedies' what-ifs, which compose their own steady rate)."""
+    if job.epoch_start_s <= 0:
+        return steady
+    measured = stages.point_at(job, policy=job.cache_policy)
+    fill_then = fill_s(job, stages.steady(job, measured), job.workers)
+    start = epoch_start_at(job, steady, workers, fill_then)
+    return steady.with_epoch_start(start, job.epoch_items or job.dataset_items)

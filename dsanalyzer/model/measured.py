@@ -14,7 +14,7 @@ from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.scaling import PrepScaling
 from dsanalyzer.model.store import store_fields
 
-__all__ = ["field", "positive", "main_process_costs", "model_fields"]
+__all__ = ["field", "positive", "main_process_costs", "remedy_fields", "model_fields"]
 
 
 def field(report: dict, *keys: str, required: bool = True, default: Any = None) -> Any:
@@ -57,7 +57,8 @@ def main_process_costs(report: dict, cpus: int) -> dict:
     * ``prep_cpu_s``: CPU per sample of the data path, workers and main process together, from the
       loader-alone run at the most workers measured within the cores (``prep_scaling.cpu_s_per_sample``).
     * ``cpu_share``: the job's CPU over wall time x cores in that run (below 1: other processes held
-      some of the cores), so that CPU seconds become wall seconds as this machine gave them.
+      some of the cores), so that CPU seconds become wall seconds as this machine gave them; the real
+      run's (``main_process.job_cpu_share``) where it got more.
 
     * ``job_cpu_s``: the real run's CPU per sample, main process and workers together as they ran
       side by side, reads included (``main_process.job_cpu_s_per_sample``); the model prefers it
@@ -93,7 +94,34 @@ def main_process_costs(report: dict, cpus: int) -> dict:
         out["prep_cpu_s"] = float(per_sample[best])
         share = _number(shares[best]) if best < len(shares) else None
         if share and ks[best] >= cores:  # saturating: every core had a worker or the main process on it
-            out["cpu_share"] = min(1.0, max(0.05, share))
+            # Both runs' shares are what the job got at least: the loader alone's also holds its own
+            # pipeline's gaps (0.92 on a quiet 2-core VM where the real run of the job got 0.97)
+            real = _number(mp.get("job_cpu_share")) if mp.get("job_cpu_run") == "real" else None
+            out["cpu_share"] = min(1.0, max(0.05, share, real or 0.0))
+    return out
+
+
+_OLD = "the report has no remedy_probes (profiled before dsanalyzer measured them): profile again"
+
+
+def remedy_fields(report: dict) -> dict:
+    """What the prep-scaling run's probes measured for coordinated prep and the sample cache
+    (``remedy_probes``, :mod:`dsanalyzer.measure.remedy_probes`); a remedy not measured keeps None and
+    the reason (``*_why``), so that its what-if says why instead of guessing."""
+    probes = field(report, "remedy_probes", required=False) or {}
+    coord = probes.get("coordinate") or {"not_measured": _OLD}
+    cache = probes.get("sample_cache") or {"not_measured": _OLD}
+    out: dict = {
+        "shared_batch_bytes": _number(coord.get("batch_bytes")) or None,
+        "shared_receive_s": _number(coord.get("receive_cpu_s_per_batch")),
+        "det_cpu_s": _number(cache.get("det_cpu_s_per_sample")),
+        "random_cpu_s": _number(cache.get("random_cpu_s_per_sample")),
+        "cached_sample_bytes": _number(cache.get("cached_sample_bytes")) or None,
+        "cache_read_s": _number(cache.get("read_cpu_s_per_sample")),
+    }
+    out["coordinate_why"] = "" if out["shared_batch_bytes"] else str(coord.get("not_measured") or _OLD)
+    complete = out["det_cpu_s"] is not None and out["cached_sample_bytes"] and out["cache_read_s"] is not None
+    out["sample_cache_why"] = "" if complete else str(cache.get("not_measured") or _OLD)
     return out
 
 
@@ -171,5 +199,6 @@ def model_fields(report: dict) -> dict:
         "prep_points": tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
         "remote_wire_bytes": _number(field(report, "loader", "remote_wire_bytes", required=False)),
         **main_process_costs(report, cpus),
+        **remedy_fields(report),
         **store,
     }

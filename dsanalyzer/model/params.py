@@ -53,6 +53,18 @@ class JobParams:
     fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
     items_per_request: float = 1.0  # items one store request brings (a shard's items; 1 for loose files)
     remote_wire_bytes: float | None = None  # one sample's bytes back from a remote CPU (None: not measured)
+    # coordinated prep (--jobs; model/coordinate.py): one prepped batch as the group's ring holds it
+    shared_batch_bytes: float | None = None  # bytes of one encoded batch (None: not measured)
+    shared_receive_s: float | None = None  # a job's CPU per batch decoding it out of shared memory
+    coordinate_why: str = ""  # why the two above were not measured
+    # the sample cache (--sample-cache-gb; model/sample_cache.py): the split of prep, per sample
+    det_cpu_s: float | None = None  # CPU of the deterministic prefix (what a hit saves)
+    random_cpu_s: float | None = None  # CPU of the random tail (what runs every epoch anyway)
+    cached_sample_bytes: float | None = (
+        None  # store bytes one cached sample takes (index and header included)
+    )
+    cache_read_s: float | None = None  # CPU per sample reading it back from the store
+    sample_cache_why: str = ""  # why the four above were not measured
 
     @property
     def fetch_free(self) -> bool:
@@ -91,6 +103,18 @@ def params_json(job: JobParams) -> dict:
         "fetch_ahead": job.fetch_ahead,
         "items_per_request": job.items_per_request,
         "remote_wire_bytes": job.remote_wire_bytes,
+        "coordinate": {
+            "shared_batch_bytes": job.shared_batch_bytes,
+            "shared_receive_s": job.shared_receive_s,
+            "why_not_measured": job.coordinate_why,
+        },  # fmt: skip
+        "sample_cache": {
+            "det_cpu_s": job.det_cpu_s,
+            "random_cpu_s": job.random_cpu_s,
+            "cached_sample_bytes": job.cached_sample_bytes,
+            "cache_read_s": job.cache_read_s,
+            "why_not_measured": job.sample_cache_why,
+        },  # fmt: skip
         "measured_at": {
             "cpus": job.cpus,
             "workers": job.workers,

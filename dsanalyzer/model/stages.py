@@ -35,6 +35,7 @@ __all__ = [
     "in_memory_rate",
     "cores_for_rate",
     "steady",
+    "point_at",
 ]
 
 
@@ -118,4 +119,26 @@ def steady(job: JobParams, point: Point) -> Prediction:
         batch_size=job.batch_size,
         dataset_items=job.epoch_items or job.dataset_items,
         cpu_per_s=job_cpu_rate(job, point.cpus, w, g, point.policy, h),
+    )
+
+
+def point_at(
+    job: JobParams,
+    cache_bytes: float | None = None,
+    cpus: int | None = None,
+    storage_bytes_per_s: float | None = None,
+    gpu_speedup: float = 1.0,
+    policy: str | None = None,
+    workers: int | None = None,
+) -> Point:
+    """The measured operating point with the given settings changed (None: as measured; ``workers``
+    follows ``cpus`` when only the cores change, as ``Model.predict``)."""
+    w = workers if workers is not None else (job.workers if cpus is None else int(cpus))
+    return Point(
+        job.cache_bytes if cache_bytes is None else cache_bytes,
+        job.cpus if cpus is None else int(cpus),
+        job.storage_bytes_per_s if storage_bytes_per_s is None else storage_bytes_per_s,
+        gpu_speedup,
+        policy or job.cache_policy,
+        int(w),
     )

@@ -51,3 +51,44 @@ def test_help_is_plain_text():
     for args in (["--help"], ["whatif", "--help"], ["verify", "--help"]):
         proc = run_cli(*args)
         assert proc.returncode == 0 and "``" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--jobs", "two"], "--jobs"),
+        (
+            ["--jobs", "2"],
+            "--jobs: coordinated prep was not measured in this report: the report has no remedy_probes",
+        ),
+        (["--sample-cache-gb", "-1"], "--sample-cache-gb must be a number >= 0"),
+        (["--sample-cache-gb", "nan"], "--sample-cache-gb must be a number >= 0"),
+        (["--sample-cache-gb", "2"], "--sample-cache-gb: the sample cache was not measured"),
+        (["--jobs", "2", "--sample-cache-gb", "2"], "give one of them"),
+    ],
+)
+def test_whatif_remedy_options_name_what_is_wrong(tmp_path, args, named):
+    """--jobs / --sample-cache-gb on a report from before the probes (or with a bad value): one line saying why."""
+    from tests.dsanalyzer.model.test_whatif import synthetic_report
+
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(synthetic_report()))
+    proc = run_cli("whatif", str(report), *args, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert named in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_whatif_remedy_options_print_a_prediction(tmp_path):
+    from tests.dsanalyzer.model.test_sample_cache import report as cache_report
+
+    rep = cache_report()
+    rep["remedy_probes"]["coordinate"] = {"batch_bytes": 400_000, "receive_cpu_s_per_batch": 0.0005}
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(rep))
+    for args, says in ((["--jobs", "3"], "together"), (["--sample-cache-gb", "2"], "with the sample cache")):
+        proc = run_cli("whatif", str(report), *args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert says in proc.stdout
+        assert float(proc.stdout.strip().splitlines()[-1].split("=")[1]) > 0
