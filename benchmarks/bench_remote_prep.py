@@ -3,7 +3,7 @@
 A prep-bound job (the standard recipe, 224 px, on ``--n`` synthetic JPEGs of ImageNet size): the
 trainer and its local workers are pinned to core 0; a Ray cluster runs on this machine with its head
 (``--num-cpus 0``) on core 0 and one prep node of one CPU on core 1 (tests/coordl/remote/ray_cluster.py,
-token authentication on). Samples/s over one epoch (after a warm-up epoch), for:
+token authentication on). Samples/s: the median of three epochs (after a warm-up epoch), for:
 
 - ``local``: ``coordl.DataLoader`` with ``--workers`` local workers only (core 0's prep);
 - ``remote only``: ``num_workers=0`` and ``remote_prep=`` (the remote core's prep through Ray);
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,9 @@ import torch  # noqa: E402
 import coordl  # noqa: E402
 from coordl.datasets.synth import make_dataset  # noqa: E402
 from tests.coordl.remote.ray_cluster import RayCluster  # noqa: E402
+
+
+EPOCHS = 3  # measured epochs per configuration, after a warm-up epoch
 
 
 def _epoch(loader: Any) -> tuple[float, int]:
@@ -56,9 +60,13 @@ def coordl_rate(root: str, workers: int, batch: int, remote: Any) -> tuple[float
     )  # fmt: skip
     try:
         _epoch(loader)  # warm-up: workers, actors, page cache
-        loader.reset_stats()
-        seconds, n = _epoch(loader)
-        return n / seconds, loader.stats()
+        rates, stats = [], {}
+        for _ in range(EPOCHS):  # the median epoch: one epoch is 2-3 s, a noisy neighbour moves it
+            loader.reset_stats()
+            seconds, n = _epoch(loader)
+            rates.append(n / seconds)
+            stats = loader.stats()
+        return statistics.median(rates), stats
     finally:
         loader.close()
 
@@ -84,12 +92,12 @@ def ray_data_rate(root: str, batch: int) -> float:
         RecipeBatch, batch_size=batch, num_cpus=1, concurrency=1, batch_format="numpy"
     )
     rates = []
-    for _ in range(2):  # the first pass is the warm-up
+    for _ in range(1 + EPOCHS):  # the first pass is the warm-up
         start, n = time.perf_counter(), 0
         for b in ds.iter_torch_batches(batch_size=batch):
             n += len(b["label"])
         rates.append(n / (time.perf_counter() - start))
-    return rates[-1]
+    return statistics.median(rates[1:])
 
 
 def main() -> int:
