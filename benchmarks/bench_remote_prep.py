@@ -40,7 +40,6 @@ import coordl  # noqa: E402
 from coordl.datasets.synth import make_dataset  # noqa: E402
 from tests.coordl.remote.ray_cluster import RayCluster  # noqa: E402
 
-
 EPOCHS = 3  # measured epochs per configuration, after a warm-up epoch
 
 
