@@ -1,7 +1,6 @@
 """Orchestration of the differential runs, for a command line and for the Python API (``dsanalyzer.profile``).
 
 Named ``profiler`` so that the module never shadows the ``dsanalyzer.profile`` function.
-
 ``profile_command(["python", "train.py", ...])`` runs the unmodified script four times under the
 import hook (:mod:`dsanalyzer.intercept`), once per run of :data:`dsanalyzer.measure.plan.MODES`, each
 stopped after warm-up + N iterations; ``profile(make_loader, train_step)`` does the same in this
@@ -191,6 +190,7 @@ def assemble_report(
         "source": scal_res.get("source") or {"kind": "files" if dataset.get("path") else "unknown"},
         "prep_memory": results["prep"].get("memory", {}),
         "real_cold": results["real"].get("cold", {}),
+        **{k: scal_res[k] for k in ("peer", "gpu_prep") if k in scal_res},  # the remedies' probes
     }
     start = epoch_start(results["real"].get("wait_s", []), results["real"].get("epoch_starts") or [], warmup)
     if start is not None:
