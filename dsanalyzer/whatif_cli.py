@@ -17,8 +17,10 @@ from dsanalyzer.judge.verdict import advice_sentence, threads_note
 from dsanalyzer.model import search
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.comm import CommModel
+from dsanalyzer.model.stages import Point
 from dsanalyzer.model.whatif import Model, format_bytes
 from dsanalyzer.report.schema import load_report
+from dsanalyzer.whatif_remedies import add_remedy_args, print_remedies, remedy_error
 
 __all__ = ["add_whatif_parser", "run_whatif", "load_report_file"]
 
@@ -72,6 +74,7 @@ def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
         "--items-per-request", type=float,
         help="items one bucket GET brings (tar shards: items per shard); default: as measured (1: loose files)",
     )  # fmt: skip
+    add_remedy_args(p)  # --nodes, --peer-gbps, --shared-storage, --gpu-prep
     p.add_argument("--json", action="store_true", help="print the prediction as JSON before the last line")
     p.set_defaults(func=run_whatif)
     return p
@@ -186,6 +189,9 @@ def run_whatif(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else (model.workers if args.cpus is None else None)
     if (store_kw := _store_args(args, model)) is None:
         return 2
+    if err := remedy_error(args):
+        print(f"dsanalyzer whatif: error: {err}", file=sys.stderr)
+        return 2
     bad_workers = workers is not None and workers < 0
     if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0 or bad_workers:
         print(
@@ -241,7 +247,11 @@ def run_whatif(args: argparse.Namespace) -> int:
                 }
             )
         )
-    print(f"predicted_samples_per_s={point.samples_per_s:.6g}")
+    asked = Point(
+        cache, cpus, storage, args.gpu_speedup, policy, cpus if workers is None else workers, **store_kw
+    )
+    remedy_rate = print_remedies(args, model, asked)  # --nodes / --gpu-prep: their rate is the last line's
+    print(f"predicted_samples_per_s={point.samples_per_s if remedy_rate is None else remedy_rate:.6g}")
     return 0
 
 

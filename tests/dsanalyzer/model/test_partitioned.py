@@ -101,3 +101,62 @@ def test_a_bad_link_is_an_error():
     m = fetch_bound()
     with pytest.raises(ValueError, match="node link must be positive"):
         predict_nodes(m, 2, Point(1e8, 2, 5e7), link_bytes_per_s=0)
+
+
+def _cli(tmp_path, capsys, report: dict, *argv: str) -> tuple[int, str, str]:
+    import json
+
+    from dsanalyzer.whatif_cli import main as whatif_main
+
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    rc = whatif_main([str(path), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_nodes_prints_per_node_and_aggregate_and_ends_with_the_per_node_rate(tmp_path, capsys):
+    rep = synthetic_report(
+        prep_scaling={"workers": [1, 2], "samples_per_s": [4000.0, 7800.0]},
+        rates_per_s={"compute": 8000.0, "prep": 7800.0, "fetch": 500.0, "observed": 500.0},
+        cache_policy="minio",
+    )
+    rc, out, _ = _cli(tmp_path, capsys, rep, "--nodes", "3", "--cache-gb", "0.4", "--peer-gbps", "1")
+    assert rc == 0
+    m = Model.from_report(rep)
+    expected = predict_nodes(m, 3, Point(4e8, 2, m.storage_bytes_per_s, workers=2), 1e9 / 8)
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("predicted_samples_per_s=")
+    assert float(last.split("=")[1]) == pytest.approx(expected.samples_per_s, rel=1e-5)
+    assert "per node" in out and f"aggregate: {3 * expected.samples_per_s:.1f} samples/s" in out
+    assert "33% from its own cache, 67% from the other nodes', 0% from storage" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nodes", "0"], "--nodes must be >= 1, got 0"),
+        (["--nodes", "2", "--peer-gbps", "-1"], "--peer-gbps must be > 0"),
+        (["--peer-gbps", "10"], "give --nodes too"),
+        (["--nodes", "2", "--gpu-prep"], "one at a time"),
+    ],
+)
+def test_cli_refuses_bad_remedy_options(tmp_path, capsys, argv, message):
+    rc, _, err = _cli(tmp_path, capsys, synthetic_report(), *argv)
+    assert rc == 2 and message in err
+
+
+def test_cli_gpu_prep_without_a_gpu_measurement_prints_unknown_and_keeps_the_plain_prediction(
+    tmp_path, capsys
+):
+    rep = synthetic_report(gpu_prep={"available": False, "why": "no CUDA device (probe)"})
+    _, plain, _ = _cli(tmp_path, capsys, rep)
+    rc, out, _ = _cli(tmp_path, capsys, rep, "--gpu-prep")
+    assert rc == 0 and "gpu prep: unknown without a GPU: no CUDA device (probe)" in out
+    assert out.strip().splitlines()[-1] == plain.strip().splitlines()[-1]
+    rep["gpu_prep"] = {"available": True, "samples_per_s": 3200.0, "cpu_s_per_sample": 1e-4}
+    rc, out, _ = _cli(tmp_path, capsys, rep, "--gpu-prep")
+    assert rc == 0 and "shares its time with the step" in out
+    assert float(out.strip().splitlines()[-1].split("=")[1]) != float(
+        plain.strip().splitlines()[-1].split("=")[1]
+    )
