@@ -11,16 +11,20 @@ and only what no node holds from storage. Each node reads ``1/N`` of every epoch
     remote  = held (N - 1) / N          a remote hit: over the node's link from the owner's Redis
     storage = 1 - held                  a miss
 
-A remote hit costs one worker ``s / (link x 1448/1514) + peer_item_s`` plus, once per batch, the MGET's
-round trip ``peer_batch_s`` (all owners are asked at once): ``s`` the item's bytes over the link's TCP
-payload rate (1448 payload bytes per 1514-byte Ethernet frame; a real wire's preamble and gap take 1.3 %
-more), and the client's and server's own copies, which the profile measures on loopback Redis
-(:mod:`dsanalyzer.measure.peer`; 0 when not probed). The node's link is one more shared resource beside
+A remote hit costs one worker ``s / (link x e) + peer_item_s`` plus, once per batch, the MGET's round
+trip ``peer_batch_s`` (all owners are asked at once): ``s`` the item's bytes at the link's useful rate,
+and the client's and server's own copies, which the profile measures on loopback Redis
+(:mod:`dsanalyzer.measure.peer`; 0 when not probed). ``e`` = :data:`LINK_EFFICIENCY` = 0.915, measured:
+TCP over Ethernet carries 1448 payload bytes per 1514-byte frame (0.956: one node reading another's
+Redis over a 24 Mbit/s tc-tbf link got 0.954), and in the partitioned cache every node serves as much
+as it reads, so a worker's next MGET waits behind the replies its node is sending (0.879-0.932 of the
+nominal rate, mean 0.915, with two reading threads per node each way, 24 and 100 Mbit/s links, six runs
+of 10 s on the 2-core VM, 2026-11-27). A real wire's preamble and gap take 1.3 % more. The node's link is one more shared resource beside
 storage, so the fetch stage runs at::
 
-    F = 1 / max(local s/membw + storage s/storage_bw,  remote s/link_payload)
+    F = 1 / max(local s/membw + storage s/storage_bw,  remote s/(link e))
 
-and a worker's cycle at ``w / (local s/membw + remote (s/link_payload + peer_item_s + peer_batch_s/B) +
+and a worker's cycle at ``w / (local s/membw + remote (s/(link e) + peer_item_s + peer_batch_s/B) +
 storage (s/storage_bw + overhead_s) + w/P)``: the rest of the composition is the single node's
 (:func:`~dsanalyzer.model.rates.compose`, the step, prep and shared cores unchanged), over an epoch of
 ``ceil(E/N)`` samples with the measured epoch start. With ``N = 1`` this is exactly the single node's
@@ -45,7 +49,7 @@ from dsanalyzer.model.rates import ItemCosts, Prediction, compose
 from dsanalyzer.model.remedy import Remedy
 
 __all__ = [
-    "TCP_PAYLOAD_FRACTION",
+    "LINK_EFFICIENCY",
     "DEFAULT_PEER_GBPS",
     "Shares",
     "PeerCosts",
@@ -55,7 +59,7 @@ __all__ = [
     "share_cache_bytes",
 ]
 
-TCP_PAYLOAD_FRACTION = 1448 / 1514  # TCP payload per Ethernet frame (MSS 1448 with timestamps, MTU 1500)
+LINK_EFFICIENCY = 0.915  # useful bytes of a node link carrying the partitioned cache both ways (measured)
 DEFAULT_PEER_GBPS = 10.0  # the node link the CLI assumes when --peer-gbps is not given
 SHARE_SLACK = 1.1  # the cache a remedy gives each node: its share of the dataset plus 10 % (items differ)
 
@@ -149,7 +153,7 @@ def predict_nodes(
     costs = PeerCosts(
         hit_s=base.hit_s, miss_s=base.miss_s, miss_overhead_s=base.miss_overhead_s,
         local=sh.local, remote=sh.remote,
-        link_s=job.avg_item_bytes / (link_bytes_per_s * TCP_PAYLOAD_FRACTION),
+        link_s=job.avg_item_bytes / (link_bytes_per_s * LINK_EFFICIENCY),
         remote_own_s=(job.peer_item_s or 0.0) + (job.peer_batch_s or 0.0) / job.batch_size,
     )  # fmt: skip
     w, g = p.workers, p.gpu_speedup
