@@ -182,7 +182,6 @@ def assemble_report(
         "per_epoch_s": per_epoch(per_iter, n_items, batch, loader.get("batches_per_epoch")),
         "bound": bound_of(per_iter),
         "advice": "",
-        "runs": {},
         "sysmon": sysmon,
         "model": {},
         "whatif": {"grid": [], "to_compute_bound": {}},

@@ -187,10 +187,7 @@ def run_whatif(args: argparse.Namespace) -> int:
     storage = args.storage_mbps * 1e6 if args.storage_mbps else model.storage_bytes_per_s
     policy = args.cache_policy or model.cache_policy
     workers = args.workers if args.workers is not None else (model.workers if args.cpus is None else None)
-    if (store_kw := _store_args(args, model)) is None:
-        return 2
-    if err := remedy_error(args):
-        print(f"dsanalyzer whatif: error: {err}", file=sys.stderr)
+    if (store_kw := _store_args(args, model)) is None or remedy_error(args):  # (the error printed)
         return 2
     bad_workers = workers is not None and workers < 0
     if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0 or bad_workers:
@@ -247,11 +244,9 @@ def run_whatif(args: argparse.Namespace) -> int:
                 }
             )
         )
-    asked = Point(
-        cache, cpus, storage, args.gpu_speedup, policy, cpus if workers is None else workers, **store_kw
-    )
-    remedy_rate = print_remedies(args, model, asked)  # --nodes / --gpu-prep: their rate is the last line's
-    print(f"predicted_samples_per_s={point.samples_per_s if remedy_rate is None else remedy_rate:.6g}")
+    rate = print_remedies(args, model, Point(cache, cpus, storage, args.gpu_speedup, policy,
+                                             cpus if workers is None else workers, **store_kw))  # fmt: skip
+    print(f"predicted_samples_per_s={point.samples_per_s if rate is None else rate:.6g}")  # or the remedy's
     return 0
 
 

@@ -15,6 +15,7 @@ The rest of the point (cores, workers, storage, GPU speed-up) is what the other 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from dsanalyzer.model import gpu_prep, partitioned
 from dsanalyzer.model.stages import Point
@@ -47,8 +48,15 @@ def add_remedy_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def remedy_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with the remedies' options (None: nothing)."""
+def remedy_error(args: argparse.Namespace) -> bool:
+    """Print what is wrong with the remedies' options, if anything; True when something is."""
+    err = _options_error(args)
+    if err:
+        print(f"dsanalyzer whatif: error: {err}", file=sys.stderr)
+    return err is not None
+
+
+def _options_error(args: argparse.Namespace) -> str | None:
     if args.nodes is not None and args.nodes < 1:
         return f"--nodes must be >= 1, got {args.nodes}"
     if args.peer_gbps is not None and not args.peer_gbps > 0:
