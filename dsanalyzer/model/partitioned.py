@@ -14,12 +14,16 @@ and only what no node holds from storage. Each node reads ``1/N`` of every epoch
 A remote hit costs one worker ``s / (link x e) + peer_item_s`` plus, once per batch, the MGET's round
 trip ``peer_batch_s`` (all owners are asked at once): ``s`` the item's bytes at the link's useful rate,
 and the client's and server's own copies, which the profile measures on loopback Redis
-(:mod:`dsanalyzer.measure.peer`; 0 when not probed). ``e`` = :data:`LINK_EFFICIENCY` = 0.915, measured:
-TCP over Ethernet carries 1448 payload bytes per 1514-byte frame (0.956: one node reading another's
-Redis over a 24 Mbit/s tc-tbf link got 0.954), and in the partitioned cache every node serves as much
-as it reads, so a worker's next MGET waits behind the replies its node is sending (0.879-0.932 of the
-nominal rate, mean 0.915, with two reading threads per node each way, 24 and 100 Mbit/s links, six runs
-of 10 s on the 2-core VM, 2026-11-27). A real wire's preamble and gap take 1.3 % more. The node's link is one more shared resource beside
+(:mod:`dsanalyzer.measure.peer`; 0 when not probed). ``e`` (:func:`link_efficiency`) is the share of
+the nominal link rate that carries items, measured on tc-tbf links between network namespaces (two
+reading threads per node, MGETs of 50 kB items, runs of 10 s on the 2-core VM, 2026-11-27): TCP over
+Ethernet carries 1448 payload bytes per 1514-byte frame (0.956; one node reading another got 0.954);
+in the partitioned cache every node serves as much as it reads, so a worker's next MGET waits behind the
+replies its own node is sending: two nodes 0.879-0.932 (mean 0.915, six runs, 24 and 100 Mbit/s); from
+three nodes on, a node's outgoing link serves several readers and its incoming link several senders, and
+a reply runs at the pace of the busier end while the other idles: three nodes 0.722-0.823 (mean 0.78,
+nine runs). Four or more nodes were not measured; the model keeps 0.78. A real wire's preamble and gap
+take 1.3 % more. The node's link is one more shared resource beside
 storage, so the fetch stage runs at::
 
     F = 1 / max(local s/membw + storage s/storage_bw,  remote s/(link e))
@@ -50,6 +54,7 @@ from dsanalyzer.model.remedy import Remedy
 
 __all__ = [
     "LINK_EFFICIENCY",
+    "link_efficiency",
     "DEFAULT_PEER_GBPS",
     "Shares",
     "PeerCosts",
@@ -59,7 +64,7 @@ __all__ = [
     "share_cache_bytes",
 ]
 
-LINK_EFFICIENCY = 0.915  # useful bytes of a node link carrying the partitioned cache both ways (measured)
+LINK_EFFICIENCY = {2: 0.915, 3: 0.78}  # useful share of a node link carrying the cache's traffic (measured)
 DEFAULT_PEER_GBPS = 10.0  # the node link the CLI assumes when --peer-gbps is not given
 SHARE_SLACK = 1.1  # the cache a remedy gives each node: its share of the dataset plus 10 % (items differ)
 
@@ -85,6 +90,11 @@ def shares(dataset_bytes: float, cache_bytes: float, nodes: int) -> Shares:
         raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
     held = 1.0 if dataset_bytes <= 0 else min(1.0, nodes * cache_bytes / dataset_bytes)
     return Shares(local=held / nodes, remote=held * (nodes - 1) / nodes, storage=1.0 - held)
+
+
+def link_efficiency(nodes: int) -> float:
+    """The share of a node link's nominal rate that carries items with ``nodes`` nodes (measured: see above)."""
+    return LINK_EFFICIENCY[2] if nodes <= 2 else LINK_EFFICIENCY[3]
 
 
 def share_cache_bytes(job: JobParams, nodes: int) -> int:
@@ -153,7 +163,7 @@ def predict_nodes(
     costs = PeerCosts(
         hit_s=base.hit_s, miss_s=base.miss_s, miss_overhead_s=base.miss_overhead_s,
         local=sh.local, remote=sh.remote,
-        link_s=job.avg_item_bytes / (link_bytes_per_s * LINK_EFFICIENCY),
+        link_s=job.avg_item_bytes / (link_bytes_per_s * link_efficiency(nodes)),
         remote_own_s=(job.peer_item_s or 0.0) + (job.peer_batch_s or 0.0) / job.batch_size,
     )  # fmt: skip
     w, g = p.workers, p.gpu_speedup

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dsanalyzer.model import partitioned
-from dsanalyzer.model.partitioned import LINK_EFFICIENCY, nodes_remedy, predict_nodes, shares
+from dsanalyzer.model.partitioned import link_efficiency, nodes_remedy, predict_nodes, shares
 from dsanalyzer.model.stages import Point
 from dsanalyzer.model.whatif import Model
 from tests.dsanalyzer.model.test_whatif import synthetic_report
@@ -60,8 +60,12 @@ def test_a_slower_link_lowers_the_rate_to_what_the_link_carries():
     fast = predict_nodes(m, 2, point, link_bytes_per_s=100 * link)
     assert slow.samples_per_s < fast.samples_per_s
     assert slow.bound == "fetch"
-    steady = link * LINK_EFFICIENCY / (0.5 * 1e5)
+    steady = link * link_efficiency(2) / (0.5 * 1e5)
     assert slow.steady == pytest.approx(steady)
+    # three nodes: two thirds over the link, whose ends both serve several peers (a lower useful share)
+    three = predict_nodes(m, 3, Point(4e8, 2, m.storage_bytes_per_s, workers=2), link_bytes_per_s=link)
+    assert three.steady == pytest.approx(link * link_efficiency(3) / (2 / 3 * 1e5))
+    assert link_efficiency(3) < link_efficiency(2)
     # the epoch start is charged once per epoch of this node's share (5000 samples, not 10000)
     assert slow.samples_per_s < slow.steady and slow.epoch_s > 5000 / slow.steady
 
