@@ -1,10 +1,11 @@
-"""``whatif --nodes 2`` verified for real: profile a fetch-bound job on one node, predict the partitioned cache
-over two, run two nodes with ``partitioned=True`` in network namespaces joined by rate-limited links.
+"""``whatif --nodes 2`` and ``3`` verified for real: profile a fetch-bound job on one node, predict the
+partitioned cache over N nodes, run N nodes with ``partitioned=True`` in network namespaces joined by
+rate-limited links.
 
 The job (:mod:`tests.dsanalyzer.partitioned_job`) reads 800 files of 50 kB through an emulated 4 MB/s
-device per node, light prep, a 5 ms step, two persistent workers. Profiled alone with a 22 MB MinIO cache it reads 45 % of its
-items from storage. On two nodes each caching 22 MB the pair holds the whole dataset: half a node's reads
-come from its own cache, half from the other node's Redis over a 24 Mbit/s link (tc tbf on both ends of
+device per node, light prep, a 5 ms step, two persistent workers. Profiled alone with a 22 MB MinIO
+cache it reads 45 % of its items from storage. On N nodes each caching 22 MB they hold the whole dataset: 1/N of a node's reads come
+from its own cache, the rest from the other nodes' Redis over a 24 Mbit/s link (tc tbf on both ends of
 each node's veth), none from storage; so the prediction rests on the remote hit's cost (its bytes at the
 link's useful rate, plus the client's copies the profile probed). The measured rate per node (the slower
 node's median epoch from the third on: the first fills the caches, the second makes sure every push
@@ -31,7 +32,7 @@ JOB = Path(__file__).with_name("partitioned_job.py")
 ITEMS, ITEM_BYTES = 800, 50_000
 CACHE_BYTES = 22_000_000  # per node: half the dataset plus 10 %
 LINK_MBIT = 24.0
-NODES = 2
+NODES = (2, 3)
 EPOCHS, WARM_EPOCHS = 8, 2
 
 
@@ -84,7 +85,7 @@ def per_node_rate(records: list[dict]) -> float:
 @pytest.mark.slow
 @pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 @pytest.mark.timeout(900)
-def test_partitioned_cache_over_two_nodes_runs_at_the_predicted_rate(tmp_path, capsys):
+def test_partitioned_cache_over_two_and_three_nodes_runs_at_the_predicted_rate(tmp_path, capsys):
     if reason := skip_reason():
         pytest.skip(reason)
     data, devices, out = write_data(tmp_path / "data"), tmp_path / "devices", tmp_path / "profile"
@@ -107,19 +108,28 @@ def test_partitioned_cache_over_two_nodes_runs_at_the_predicted_rate(tmp_path, c
     report = json.loads((out / "report.json").read_text())
     assert report["cache_policy"] == "minio" and "error" not in report["peer"], report.get("peer")
     assert report["verdict"]["bound"] == "fetch"  # alone, the job waits for storage
-    whatif = ["whatif", str(out / "report.json"), "--nodes", str(NODES), "--peer-gbps", str(LINK_MBIT / 1e3)]
-    assert cli_main(whatif) == 0
-    printed = capsys.readouterr().out
-    predicted = float(printed.strip().splitlines()[-1].split("=")[1])
-    assert "per node" in printed and "aggregate" in printed
+    for nodes in NODES:
+        whatif = [
+            "whatif",
+            str(out / "report.json"),
+            "--nodes",
+            str(nodes),
+            "--peer-gbps",
+            str(LINK_MBIT / 1e3),
+        ]
+        assert cli_main(whatif) == 0
+        printed = capsys.readouterr().out
+        predicted = float(printed.strip().splitlines()[-1].split("=")[1])
+        assert "per node" in printed and "aggregate" in printed
 
-    runs = [run_nodes(args, NODES) for _ in range(2)]
-    for records in runs:  # the setting the prediction assumes: no storage read once the caches are full
-        warm = [r for r in records if r["epoch"] == WARM_EPOCHS - 1]
-        last = [r for r in records if r["epoch"] == EPOCHS - 1]
-        misses = {r["node"]: r["cache_misses"] for r in warm}
-        assert all(r["cache_misses"] == misses[r["node"]] and r["remote_errors"] == 0 for r in last), last
-    measured = statistics.median(per_node_rate(r) for r in runs)
-    print(f"nodes={NODES} predicted {predicted:.1f} measured {measured:.1f} per node "
-          f"({measured / predicted - 1:+.1%}); runs {[round(per_node_rate(r), 1) for r in runs]}")  # fmt: skip
-    assert measured == pytest.approx(predicted, rel=0.10)
+        runs = [run_nodes(args, nodes) for _ in range(2)]
+        for records in runs:  # the setting the prediction assumes: no storage read once the caches are full
+            warm = [r for r in records if r["epoch"] == WARM_EPOCHS - 1]
+            last = [r for r in records if r["epoch"] == EPOCHS - 1]
+            misses = {r["node"]: r["cache_misses"] for r in warm}
+            assert all(r["cache_misses"] == misses[r["node"]] and r["remote_errors"] == 0 for r in last), last
+        measured = statistics.median(per_node_rate(r) for r in runs)
+        with capsys.disabled():
+            print(f"\nnodes={nodes} predicted {predicted:.1f} measured {measured:.1f} per node "
+                  f"({measured / predicted - 1:+.1%}); runs {[round(per_node_rate(r), 1) for r in runs]}")  # fmt: skip
+        assert measured == pytest.approx(predicted, rel=0.10), nodes
