@@ -1,6 +1,5 @@
 """Orchestration of the differential runs, for a command line and for the Python API (``dsanalyzer.profile``).
 Named ``profiler`` so that the module never shadows the ``dsanalyzer.profile`` function.
-
 ``profile_command(["python", "train.py", ...])`` runs the unmodified script four times under the
 import hook (:mod:`dsanalyzer.intercept`), once per run of :data:`dsanalyzer.measure.plan.MODES`, each
 stopped after warm-up + N iterations; ``profile(make_loader, train_step)`` does the same in this
@@ -182,7 +181,6 @@ def assemble_report(
         "per_epoch_s": per_epoch(per_iter, n_items, batch, loader.get("batches_per_epoch")),
         "bound": bound_of(per_iter),
         "advice": "",
-        "runs": {},
         "sysmon": sysmon,
         "model": {},
         "whatif": {"grid": [], "to_compute_bound": {}},
@@ -191,6 +189,7 @@ def assemble_report(
         "prep_memory": results["prep"].get("memory", {}),
         "remedy_probes": scal_res.get("remedy_probes") or {},  # coordinate=, sample_cache=
         "real_cold": results["real"].get("cold", {}),
+        **{k: scal_res[k] for k in ("peer", "gpu_prep") if k in scal_res},  # the remedies' probes
     }
     start = epoch_start(results["real"].get("wait_s", []), results["real"].get("epoch_starts") or [], warmup)
     if start is not None:

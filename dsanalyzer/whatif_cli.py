@@ -18,8 +18,10 @@ from dsanalyzer.judge.verdict import advice_sentence, threads_note
 from dsanalyzer.model import search, stages
 from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.comm import CommModel
+from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.whatif import Model, format_bytes
 from dsanalyzer.report.schema import load_report
+from dsanalyzer.whatif_nodes import add_nodes_args, nodes_error, print_nodes
 from dsanalyzer.whatif_remedies import add_remedy_options, print_remedy, remedy_ok
 from dsanalyzer.whatif_remote import add_remote_args, check_remote_args, remote_point
 
@@ -77,6 +79,7 @@ def add_whatif_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )  # fmt: skip
     add_remote_args(p)
     add_remedy_options(p)
+    add_nodes_args(p)  # --nodes, --peer-gbps, --shared-storage, --gpu-prep
     p.add_argument("--json", action="store_true", help="print the prediction as JSON before the last line")
     p.set_defaults(func=run_whatif)
     return p
@@ -174,6 +177,11 @@ def _store_args(args: argparse.Namespace, model: Model) -> dict | None:
     return kw
 
 
+def _print_json(point: Prediction) -> None:
+    keys = ("samples_per_s", "epoch_s", "bound", "hit_ratio", "stage_rates", "per_iter_s")
+    print(json.dumps({k: getattr(point, k) for k in keys}))
+
+
 def run_whatif(args: argparse.Namespace) -> int:
     """Print the grid tables, the way to compute-bound, and the asked point (last line)."""
     try:
@@ -192,7 +200,7 @@ def run_whatif(args: argparse.Namespace) -> int:
     storage = args.storage_mbps * 1e6 if args.storage_mbps else model.storage_bytes_per_s
     policy = args.cache_policy or model.cache_policy
     workers = args.workers if args.workers is not None else (model.workers if args.cpus is None else None)
-    if (store_kw := _store_args(args, model)) is None or not remedy_ok(args, model):
+    if (store_kw := _store_args(args, model)) is None or not remedy_ok(args, model) or nodes_error(args):
         return 2
     bad_workers = workers is not None and workers < 0
     if cache < 0 or cpus < 1 or storage <= 0 or args.gpu_speedup <= 0 or bad_workers:
@@ -238,21 +246,14 @@ def run_whatif(args: argparse.Namespace) -> int:
         f"epoch {point.epoch_s:.1f} s, {point.bound}-bound"
     )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "samples_per_s": point.samples_per_s,
-                    "epoch_s": point.epoch_s,
-                    "bound": point.bound,
-                    "hit_ratio": point.hit_ratio,
-                    "stage_rates": point.stage_rates,
-                    "per_iter_s": point.per_iter_s,
-                }
-            )
-        )
-    asked = stages.Point(cache, cpus, storage, args.gpu_speedup, policy, cpus if workers is None else workers)
-    remedy_rate = print_remedy(args, model, replace(asked, **store_kw))
-    print(f"predicted_samples_per_s={point.samples_per_s if remedy_rate is None else remedy_rate:.6g}")
+        _print_json(point)
+    asked = replace(
+        stages.Point(cache, cpus, storage, args.gpu_speedup, policy, cpus if workers is None else workers),
+        **store_kw,
+    )
+    rate = print_remedy(args, model, asked)
+    rate = print_nodes(args, model, asked) if rate is None else rate
+    print(f"predicted_samples_per_s={point.samples_per_s if rate is None else rate:.6g}")  # or the remedy's
     return 0
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from dsanalyzer.jobs import item_source
 from dsanalyzer.jobs.coordl_loader import fetch_ahead, is_coordl_loader, remedy_probes, remote_facts
-from dsanalyzer.measure import fetchrate, itemsize, objectstore, runs
+from dsanalyzer.measure import fetchrate, gpu_prep, itemsize, objectstore, peer, runs
 from dsanalyzer.measure.plan import MODES, Prepared, RunPlan
 from dsanalyzer.model.store import loader_concurrency
 
@@ -90,6 +90,7 @@ def _prep_scaling(
     threads = max(1, int(getattr(loader, "num_workers", 0) or 0))
     if bucket is None:
         info["fetch"] = _cold_fetch_rate(files, source, threads, plan.data_path)
+    info.update(_remedy_probes(info["dataset"], source, loader))
     info["memory"], undo = item_source.serve_from_memory(
         loader, _items_needed(plan, loader), plan.memory_budget_bytes, plan.data_path
     )
@@ -129,6 +130,17 @@ def _cold_fetch_rate(files: list[str], source: Any, threads: int, data_path: str
         )
     except ValueError as e:
         return {"error": str(e)}
+
+
+def _remedy_probes(dataset: dict, source: Any, loader: Any) -> dict:
+    """The remedies' probes (report.json's ``peer`` and ``gpu_prep``): a remote hit of the partitioned cache
+    on loopback Redis (:mod:`~dsanalyzer.measure.peer`), GPU prep of the job's own items
+    (:mod:`~dsanalyzer.measure.gpu_prep`; on a machine without a GPU only the reason, at once)."""
+    avg = float(dataset.get("avg_item_bytes") or 0.0)
+    batch = int(getattr(loader, "batch_size", None) or 1)
+    out: dict = {"gpu_prep": gpu_prep.probe_gpu_prep(source)}
+    out["peer"] = peer.measure_peer_fetch(avg, batch) if avg > 0 else {"error": "the dataset reads no files"}
+    return out
 
 
 def _probe_bucket(info: dict, loader: Any, bucket: objectstore.BucketSource) -> None:

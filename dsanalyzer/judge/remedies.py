@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from dsanalyzer.model import remote_prep, sample_cache
+from dsanalyzer.model import gpu_prep, partitioned, remote_prep, sample_cache
 from dsanalyzer.model.remedy import Remedy, rank
 from dsanalyzer.model.whatif import Model, format_bytes
 
@@ -66,12 +66,36 @@ def _remote_cpus(model: Model, report: dict) -> list[Remedy]:
     return [] if best is None else [best]
 
 
+def _nodes(model: Model, report: dict) -> list[Remedy]:
+    """The partitioned cache over the fewest nodes (2-16) whose caches make the job compute-bound, or
+    that reach the most, each caching its share of the dataset (only for a fetch-bound job that reads
+    files: the remedy of reads, not of prep)."""
+    if model.fetch_free or model.predict_measured().bound != "fetch":
+        return []
+    link = partitioned.DEFAULT_PEER_GBPS * 1e9 / 8
+    compute, best = model.compute_rate(), None
+    for n in range(2, 17):
+        r = partitioned.nodes_remedy(model, n, link)
+        if best is None or (r.samples_per_s or 0) > (best.samples_per_s or 0) * 1.001:
+            best = r
+        if r.removes_stall(compute):
+            break
+    return [] if best is None else [best]
+
+
+def _gpu_prep(model: Model, report: dict) -> list[Remedy]:
+    """GPU prep for a prep-bound job: predicted from the profile's GPU probe, else unknown (and why)."""
+    if model.predict_measured().bound != "prep":
+        return []
+    return [gpu_prep.gpu_prep_remedy(model)]
+
+
 # Each provider: (model, report) -> the remedies it offers this job (none when it does not apply), each a
 # pure function of the model and what the report measured. Coordinated prep is not one of them: it
 # shares one job's prep with other jobs over the same dataset and does not speed up a job alone
 # (``whatif --jobs K`` answers it).
 Provider = Callable[[Model, dict], list[Remedy]]
-PROVIDERS: list[Provider] = [_sample_cache, _remote_cpus]
+PROVIDERS: list[Provider] = [_sample_cache, _remote_cpus, _gpu_prep, _nodes]
 
 
 def ranked(model: Model, report: dict, fix: dict | None) -> list[Remedy]:

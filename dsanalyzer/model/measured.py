@@ -14,7 +14,7 @@ from dsanalyzer.model.cache import POLICIES
 from dsanalyzer.model.scaling import PrepScaling
 from dsanalyzer.model.store import store_fields
 
-__all__ = ["field", "positive", "main_process_costs", "remedy_fields", "model_fields"]
+__all__ = ["field", "positive", "main_process_costs", "remedy_fields", "probe_fields", "model_fields"]
 
 
 def field(report: dict, *keys: str, required: bool = True, default: Any = None) -> Any:
@@ -125,6 +125,28 @@ def remedy_fields(report: dict) -> dict:
     return out
 
 
+def probe_fields(report: dict) -> dict:
+    """What the remedies' probes measured (``peer``: a remote hit on loopback Redis; ``gpu_prep``: decode and
+    augment on the GPU), as :class:`~dsanalyzer.model.params.JobParams` fields; absent ones stay unknown.
+
+    A report without them (older, or a probe that could not run) loads as before: the partitioned what-if
+    then charges a remote hit its bytes over the link alone, and GPU prep is unknown, with the probe's
+    reason (``gpu_prep.why``) when it recorded one.
+    """
+    peer = field(report, "peer", required=False) or {}
+    gpu = field(report, "gpu_prep", required=False) or {}
+    rate = _number(gpu.get("samples_per_s")) or None
+    why = str(gpu.get("why") or "") if not rate else ""
+    return {
+        "peer_item_s": _number(peer.get("item_s")),
+        "peer_batch_s": _number(peer.get("batch_s")),
+        "gpu_prep_per_s": rate,
+        "gpu_prep_cpu_s": _number(gpu.get("cpu_s_per_sample")) if rate else None,
+        "gpu_prep_size": int(gpu["size"]) if rate and _number(gpu.get("size")) else None,
+        "gpu_prep_why": why or ("" if rate else "the profile did not probe GPU prep (an older dsanalyzer)"),
+    }
+
+
 def _item_bytes(report: dict, items: int) -> float:
     """The mean item size: measured, else the dataset's bytes over its items; unknown is an error."""
     avg = field(report, "dataset", "avg_item_bytes", required=False)
@@ -200,5 +222,6 @@ def model_fields(report: dict) -> dict:
         "remote_wire_bytes": _number(field(report, "loader", "remote_wire_bytes", required=False)),
         **main_process_costs(report, cpus),
         **remedy_fields(report),
+        **probe_fields(report),
         **store,
     }

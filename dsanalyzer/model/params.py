@@ -65,6 +65,16 @@ class JobParams:
     )
     cache_read_s: float | None = None  # CPU per sample reading it back from the store
     sample_cache_why: str = ""  # why the four above were not measured
+    # the partitioned cache's remote hit, probed on loopback Redis (None: not probed; see model/partitioned.py)
+    peer_item_s: float | None = None  # a remote item's own cost beyond the link (client and server copies)
+    peer_batch_s: float | None = None  # one MGET round trip's fixed cost (a batch's, not an item's)
+    # GPU prep probed on the job's own items (None: not measured, gpu_prep_why says why; model/gpu_prep.py)
+    gpu_prep_per_s: float | None = None  # samples/s of decode + augment on the GPU
+    gpu_prep_cpu_s: float | None = None  # host CPU per sample that GPU prep still costs (feeding, launching)
+    gpu_prep_why: str = ""
+    gpu_prep_size: int | None = (
+        None  # the side of the job's samples the probe cropped to (DALI's pipeline size)
+    )
 
     @property
     def fetch_free(self) -> bool:
@@ -115,6 +125,12 @@ def params_json(job: JobParams) -> dict:
             "cache_read_s": job.cache_read_s,
             "why_not_measured": job.sample_cache_why,
         },  # fmt: skip
+        "peer_item_s": job.peer_item_s,
+        "peer_batch_s": job.peer_batch_s,
+        "gpu_prep_per_s": job.gpu_prep_per_s,
+        "gpu_prep_cpu_s": job.gpu_prep_cpu_s,
+        "gpu_prep_why": job.gpu_prep_why,
+        "gpu_prep_size": job.gpu_prep_size,
         "measured_at": {
             "cpus": job.cpus,
             "workers": job.workers,
