@@ -32,7 +32,9 @@ def test_remote_cpus_add_their_prep_less_what_receiving_costs_the_trainer(model)
     assert remote_rate(model, RemoteSetup(2, CROP)) == pytest.approx(x_r)
     u_r = receive_cpu_s(model, RemoteSetup(2, CROP))
     assert u_r == pytest.approx(RECEIVE_COPIES * CROP / 8e9)
-    spare = max(0.0, model.cpu_share * model.cpus - local.steady * model.job_cpu_s)  # what the job leaves idle
+    spare = max(
+        0.0, model.cpu_share * model.cpus - local.steady * model.job_cpu_s
+    )  # what the job leaves idle
     lost = max(0.0, x_r * u_r - spare) / model.job_cpu_s
     assert lost > 0
     assert p.samples_per_s == pytest.approx(min(model.compute_rate(), local.steady - lost + x_r), rel=1e-3)
