@@ -36,8 +36,11 @@ def measure_peer_fetch(item_bytes: float, batch: int, rounds: int = 15, seed: in
         }
     size = max(1, min(int(item_bytes), _MAX_ITEM_BYTES))
     batch = max(2, min(int(batch), _PROBE_ITEMS))
-    from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
-    from memcache.server import start_redis
+    try:  # coordl's own client (dsanalyzer runs without coordl too: then no probe)
+        from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
+        from memcache.server import start_redis
+    except ImportError as e:
+        return {"error": f"coordl is not importable ({e}): remote hits not probed"}
 
     secret = os.urandom(16).hex()
     try:

@@ -13,6 +13,7 @@ from tests.dsanalyzer import remedy_verify as rv
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 def test_two_coordinated_jobs_run_at_the_predicted_rate(tmp_path, capsys):
     """A prep-bound job (1 worker, prep 4.5 ms of CPU a sample, a 5 ms step) profiled alone; two of them
     sharing prep get two producers: the prediction per job is the prep rate at 2 workers."""

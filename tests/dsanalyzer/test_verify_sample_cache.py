@@ -12,6 +12,7 @@ from tests.dsanalyzer import remedy_verify as rv
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 def test_the_sample_cache_runs_at_the_predicted_rate(tmp_path, capsys):
     """A prep-bound job (2 workers; prep a 3 ms deterministic prefix and a 1.5 ms random tail of CPU) with
     a store that holds about 60% of its samples: those skip the prefix, the rest run it all."""
