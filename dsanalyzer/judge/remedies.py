@@ -50,8 +50,8 @@ _MAX_REMOTE_CPUS = 256
 def _remote_cpus(model: Model, report: dict) -> list[Remedy]:
     """Remote CPUs of a Ray cluster: the fewest that make the job compute-bound (or the most that still
     add), where the profile measured what a remote sample weighs (a coordl loader's compact recipe)."""
-    if not model.remote_wire_bytes:
-        return []
+    if not model.remote_wire_bytes or model.predict_measured().bound != "prep":
+        return []  # remote CPUs add prep, not storage bandwidth
     local = model.predict_measured()
     compute = model.compute_rate()
     best = None

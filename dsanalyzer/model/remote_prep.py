@@ -16,8 +16,9 @@ core-second spent on a remote sample is one the local workers lose:
     X_local = L - max(0, X_r * u_r - spare) / u,  spare = max(0, a*c - L*u)
 
 with ``L`` the local-only rate at the asked point, ``u`` the job's CPU per sample and ``a*c`` the cores
-it gets. The job runs at ``min(compute, X_local + X_r)``: batches are shared demand-driven (the
-faster side gets more), so the sum holds while neither side's share is capped.
+it gets. The job runs at ``min(compute, X_local + X_r, F)``: batches are shared demand-driven (the
+faster side gets more), so the sum holds while neither side's share is capped; the remote CPUs read the
+same storage (or get the trainer's reads), so the fetch stage ``F`` still holds.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ def with_remote(
     spare = max(0.0, job.cpu_share * cores - rate_local * u)
     lost = max(0.0, x_r * receive_cpu_s(job, setup) - spare) / u
     x_local = max(0.0, rate_local - lost)
-    rate = min(compute, x_local + x_r)
-    bound = "compute" if rate >= compute * (1 - 1e-6) else "prep"
+    # the remote CPUs read the same storage (or are sent what the trainer read): the fetch stage holds
+    fetch = local.stage_rates.get("fetch", math.inf)
+    rate = min(compute, x_local + x_r, fetch)
+    bound = "compute" if rate >= compute * (1 - 1e-6) else "fetch" if rate >= fetch * (1 - 1e-6) else "prep"
     items = job.epoch_items or job.dataset_items
     stages = {**local.stage_rates, "remote": x_r, "local_with_remote": x_local}
     return Prediction(rate, items / rate, bound, stages, local.hit_ratio, local.per_iter_s)

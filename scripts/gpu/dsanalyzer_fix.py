@@ -91,4 +91,7 @@ def run(ctx: Context) -> None:
             ctx.note(f"{key.split('_')[0].capitalize()}: {machine[key]}.")
     summarise(ctx, report, "dsanalyzer demo")
     if not report.get("verify"):
+        if ctx.dry:  # the wiring ran; a tiny CPU demo on a busy machine may name no fix (its cores bind)
+            ctx.note("Dry run: the verdict named no fix here, so nothing was verified (the wiring ran).")
+            return
         raise SectionError("the demo's report has no verify entry (the verdict named no fix?)")

@@ -56,3 +56,11 @@ def test_no_remote_cpu_is_the_local_prediction_and_compute_caps_it(model):
     _, many = _point(model, RemoteSetup(1000, CROP))
     assert many.samples_per_s == pytest.approx(model.compute_rate()) and many.bound == "compute"
     assert math.isfinite(many.epoch_s)
+
+
+def test_remote_cpus_do_not_lift_a_fetch_bound_job_past_its_storage():
+    model = Model.from_report(base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}))
+    local = model.predict_measured()
+    assert local.bound == "fetch"
+    p = with_remote(model, local, RemoteSetup(8, CROP), model.cpus, model.compute_rate())
+    assert p.samples_per_s <= local.stage_rates["fetch"] * (1 + 1e-9) and p.bound == "fetch"
