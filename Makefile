@@ -1,5 +1,5 @@
 # The two commands of the quick start: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo test lint typecheck bench clean gpu-wheels gpu-check wheel wheel-check
+.PHONY: setup demo test verify-remedies lint typecheck bench clean gpu-wheels gpu-check wheel wheel-check
 
 setup:
 	@bash scripts/setup.sh
@@ -15,6 +15,10 @@ demo: setup
 test: setup
 	@COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray bash scripts/setup.sh
 	@bash scripts/test.sh
+
+# each coordl remedy applied for real against its what-if (minutes each, alone on the machine; not in CI)
+verify-remedies: setup
+	COORDL_VERIFY_REMEDIES=1 COORDL_SLOW=1 .venv/bin/python -m pytest -m exclusive tests/dsanalyzer/test_verify_coordinate.py tests/dsanalyzer/test_verify_sample_cache.py tests/dsanalyzer/test_verify_partitioned.py tests/dsanalyzer/test_verify_remote.py
 
 lint: setup
 	.venv/bin/ruff check .
