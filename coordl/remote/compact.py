@@ -16,9 +16,10 @@ collated.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -73,12 +74,19 @@ def compact_source(source: Any) -> tuple[Any, Compose] | None:
     return remote, tail
 
 
-def finish_all(samples: list[Any], tail: Callable[[Any], Any]) -> list[Any]:
-    """Each sample :func:`finish`-ed. Ray hands arrays back as read-only views of its object store;
-    the tail only reads its input (into a new output), so torch's warning on wrapping a read-only
-    array is silenced here rather than paid for with a copy."""
+@contextlib.contextmanager
+def _read_only_arrays() -> Iterator[None]:
+    """Ray hands arrays back as read-only views of its object store; the tail only reads its input
+    (into a new output), so torch's warning on wrapping a read-only array is silenced rather than
+    paid for with a copy."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        yield
+
+
+def finish_all(samples: list[Any], tail: Callable[[Any], Any]) -> list[Any]:
+    """Each sample :func:`finish`-ed."""
+    with _read_only_arrays():
         return [finish(s, tail) for s in samples]
 
 
@@ -117,13 +125,12 @@ def collate_finished(
     here) is not made. Anything else (a user's collate, samples of other shapes) finishes each sample
     and calls ``collate_fn``.
     """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if collate_fn is default_collate and samples:
+    if collate_fn is default_collate and samples:
+        with _read_only_arrays():
             batch = _stacked(samples, tail)
-            if batch is not None:
-                return batch
-        return collate_fn([finish(s, tail) for s in samples])
+        if batch is not None:
+            return batch
+    return collate_fn(finish_all(samples, tail))
 
 
 def _paths(sample: Any, path: tuple = ()) -> list[tuple]:
