@@ -1,5 +1,5 @@
 # The two commands of the quick start: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo test verify-remedies lint typecheck bench clean gpu-wheels gpu-check wheel wheel-check
+.PHONY: setup demo test verify-remedies lint typecheck bench clean gpu-wheels gpu-dali gpu-check wheel wheel-check
 
 setup:
 	@bash scripts/setup.sh
@@ -48,6 +48,10 @@ wheel-check: setup
 GPU_PY := $(if $(wildcard .venv/bin/python),.venv/bin/python,python3)
 gpu-wheels:
 	@bash scripts/gpu_wheels.sh
+
+# NVIDIA DALI's CUDA wheels packed in parts that each fit one device call (.dali/p*; docs/gpu.md)
+gpu-dali:
+	@bash scripts/gpu_dali.sh
 
 gpu-check:
 	$(GPU_PY) scripts/gpu_check.py $(if $(DRY),--dry-run) $(GPU_CHECK_ARGS)

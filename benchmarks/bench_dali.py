@@ -29,6 +29,12 @@ rounds and tables show medians.
         cache (zero), as ``bench_loader.py`` does for ``coordl.DataLoader``.
     Storage bytes come from the loop device's blkio counter. The *bytes bound* of an epoch is the
     rate storage alone allows: ``read_bps * items / storage bytes read``; target: DALILoader at it.
+
+(3) Two jobs at once (``--coordinated``), page-cached files: two DALI-alone jobs side by side against
+    two ``DALILoader(coordinate=Group(...))`` jobs, which fetch each batch's raw bytes once for both
+    and each prep it on its own pipeline. Reported: the jobs' combined samples/s, the items each
+    pair read from storage per item delivered (DALI alone 1.0; a coordinated pair 0.5 plus what
+    the producers fetched ahead), CPU ms per sample.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ def _loader(args: argparse.Namespace) -> object:
     import torch
 
     import coordl
+    from coordl.coordinated.job import Group
     from coordl.prep.transforms import train_transform
 
     gen = torch.Generator().manual_seed(args.seed)
@@ -90,9 +97,10 @@ def _loader(args: argparse.Namespace) -> object:
     if args.child == "dali_loader":
         from coordl.dali import DALILoader, train_pipeline
 
+        group = Group(args.coordinate, timeout_s=120) if args.coordinate else None
         return DALILoader(coordl.ImageFolder(args.root), device=args.device, cache_bytes=args.cache_bytes,
                           transform=train_pipeline(CROP), num_threads=args.workers, seed=args.seed,
-                          **common)  # fmt: skip
+                          coordinate=group, **common)  # fmt: skip
     if args.child == "coordl":
         ds = coordl.ImageFolder(args.root, train_transform(CROP, bench_loader.RESIZE))
         return coordl.DataLoader(ds, num_workers=args.workers, cache_bytes=args.cache_bytes, **common)
@@ -106,6 +114,10 @@ def child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     loader = _loader(args)
+    if args.barrier:  # the jobs of part (3) start consuming together (each a member of its group by then)
+        Path(args.barrier, f"ready-{os.getpid()}").touch()
+        while len(list(Path(args.barrier).glob("ready-*"))) < 2:
+            time.sleep(0.01)
     gpu = args.device == "gpu" and args.child.startswith("dali")
     epochs = []
     for _ in range(args.epochs):
@@ -121,11 +133,13 @@ def child(args: argparse.Namespace) -> None:
         epochs.append(
             {"time_s": elapsed, "items": n, "cpu_s": bench_loader._cpu_s() - cpu0, "disk_bytes": disk}
         )
+    storage_items = None
     if hasattr(loader, "epoch_stats"):
         for e, st in zip(epochs, loader.epoch_stats(), strict=False):
             e["hit_ratio"], e["storage_bytes"] = st["hit_ratio"], st["storage_bytes_read"]
+        storage_items = loader.stats()["storage_items_read"]
         loader.close()
-    print(json.dumps({"epochs": epochs}))
+    print(json.dumps({"epochs": epochs, "storage_items": storage_items}))
 
 
 # -- parent side -----------------------------------------------------------------------------------
@@ -201,6 +215,47 @@ def fetch_bound(args: argparse.Namespace, src: Path, dataset_bytes: int) -> dict
     return out
 
 
+def coordinated(args: argparse.Namespace, root: str) -> dict[str, list[dict]]:
+    """Part (3): two jobs at once, DALI alone side by side vs a coordinated DALILoader pair."""
+    import tempfile
+
+    out: dict[str, list[dict]] = {"dali": [], "dali_loader": []}
+    for run in range(args.runs):
+        for cfg in ("dali", "dali_loader") if run % 2 == 0 else ("dali_loader", "dali"):
+            with tempfile.TemporaryDirectory() as barrier:
+                extra = ["--barrier", barrier] + (["--coordinate", f"bench-dali-{os.getpid()}-{run}"]
+                                                   if cfg == "dali_loader" else [])  # fmt: skip
+                # both jobs with the same seed: a group's members must agree on its order
+                procs = [subprocess.Popen(_cmd(args, cfg, root, args.seed + run, 0) + extra, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]  # fmt: skip
+                results = [p.communicate(timeout=900) for p in procs]
+            if any(p.returncode for p in procs):
+                raise RuntimeError(f"{cfg} pair failed:\n" + "\n".join(err[-2000:] for _, err in results))
+            jobs = [_parse(stdout) for stdout, _ in results]
+            items = sum(e["items"] for j in jobs for e in j["epochs"])
+            wall = max(sum(e["time_s"] for e in j["epochs"]) for j in jobs)
+            cpu = sum(e["cpu_s"] for j in jobs for e in j["epochs"])
+            read = [j["storage_items"] for j in jobs]
+            out[cfg].append({"rate": items / wall, "cpu_ms": 1000 * cpu / items,
+                             "read_per_item": sum(read) / items if None not in read else 1.0})  # fmt: skip
+            print(f"two jobs, run {run} ({cfg}): {items / wall:.0f}/s together, "
+                  f"{out[cfg][-1]['read_per_item']:.2f} storage reads per item", flush=True)  # fmt: skip
+    return out
+
+
+def print_coordinated(res: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    print(
+        f"\n(3) two jobs at once, device={args.device}, {args.workers} threads each, medians of {args.runs} runs"
+    )
+    print("| pair | samples/s together | storage reads per item | CPU ms/sample |")
+    print("|---|---|---|---|")
+    for cfg, runs in res.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in ("rate", "read_per_item", "cpu_ms")}
+        print(
+            f"| 2 x {CONFIGS[cfg]} | {med['rate']:.0f} | {med['read_per_item']:.2f} | {med['cpu_ms']:.2f} |"
+        )
+
+
 def print_prep(res: dict[str, list[dict]], args: argparse.Namespace) -> None:
     base = res.get("dali")
     print(f"\n(1) prep-bound, fully cached, device={args.device}, {args.workers} threads/workers, "
@@ -256,6 +311,11 @@ def main() -> None:
     p.add_argument("--fetch-configs", default="dali,dali_loader")
     p.add_argument("--skip-prep-bound", action="store_true")
     p.add_argument("--skip-fetch-bound", action="store_true")
+    p.add_argument("--coordinated", action="store_true", help="also part (3): two jobs at once")
+    p.add_argument("--coordinate", default="", help=argparse.SUPPRESS)  # (child) the group's name
+    p.add_argument(
+        "--barrier", default="", help=argparse.SUPPRESS
+    )  # (child) start together with the other job
     p.add_argument(
         "--data-dir", default="/var/tmp/coordl-bench-data", help="where the synthetic dataset is kept"
     )
@@ -275,15 +335,17 @@ def main() -> None:
     )
     prep = {} if args.skip_prep_bound else prep_bound(args, str(src), dataset_bytes)
     fetch = {} if args.skip_fetch_bound else fetch_bound(args, src, dataset_bytes)
+    coord = coordinated(args, str(src)) if args.coordinated else {}
     print(f"load average after: {os.getloadavg()}")
     if args.json:
-        args.json.write_text(
-            json.dumps({"prep": prep, "fetch": fetch, "dataset_bytes": dataset_bytes}, indent=1)
-        )
+        args.json.write_text(json.dumps(
+            {"prep": prep, "fetch": fetch, "coordinated": coord, "dataset_bytes": dataset_bytes}, indent=1))  # fmt: skip
     if prep:
         print_prep(prep, args)
     if fetch:
         print_fetch(fetch, args, dataset_bytes)
+    if coord:
+        print_coordinated(coord, args)
 
 
 if __name__ == "__main__":

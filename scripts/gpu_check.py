@@ -75,6 +75,22 @@ def install_wheels(wheels: Path) -> str:
     )
 
 
+def install_crop_decoder(wheels: Path) -> str:
+    """coordl's crop decoder built by make gpu-wheels (abi3, with its libjpeg) into coordl/prep/ if it does not
+    import here; a line for the report (the loaders fall back to whole-image decodes without it)."""
+    if _importable("coordl.prep._cropjpeg"):
+        return "built (imports)"
+    built = sorted((wheels / "cropjpeg").glob("*")) if (wheels / "cropjpeg").is_dir() else []
+    if not built:
+        return f"not built, none carried in {wheels}/cropjpeg (whole-image decodes)"
+    for f in built:
+        shutil.copy(f, ROOT / "coordl" / "prep" / f.name)
+    ok = _importable("coordl.prep._cropjpeg")
+    return f"carried abi3 build ({', '.join(f.name for f in built)}) " + (
+        "imports" if ok else "does NOT import (whole-image decodes)"
+    )
+
+
 def _importable(module: str) -> bool:
     return (
         subprocess.run([sys.executable, "-c", f"import {module}"], env=_env(), capture_output=True).returncode
@@ -220,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--wheels", type=Path, default=ROOT / ".whl", help="carried wheels (default .whl/)")
     p.add_argument("--work", type=Path, help="scratch folder (default /tmp/coordl-gpu-check-<time>)")
+    p.add_argument("--stash-dali", action="store_true",
+                   help="copy the DALI parts this device call carried (.dali/p*/) aside for a later call, and exit")  # fmt: skip
     p.add_argument("--section", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
@@ -227,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.section:
         return run_section(args)
+    if args.stash_dali:
+        from gpu import dali_install
+
+        print(f"gpu-check: {dali_install.stash(ROOT / '.dali')}")
+        return 0
     t_start = time.monotonic()
     # the dry run's sizes are tiny but a small shared CI machine is slow: its sections get twice the time
     scale = 2.0 if args.dry_run else 1.0
@@ -241,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     names = _selected(args)
     wheels_line = install_wheels(args.wheels)
     print(f"gpu-check: {wheels_line}", flush=True)
+    crop_line = install_crop_decoder(args.wheels)
+    print(f"gpu-check: crop decoder: {crop_line}", flush=True)
+    from gpu import dali_install
+
+    dali_line = dali_install.install(ROOT / ".dali")
+    print(f"gpu-check: {dali_line}", flush=True)
     from gpu.report import machine_info, markdown, report_path
 
     now = datetime.now()
@@ -249,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = {
         **machine_info(ROOT),
         "carried wheels": wheels_line,
+        "DALI": dali_line,
+        "coordl crop decoder": crop_line,
         "budget": f"{args.budget:g} s for the sections",
     }
     gpu = machine["GPU"].split(",")[0]

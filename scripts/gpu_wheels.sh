@@ -42,6 +42,20 @@ download "$DEST" "${specs[@]}"
 for name in simplejpeg redis hiredis lmdb; do
   ls "$DEST"/"$name"-*.whl >/dev/null 2>&1 || { echo "gpu-wheels: no wheel of $name was downloaded" >&2; exit 1; }
 done
+# coordl's crop decoder for the machine's Python 3.12, built here against the stable ABI (abi3: it loads in any
+# CPython >= 3.11), beside a copy of the libjpeg it links (RUNPATH $ORIGIN: the image has no libjpeg.so.62).
+# gpu_check copies both into coordl/prep/ there when the decoder does not import (docs/gpu.md).
+mkdir -p "$DEST/cropjpeg" "$DEST/cropjpeg/o"
+pyinc=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+for src in coordl/prep/_jpeg/*.c; do
+  gcc -O3 -ffp-contract=off -fPIC -Werror=implicit-function-declaration -DPy_LIMITED_API=0x030B0000 \
+    -I"$pyinc" -c "$src" -o "$DEST/cropjpeg/o/$(basename "$src" .c).o"
+done
+gcc -shared -o "$DEST/cropjpeg/_cropjpeg.abi3.so" "$DEST"/cropjpeg/o/*.o -ljpeg -Wl,-rpath,'$ORIGIN'
+rm -rf "$DEST/cropjpeg/o"
+libjpeg=$(ldd "$DEST/cropjpeg/_cropjpeg.abi3.so" | awk '/libjpeg/ {print $3}')
+cp -L "$libjpeg" "$DEST/cropjpeg/"
+
 # The tree that travels has no .git: record the commit it was at for the report.
 { git describe --always --dirty 2>/dev/null || echo unknown; } > "$DEST/TREE"
 
@@ -67,6 +81,5 @@ if [ "${1:-}" = "--dali" ]; then
   ls -l "$tmp" | awk 'NR > 1 {printf "  %-75s %8.1f MB\n", $9, $5 / 1e6}'
   DALI_MEASURED="$(du -sb "$tmp" | awk '{printf "%.0f MB in all", $1 / 1e6}')"
 fi
-echo "gpu-wheels: NVIDIA DALI does NOT travel: $DALI_MEASURED, over the 64 MiB a device call carries (its"
-echo "            Python dependencies not counted). gpu-check skips the DALI GPU benchmark with this reason;"
-echo "            the DALI gpu tests skip too (docs/gpu.md)."
+echo "gpu-wheels: NVIDIA DALI does not travel in one call: $DALI_MEASURED, over the 64 MiB a device call"
+echo "            carries. bash scripts/gpu_dali.sh packs it in parts for consecutive calls (docs/gpu.md)."

@@ -77,7 +77,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
         if (ts != NULL)
             PyEval_RestoreThread(ts);
         jpeg_destroy_decompress(&cinfo);
-        PyMem_RawFree(row);
+        free(row);
         free(win.data);
         Py_XDECREF(out);
         PyBuffer_Release(&view);
@@ -133,20 +133,20 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
         jpeg_crop_scanline(&cinfo, &xoff, &cw); /* widens to the iMCU boundary: xoff <= x0 */
     else
         xoff = 0, cw = out_w;
-    row = PyMem_RawMalloc((size_t)cw * 3 * READ_ROWS);
+    row = malloc((size_t)cw * 3 * READ_ROWS);
     PyEval_RestoreThread(ts);
     ts = NULL;
 
     out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)rows * cols * 3);
     if (out == NULL || row == NULL) {
         jpeg_destroy_decompress(&cinfo);
-        PyMem_RawFree(row);
+        free(row);
         free(win.data);
         Py_XDECREF(out);
         PyBuffer_Release(&view);
         return out == NULL ? NULL : PyErr_NoMemory();
     }
-    unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out);
+    unsigned char *dst = (unsigned char *)PyByteArray_AsString(out);
     size_t shift = (size_t)(x0 - xoff) * 3, line = (size_t)cols * 3;
 
     ts = PyEval_SaveThread();
@@ -178,7 +178,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args)
     ts = NULL;
 
     jpeg_destroy_decompress(&cinfo);
-    PyMem_RawFree(row);
+    free(row);
     free(win.data);
     PyBuffer_Release(&view);
     return Py_BuildValue("(NII)", out, (unsigned int)rows, (unsigned int)cols);
@@ -256,7 +256,7 @@ static PyObject *to_chw_float(PyObject *self, PyObject *args)
         PyBuffer_Release(&out);
         return NULL;
     }
-    float *tmp = flip ? PyMem_RawMalloc((size_t)w * 3 * sizeof(float)) : NULL;
+    float *tmp = flip ? malloc((size_t)w * 3 * sizeof(float)) : NULL;
     if (flip && tmp == NULL) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&out);
@@ -265,7 +265,7 @@ static PyObject *to_chw_float(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     chw_float_rows((const unsigned char *)src.buf, (float *)out.buf, tmp, (size_t)h, (size_t)w, k, b, flip);
     Py_END_ALLOW_THREADS
-    PyMem_RawFree(tmp);
+    free(tmp);
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     Py_RETURN_NONE;
