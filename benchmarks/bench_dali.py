@@ -194,7 +194,7 @@ def fetch_bound(args: argparse.Namespace, src: Path, dataset_bytes: int) -> dict
     with SlowStore(int(dataset_bytes * 1.6) + (128 << 20), read_bps, page_cache_bytes=budget) as store:
         root = os.path.join(store.mount, "data")
         copy_tree(src, root)
-        blkio = f"/sys/fs/cgroup/blkio/{store.name}/blkio.throttle.io_service_bytes"
+        blkio = store.io_counter
         for run in range(args.runs):
             for cfg in configs[run % len(configs) :] + configs[: run % len(configs)]:
                 cache = budget if cfg in ("dali_loader", "coordl") else 0

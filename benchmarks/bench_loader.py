@@ -214,12 +214,16 @@ def _cpu_s() -> float:
 
 
 def _blkio_read(path: str, device: str) -> int:
+    """Bytes read from ``device`` (major:minor) by the cgroup: cgroup v1's blkio.throttle.io_service_bytes
+    ("8:0 Read 123" lines) or cgroup v2's io.stat ("8:0 rbytes=123 wbytes=..." lines)."""
     total = 0
     with open(path) as f:
         for line in f:
             parts = line.split()
             if len(parts) == 3 and parts[0] == device and parts[1] == "Read":
                 total += int(parts[2])
+            elif parts and parts[0] == device:
+                total += sum(int(kv[7:]) for kv in parts[1:] if kv.startswith("rbytes="))
     return total
 
 
@@ -356,7 +360,7 @@ def _run_child(
         str(args.batch_size),
     ]
     cmd += ["--cache-bytes", str(cache_bytes), "--device", store.device]
-    cmd += ["--blkio", f"/sys/fs/cgroup/blkio/{store.name}/blkio.throttle.io_service_bytes"]
+    cmd += ["--blkio", store.io_counter]
     in_memory = config in COORDL or config == "o"  # their cached share is their own memory, not page cache
     page_cache = max(page_budget - cache_bytes, 0) if in_memory else page_budget
     store.set_page_cache_bytes(page_cache + METADATA_ALLOWANCE_BYTES)

@@ -2,7 +2,8 @@
 
 This machine's virtual disk reads at 1-2 GB/s even cold and 24 GiB of RAM caches any small dataset,
 so a loader comparison on it measures nothing. :class:`SlowStore` gives a run what a training
-server with a large dataset has (needs root, cgroup v1 ``memory`` and ``blkio``, loop devices):
+server with a large dataset has (needs root, loop devices, and cgroup v1 ``memory`` and ``blkio`` or
+cgroup v2 with the ``memory`` and ``io`` controllers):
 
 - **slow device**: an ext4 file system on a loop device (``losetup --direct-io=on``, so the backing
   file is not cached a second time) whose reads are throttled by a blkio cgroup
@@ -17,6 +18,11 @@ server with a large dataset has (needs root, cgroup v1 ``memory`` and ``blkio``,
   task that hits the limit between two polls wait for the controller instead of being killed.
 - **cold start**: :meth:`evict` drops the dataset's pages (``posix_fadvise(DONTNEED)``) before each run.
 
+On cgroup v2 (no v1 hierarchies mounted: the GPU machines) the same with v2's files: ``io.max``
+``rbps`` for the throttle, ``io.stat`` ``rbytes`` for the counter, and the page-cache bound kept by
+writing the excess to ``memory.reclaim`` every poll (reclaim from the cgroup's own LRU lists, as v1's
+lowered limit did, with no limit that a task could hit: v2 has no ``oom_kill_disable``).
+
     with SlowStore(image_bytes=600 << 20, read_bps=16_000_000, page_cache_bytes=90 << 20) as store:
         copy dataset into store.mount ...
         store.evict()
@@ -26,6 +32,8 @@ server with a large dataset has (needs root, cgroup v1 ``memory`` and ``blkio``,
 Everything is undone in ``close()`` (stop what still runs in the cgroups, unmount, detach, remove the
 cgroups), also after errors and when the benchmark is killed with SIGTERM or SIGHUP inside the ``with``
 block (the signal unwinds it; a killed run used to leave the file system mounted and its loop device held).
+
+Why this module is long: one primitive (a slow store with a bounded page cache) over both cgroup versions.
 """
 
 from __future__ import annotations
@@ -88,6 +96,23 @@ def charge_libraries_outside() -> int:
     return total
 
 
+def cgroup_missing() -> str:
+    """What SlowStore lacks here among the cgroups it uses ('' when v1 or v2 will do)."""
+    if all(os.path.isdir(f"{CG}/{ctl}") for ctl in ("memory", "blkio")):
+        return ""
+    try:
+        with open(f"{CG}/cgroup.controllers") as f:
+            have = set(f.read().split())
+    except OSError:
+        return f"cgroup v1 memory and blkio at {CG}/memory, {CG}/blkio, or cgroup v2 at {CG}"
+    lack = {"memory", "io"} - have
+    return (
+        f"cgroup v2 controllers {', '.join(sorted(lack))} (have: {' '.join(sorted(have)) or 'none'})"
+        if lack
+        else ""
+    )
+
+
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -106,9 +131,10 @@ class SlowStore:
     ) -> None:
         if os.geteuid() != 0:
             raise PermissionError("SlowStore needs root (loop devices, mount, cgroups)")
-        for ctl in ("memory", "blkio"):
-            if not os.path.isdir(f"{CG}/{ctl}"):
-                raise RuntimeError(f"SlowStore needs cgroup v1 {ctl} at {CG}/{ctl}")
+        self.v2 = not all(os.path.isdir(f"{CG}/{ctl}") for ctl in ("memory", "blkio"))
+        missing = cgroup_missing()
+        if missing:
+            raise RuntimeError(f"SlowStore needs {missing}")
         self.read_bps = read_bps
         self.page_cache_bytes = page_cache_bytes
         self.slack_bytes = slack_bytes
@@ -149,10 +175,17 @@ class SlowStore:
         self._mounted = True
         st = os.stat(self.loop)
         self.device = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
-        for ctl in ("memory", "blkio"):
-            os.makedirs(f"{CG}/{ctl}/{self.name}", exist_ok=True)
+        if self.v2:  # the controllers must be enabled for the root's children
+            _write(f"{CG}/cgroup.subtree_control", "+memory +io")
+        for path in self._dirs():
+            os.makedirs(path, exist_ok=True)
+        if self.v2 and not os.path.exists(f"{self._memory_dir}/memory.reclaim"):
+            raise RuntimeError(
+                "SlowStore needs cgroup v2's memory.reclaim (Linux 5.19+) to bound the page cache"
+            )
         self.set_read_bps(self.read_bps)
-        _write(f"{CG}/memory/{self.name}/memory.oom_control", "1")
+        if not self.v2:
+            _write(f"{CG}/memory/{self.name}/memory.oom_control", "1")
         if self.page_cache_bytes is not None:
             self._thread = threading.Thread(target=self._control_memory, name="slowstore-memory", daemon=True)
             self._thread.start()
@@ -164,8 +197,30 @@ class SlowStore:
     def set_read_bps(self, read_bps: int | None) -> None:
         """Change the read throttle (None: unthrottled)."""
         self.read_bps = read_bps
+        if self.v2:
+            _write(f"{CG}/{self.name}/io.max", f"{self.device} rbps={read_bps if read_bps else 'max'}")
+            return
         value = f"{self.device} {read_bps if read_bps else 0}"
         _write(f"{CG}/blkio/{self.name}/blkio.throttle.read_bps_device", value)
+
+    def _dirs(self) -> list[str]:
+        """The run's cgroup directories: one per v1 hierarchy, or the one v2 cgroup."""
+        return (
+            [f"{CG}/{self.name}"] if self.v2 else [f"{CG}/{ctl}/{self.name}" for ctl in ("memory", "blkio")]
+        )
+
+    @property
+    def _memory_dir(self) -> str:
+        return f"{CG}/{self.name}" if self.v2 else f"{CG}/memory/{self.name}"
+
+    @property
+    def io_counter(self) -> str:
+        """The file with the bytes the cgroup read from each device (``bench_loader._blkio_read`` reads both)."""
+        return (
+            f"{CG}/{self.name}/io.stat"
+            if self.v2
+            else f"{CG}/blkio/{self.name}/blkio.throttle.io_service_bytes"
+        )
 
     def close(self) -> None:
         """Stop what is left in the cgroups, unmount, detach the loop device, remove the cgroups and the
@@ -174,8 +229,7 @@ class SlowStore:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._kill_left_inside()
-        for ctl in ("memory", "blkio"):
-            path = f"{CG}/{ctl}/{self.name}"
+        for path in self._dirs():
             if os.path.isdir(path):
                 try:
                     os.rmdir(path)
@@ -236,9 +290,12 @@ class SlowStore:
         processes ``slack_bytes`` of headroom to allocate (batches, workers) without waiting.
         The page cache can exceed its bound only by what is read within one poll.
         """
-        cg = f"{CG}/memory/{self.name}"
+        cg = self._memory_dir
         while not self._stop.wait(POLL_S):
             self.controller_cpu_s = time.thread_time()
+            if self.v2:
+                self._reclaim_excess(cg)
+                continue
             try:
                 with open(f"{cg}/memory.usage_in_bytes") as f:
                     usage = int(f.read())
@@ -257,9 +314,23 @@ class SlowStore:
                 if self._stop.is_set():
                     return
 
+    def _reclaim_excess(self, cg: str, bound: int | None = None) -> None:
+        """cgroup v2: reclaim the file pages over the bound (``memory.reclaim``, from the cgroup's LRU)."""
+        try:
+            st = _memory_stat(cg)
+            excess = (
+                st.get("active_file", 0)
+                + st.get("inactive_file", 0)
+                - (self.page_cache_bytes if bound is None else bound)
+            )
+            if excess > 0:
+                _write(f"{cg}/memory.reclaim", str(_round_page(excess)))
+        except (OSError, ValueError):  # EAGAIN: less was reclaimable; the next poll tries again
+            pass
+
     def memory_stat(self) -> dict[str, int]:
         """The memory cgroup's memory.stat (cache, rss, shmem, ...)."""
-        return _memory_stat(f"{CG}/memory/{self.name}")
+        return _memory_stat(self._memory_dir)
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -275,6 +346,9 @@ class SlowStore:
                     os.close(fd)
         # Pages charged to the cgroup by the last run (e.g. a shm cache already freed) are gone;
         # force_empty also reclaims whatever page cache of other files is left charged here.
+        if self.v2:
+            self._reclaim_excess(self._memory_dir, bound=0)
+            return
         try:
             _write(f"{CG}/memory/{self.name}/memory.force_empty", "0")
         except OSError:
@@ -283,16 +357,18 @@ class SlowStore:
     def read_bytes(self) -> int:
         """Bytes read from the slow device by processes in the cgroup, since it was created."""
         total = 0
-        with open(f"{CG}/blkio/{self.name}/blkio.throttle.io_service_bytes") as f:
+        with open(self.io_counter) as f:
             for line in f:
                 parts = line.split()
                 if len(parts) == 3 and parts[0] == self.device and parts[1] == "Read":
                     total += int(parts[2])
+                elif parts and parts[0] == self.device:  # v2: "8:0 rbytes=123 wbytes=..."
+                    total += sum(int(kv[7:]) for kv in parts[1:] if kv.startswith("rbytes="))
         return total
 
     def cgroup_procs_paths(self) -> list[str]:
         """The cgroup.procs files a process writes its pid to in order to join."""
-        return [f"{CG}/{ctl}/{self.name}/cgroup.procs" for ctl in ("memory", "blkio")]
+        return [f"{d}/cgroup.procs" for d in self._dirs()]
 
     def run(self, cmd: list[str], timeout_s: float = 900, env: dict[str, str] | None = None) -> str:
         """Run ``cmd`` inside the cgroups (its workers inherit them); return its stdout."""
