@@ -13,7 +13,7 @@ process keeps a core for its step, and more cores mean more prep.
 The job is made prep-bound by its images (800x600 JPEGs, about 6 ms of CPU each to decode and resize on
 the VM), and its epochs long by hard links: ``UNIQUE`` images, each listed ``COPIES`` times (the decode
 cost is the file's, the bytes sit in the page cache as the what-if's steady state has them; generating
-2,560 such images would take longer than the measurement). A run times whole epochs (``--measure-per-
+1,920 such images would take longer than the measurement). A run times whole epochs (``--measure-per-
 core`` batches per core: 1, 2 and 4 epochs at 4, 8 and 16 cores), so every run counts its epochs'
 starts (new workers, an empty pipeline) as the what-if charges them.
 """
@@ -32,7 +32,7 @@ BUDGET_S = 150
 CASE = "pillow w2 b16"  # the benchmark's Pillow Dataset job, batch 16 (its worker count: cores - 1 here)
 BATCH = 16
 PROFILE_CPUS, RUN_CPUS, RUNS = 2, (4, 8, 16), 3
-UNIQUE, COPIES, SIZE, ITERS = 256, 10, (800, 600), 40
+UNIQUE, COPIES, SIZE, ITERS = 192, 10, (800, 600), 30
 DRY_PROFILE_CPUS, DRY_RUN_CPUS, DRY_RUNS = 1, (2,), 2
 DRY_UNIQUE, DRY_COPIES, DRY_SIZE, DRY_ITERS = 24, 4, (200, 150), 4
 
