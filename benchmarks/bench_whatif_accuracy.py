@@ -258,7 +258,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=40, help="plain: measured iterations per profile run")
     ap.add_argument("--measure", type=int, default=150, help="plain: batches timed in the 2-CPU run")
     ap.add_argument("--cases", nargs="+", help="plain: case names to run (default: all)")
+    ap.add_argument("--cpus", type=int, nargs="+", default=[1, 2],
+                    help="plain: profile on the first N cores (the first count), predict and run on the first "
+                    "cores of each later count (default: 1 2)")  # fmt: skip
+    ap.add_argument("--spare-cores", type=int, help="plain: run every case with cores - N workers (at least 1) "
+                    "at each count, instead of its own worker count")  # fmt: skip
+    ap.add_argument("--runs", type=int, default=1, help="plain: runs per count and round (their median)")
+    ap.add_argument(
+        "--measure-per-core", type=int, help="plain: batches timed per core of the run (for --measure)"
+    )
+    ap.add_argument("--as-written-only", action="store_true", help="plain: no torch.set_num_threads(1) runs")
     args = ap.parse_args(argv)
+    if args.family == "plain" and (len(args.cpus) < 2 or min(args.cpus) < 1):
+        ap.error(f"--cpus needs a core count to profile on and at least one to run on, got {args.cpus}")
     if args.family == "plain":
         from whatif_plain_jobs import main_plain
 

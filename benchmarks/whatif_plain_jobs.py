@@ -4,7 +4,7 @@ Each case is an unmodified training script over a plain ``torch.utils.data.DataL
 README's example over ``coordl.ImageFolder``; a torch ``Dataset`` decoding JPEGs with Pillow), at a
 worker count and batch size. For each case:
 
-1. ``dsanalyzer profile`` runs the script restricted to one CPU (``taskset -c 0``);
+1. ``dsanalyzer profile`` runs the script restricted to one CPU (as ``taskset -c 0`` would);
 2. the what-if predicts the job on two CPUs (``Model.predict(cpus=2, workers=w)``, what
    ``dsanalyzer whatif --cpus 2`` computes for the job's worker count);
 3. the same script runs on two CPUs (``taskset -c 0,1``) in its measuring mode: samples/s from
@@ -17,6 +17,13 @@ The machine's other load moves every wall-clock number here: each row also gives
 share in the profile and in the measured run (``a``). The run as written is the target (torch's
 default intra-op threads, which the what-if charges: dsanalyzer/model/cores.py); the run with one
 thread is compared with the what-if for one thread.
+
+Past 2 cores (``--cpus 2 4 8 16``: profile on the first 2 cores, predict and run on the first 4, 8,
+16; ``--spare-cores 1``: each job with one worker per core but one; ``--runs 3``: the median of three
+runs at each count; ``--measure-per-core``: longer runs where there are more cores;
+``--as-written-only``: no one-thread runs) the same script, profile and prediction check the cores
+axis where users run (``scripts/gpu/cores.py`` on the 16-core GPU host). rows.json is rewritten
+after every count measured.
 """
 
 from __future__ import annotations
@@ -30,7 +37,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-BIN = Path(PY).parent  # the virtualenv's scripts: dsanalyzer, coordl
 
 # One script for every case: the dataset kind, workers and batch size come from the command line.
 SCRIPT = r'''
@@ -125,27 +131,38 @@ CASES = (  # (name, dataset kind, workers, batch)
 )
 
 
-def _cpus_arg(cpus: str) -> list[str]:
-    return ["taskset", "-c", cpus]
+def first_cores(n: int) -> set[int]:
+    """The first ``n`` cores this process may run on (a cpuset such as ``taskset -c 0-(n-1)`` gives)."""
+    mine = sorted(os.sched_getaffinity(0))
+    if n > len(mine):
+        raise ValueError(f"--cpus {n}: this process may run on {len(mine)} cores only")
+    return set(mine[:n])
 
 
-def profile(script: Path, root: str, case: tuple, out: Path, iters: int) -> dict:
-    """``dsanalyzer profile`` of the case on CPU 0 alone; the report."""
+def _pinned(cores: set[int]):
+    """A ``preexec_fn`` confining the child (and what it starts) to ``cores``: taskset without taskset."""
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def profile(script: Path, root: str, case: tuple, out: Path, iters: int, cpus: int = 1) -> dict:
+    """``dsanalyzer profile`` of the case on the first ``cpus`` cores (CPU 0 alone by default); the report."""
     _, kind, workers, batch = case
-    cmd = _cpus_arg("0") + [
-        str(BIN / "dsanalyzer"), "profile", "--quiet", "--iters", str(iters), "--out", str(out), "--",
+    cmd = [
+        PY, "-m", "dsanalyzer.cli", "profile", "--quiet", "--iters", str(iters), "--out", str(out), "--",
         PY, str(script), kind, root, str(workers), str(batch),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, preexec_fn=_pinned(first_cores(cpus))
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"profile of {case[0]} failed: {proc.stderr[-2000:]}")
     return json.loads((out / "report.json").read_text())
 
 
 def measure(
-    script: Path, root: str, case: tuple, batches: int, cpus: str = "0,1", threads: int | None = None
+    script: Path, root: str, case: tuple, batches: int, cpus: int = 2, threads: int | None = None
 ) -> dict:
-    """The case run for real on ``cpus``: steady samples/s, and the machine's load while it ran.
+    """The case run for real on the first ``cpus`` cores: steady samples/s, and the machine's load while it ran.
 
     ``threads``: the script calls ``torch.set_num_threads(threads)`` first (what the verdict advises
     when the main process's intra-op threads would share the cores with the workers)."""
@@ -154,9 +171,17 @@ def measure(
     _, kind, workers, batch = case
     psutil.cpu_percent(interval=None)
     busy0 = psutil.cpu_times()
-    cmd = _cpus_arg(cpus) + [PY, str(script), kind, root, str(workers), str(batch), str(batches)]
+    cmd = [PY, str(script), kind, root, str(workers), str(batch), str(batches)]
     env = dict(os.environ, **({"PLAIN_TORCH_THREADS": str(threads)} if threads else {}))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900, env=env)
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+        env=env,
+        preexec_fn=_pinned(first_cores(cpus)),
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"run of {case[0]} failed: {proc.stderr[-2000:]}")
     busy1 = psutil.cpu_times()
@@ -184,79 +209,120 @@ def predict(report: dict, workers: int, cpus: int = 2) -> dict:
             "cpu_s_per_sample": model.cpu_per_sample() or 0.0}  # fmt: skip
 
 
-def _round(case: tuple, rnd: int, report: dict, pred: dict, got: dict, one: dict) -> None:
+def _round(case: tuple, rnd: int, report: dict, pred: dict, got: dict, one: dict | None, cpus: int) -> None:
     v = report.get("verdict") or {}
-    print(
-        f"{case[0]} round {rnd + 1}: 1-CPU observed {report['rates_per_s']['observed']:.0f}/s, bound "
-        f"{report['bound']}, verdict {v.get('bound')}, profile share {pred['cpu_share']:.2f}, CPU per sample "
-        f"{pred['cpu_s_per_sample'] * 1e3:.2f} ms; 2 CPUs as written: predicted {pred['samples_per_s']:.0f}/s "
+    profiled = (report.get("machine") or {}).get("cpus")
+    line = (
+        f"{case[0]} ({case[2]} workers) round {rnd + 1}: {profiled}-CPU observed {report['rates_per_s']['observed']:.0f}/s, "
+        f"bound {report['bound']}, verdict {v.get('bound')}, profile share {pred['cpu_share']:.2f}, CPU per sample "
+        f"{pred['cpu_s_per_sample'] * 1e3:.2f} ms; {cpus} CPUs as written: predicted {pred['samples_per_s']:.0f}/s "
         f"(spin {pred['spin_cores']:.2f} cores), measured {got['samples_per_s']:.0f}/s (share {got['cpu_share']:.2f}, "
         f"{got['cpu_s_per_sample'] * 1e3:.2f} ms per sample, main process {got['main_cpu_s_per_batch'] * 1e3:.1f} ms "
-        f"per batch); torch.set_num_threads(1): predicted {pred['samples_per_s_1thread']:.0f}/s, measured "
-        f"{one['samples_per_s']:.0f}/s (share {one['cpu_share']:.2f}, {one['cpu_s_per_sample'] * 1e3:.2f} ms, main "
-        f"{one['main_cpu_s_per_batch'] * 1e3:.1f} ms); machine busy {got['machine_busy_fraction']:.0%}, load1 "
-        f"{got['load1']:.1f}",
-        flush=True,
+        f"per batch)"
     )
+    if one is not None:
+        line += (
+            f"; torch.set_num_threads(1): predicted {pred['samples_per_s_1thread']:.0f}/s, measured "
+            f"{one['samples_per_s']:.0f}/s (share {one['cpu_share']:.2f}, {one['cpu_s_per_sample'] * 1e3:.2f} ms, main "
+            f"{one['main_cpu_s_per_batch'] * 1e3:.1f} ms)"
+        )
+    print(f"{line}; machine busy {got['machine_busy_fraction']:.0%}, load1 {got['load1']:.1f}", flush=True)
+
+
+def at_cores(case: tuple, cpus: int, spare: int | None) -> tuple:
+    """The case at ``cpus`` cores: its own worker count, or with ``spare`` one per core less ``spare`` (>= 1)."""
+    return case if spare is None else (case[0], case[1], max(1, cpus - spare), case[3])
+
+
+def _summary(name: str, cpus: int, workers: int, r: dict) -> dict:
+    """One row of the table: a case at a core count, its rounds (and runs) folded into medians."""
+    m, p, p1 = (statistics.median(r[k]) for k in ("meas", "preds", "preds1"))
+    m1 = statistics.median(r["meas1"]) if r["meas1"] else None
+    return {"case": name, "cpus": cpus, "workers": workers, "measured": m, "predicted": p, "error": (p - m) / m,
+            "measured_1thread": m1, "predicted_1thread": p1, "error_1thread": (p1 - m1) / m1 if m1 else None,
+            "bounds": r["bounds"], "verdicts": r["verdicts"], "shares": r["shares"], "measured_1thread_all": r["meas1"],
+            "measured_all": r["meas"], "predicted_all": r["preds"], "predicted_1thread_all": r["preds1"],
+            "stated_spread": r["stated"], "predicted_bounds": r["predicted_bounds"]}  # fmt: skip
 
 
 def run_family(args, work: Path) -> list[dict]:
-    """Every case: profile on 1 CPU, predict 2, measure on 2 (``args.rounds`` times); the rows."""
+    """Every case: profile on the first ``args.cpus[0]`` cores, predict each later count, measure it there
+    (``args.runs`` runs, ``args.rounds`` times); the rows, one per case and core count.
+
+    rows.json is rewritten after every measured count, so a run stopped early keeps what it measured."""
     script = work / "plain_job.py"
     script.write_text(SCRIPT)
     root = args.data
     cases = [c for c in CASES if not args.cases or c[0] in args.cases]
-    rows = []
+    profiled, counts = args.cpus[0], args.cpus[1:]
+    rows: list[dict] = []
     for case in cases:
-        preds, meas, bounds, verdicts, shares, stated, meas1, preds1 = [], [], [], [], [], [], [], []
+        acc = {n: {k: [] for k in ("preds", "meas", "bounds", "verdicts", "shares", "stated", "meas1", "preds1", "predicted_bounds")}
+               for n in counts}  # fmt: skip
         for rnd in range(args.rounds):
-            report = profile(script, root, case, work / f"{case[0].replace(' ', '_')}-{rnd}", args.iters)
-            pred = predict(report, case[2])
-            got = measure(script, root, case, args.measure)
-            one = measure(script, root, case, args.measure, threads=1)
-            preds.append(pred["samples_per_s"])
-            preds1.append(pred["samples_per_s_1thread"])
-            meas.append(got["samples_per_s"])
-            meas1.append(one["samples_per_s"])
-            bounds.append(report["bound"])
-            verdicts.append((report.get("verdict") or {}).get("bound"))
-            stated.append((report.get("verdict") or {}).get("spread"))
-            shares.append((pred["cpu_share"], got["cpu_share"]))
-            _round(case, rnd, report, pred, got, one)
-        m, p, m1, p1 = (statistics.median(x) for x in (meas, preds, meas1, preds1))
-        rows.append({"case": case[0], "measured": m, "predicted": p, "error": (p - m) / m,
-                     "measured_1thread": m1, "predicted_1thread": p1, "error_1thread": (p1 - m1) / m1,
-                     "bounds": bounds, "verdicts": verdicts, "shares": shares, "measured_1thread_all": meas1,
-                     "measured_all": meas, "predicted_all": preds, "predicted_1thread_all": preds1,
-                     "stated_spread": stated})  # fmt: skip
+            here = at_cores(case, profiled, args.spare_cores)
+            out = work / f"{case[0].replace(' ', '_')}-{rnd}"
+            report = profile(script, root, here, out, args.iters, cpus=profiled)
+            for n in counts:
+                there, r = at_cores(case, n, args.spare_cores), acc[n]
+                pred = predict(report, there[2], cpus=n)
+                batches = args.measure_per_core * n if args.measure_per_core else args.measure
+                runs = [measure(script, root, there, batches, cpus=n) for _ in range(args.runs)]
+                one = (
+                    None if args.as_written_only else measure(script, root, there, batches, cpus=n, threads=1)
+                )
+                got = sorted(runs, key=lambda g: g["samples_per_s"])[len(runs) // 2]
+                r["preds"].append(pred["samples_per_s"])
+                r["preds1"].append(pred["samples_per_s_1thread"])
+                r["meas"] += [g["samples_per_s"] for g in runs]
+                r["meas1"] += [one["samples_per_s"]] if one else []
+                r["bounds"].append(report["bound"])
+                r["predicted_bounds"].append(pred["bound"])
+                r["verdicts"].append((report.get("verdict") or {}).get("bound"))
+                r["stated"].append((report.get("verdict") or {}).get("spread"))
+                r["shares"].append((pred["cpu_share"], got["cpu_share"]))
+                _round(there, rnd, report, pred, got, one, n)
+                done = [
+                    _summary(case[0], k, at_cores(case, k, args.spare_cores)[2], acc[k])
+                    for k in counts
+                    if acc[k]["meas"]
+                ]
+                (work / "rows.json").write_text(json.dumps(rows + done, indent=1))
+        rows += [_summary(case[0], n, at_cores(case, n, args.spare_cores)[2], acc[n]) for n in counts]
     return rows
 
 
-def print_table(rows: list[dict]) -> bool:
+def print_table(rows: list[dict], profiled: int = 1) -> bool:
     """The family's table; True when every case is within 10% and the median within 5%."""
     head = (
-        f"{'case':<16} | {'measured 2 CPUs':>15} | {'what-if 2 CPUs':>14} | {'error':>7} | {'a profile/run':>13} | "
-        f"{'1 thread':>8} | {'what-if':>7} | {'error':>7} | bound (measured / verdict)"
+        f"{'case':<16} | {'CPUs':>4} | {'workers':>7} | {'measured':>9} | {'what-if':>8} | {'error':>7} | "
+        f"{'a profile/run':>13} | {'1 thread':>8} | {'what-if':>7} | {'error':>7} | bound (measured / verdict)"
     )
-    print(
-        "\nplain torch DataLoader jobs: profiled on 1 CPU (taskset -c 0), run on 2 (taskset -c 0,1) as written"
-    )
+    print(f"\nplain torch DataLoader jobs: profiled on {profiled} CPU(s) (the first cores), run on the first CPUs "
+          "of each row as written")  # fmt: skip
     print(head + "\n" + "-" * len(head))
     for r in rows:
+        one = (
+            f"{r['measured_1thread']:>8.0f} | {r['predicted_1thread']:>7.0f} | {r['error_1thread']:>+7.1%}"
+            if r["measured_1thread"]
+            else f"{'-':>8} | {r['predicted_1thread']:>7.0f} | {'-':>7}"
+        )
         print(
-            f"{r['case']:<16} | {r['measured']:>15.0f} | {r['predicted']:>14.0f} | {r['error']:>+7.1%} | "
-            f"{statistics.median(a for a, _ in r['shares']):>6.2f}/{statistics.median(b for _, b in r['shares']):<6.2f} | "
-            f"{r['measured_1thread']:>8.0f} | {r['predicted_1thread']:>7.0f} | {r['error_1thread']:>+7.1%} | "
+            f"{r['case']:<16} | {r['cpus']:>4} | {r['workers']:>7} | {r['measured']:>9.0f} | {r['predicted']:>8.0f} | "
+            f"{r['error']:>+7.1%} | {statistics.median(a for a, _ in r['shares']):>6.2f}/"
+            f"{statistics.median(b for _, b in r['shares']):<6.2f} | {one} | "
             f"{'/'.join(sorted(set(r['bounds'])))} / {'/'.join(sorted(set(map(str, r['verdicts']))))}"
         )
     for r in rows:
         if len(r["predicted_all"]) > 1:
             p, m = r["predicted_all"], r["measured_all"]
             half = (max(p) - min(p)) / 2 / statistics.median(p)
+            spreads = [x for x in r["stated_spread"] if x is not None]
             print(
-                f"{r['case']}: {len(p)} profiles name {sorted(set(r['bounds']))} (verdict {sorted(set(map(str, r['verdicts'])))}); "
-                f"2-CPU predictions {min(p):.0f}-{max(p):.0f}/s (±{half:.1%}), runs {min(m):.0f}-{max(m):.0f}/s; the reports state ±"
-                f"{statistics.median(x for x in r['stated_spread'] if x is not None):.1%} (median)"
+                f"{r['case']} at {r['cpus']} CPUs: {len(p)} profiles name {sorted(set(r['bounds']))} (verdict "
+                f"{sorted(set(map(str, r['verdicts'])))}); predictions {min(p):.0f}-{max(p):.0f}/s (±{half:.1%}), runs "
+                f"{min(m):.0f}-{max(m):.0f}/s; the reports state ±"
+                + (f"{statistics.median(spreads):.1%} (median)" if spreads else "-")
             )
     errs = [abs(r["error"]) for r in rows]
     ok = bool(errs) and max(errs) <= 0.10 and statistics.median(errs) <= 0.05
@@ -264,8 +330,11 @@ def print_table(rows: list[dict]) -> bool:
         f"what-if, as written: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}: "
         f"target (median <= 5%, max <= 10%) {'met' if ok else 'NOT met'}"
     )
-    one = [abs(r["error_1thread"]) for r in rows]
-    print(f"with torch.set_num_threads(1): median |error| {statistics.median(one):.1%}, max {max(one):.1%}")
+    one = [abs(r["error_1thread"]) for r in rows if r["error_1thread"] is not None]
+    if one:
+        print(
+            f"with torch.set_num_threads(1): median |error| {statistics.median(one):.1%}, max {max(one):.1%}"
+        )
     return ok
 
 
@@ -276,8 +345,8 @@ def main_plain(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if not os.path.isdir(args.data):
         subprocess.run(
-            [str(BIN / "coordl"), "synth", args.data, "--n", "2000", "--classes", "10"], check=True
+            [PY, "-m", "coordl.cli", "synth", args.data, "--n", "2000", "--classes", "10"], check=True
         )
     rows = run_family(args, work)
     (work / "rows.json").write_text(json.dumps(rows, indent=1))
-    return 0 if print_table(rows) else 1
+    return 0 if print_table(rows, args.cpus[0]) else 1

@@ -151,3 +151,43 @@ def test_the_whatif_section_picks_a_compute_bound_and_a_prep_bound_lighter_job()
     assert choose({512: 0.1, 384: 0.056, 256: 0.03}, 512, 64, 2600.0) == {"medium": 384, "light": 256}
     # nothing narrower is enough faster: no lighter job to compare
     assert choose({512: 0.1, 384: 0.09}, 512, 64, 2600.0) == {}
+
+
+def test_the_cores_section_plans_counts_epochs_and_linked_images(tmp_path):
+    from gpu.common import Skip
+    from gpu.cores import counts_here, linked_dataset, measure_per_core
+
+    # 16 cores: profile on 2, run on 4, 8, 16; 8 cores: the counts that exist; 2 cores (the dry run): 1 -> 2
+    assert counts_here(2, (4, 8, 16), 16) == (2, [4, 8, 16])
+    assert counts_here(2, (4, 8, 16), 8) == (2, [4, 8])
+    assert counts_here(2, (4, 8, 16), 3) == (2, [3])
+    assert counts_here(1, (2,), 2) == (1, [2])
+    with pytest.raises(Skip, match="1 core"):
+        counts_here(1, (2,), 1)
+    # a run on the first count times one whole epoch (120 batches of 16), so 4x the cores time 4 epochs
+    assert measure_per_core(1920, 16, 4) == 30
+    assert measure_per_core(1921, 16, 4) == 30 and measure_per_core(8, 16, 4) == 1
+    src = tmp_path / "src"
+    for c, names in (("class_000", ["a.jpg", "b.jpg"]), ("class_001", ["c.jpg"])):
+        (src / c).mkdir(parents=True)
+        for n in names:
+            (src / c / n).write_bytes(n.encode())
+    (src / "MARKER.json").write_text("{}")  # not a class folder: not listed
+    assert linked_dataset(src, tmp_path / "dst", 3) == 9
+    assert linked_dataset(src, tmp_path / "dst", 3) == 9  # again: the links stay
+    links = sorted(p.relative_to(tmp_path / "dst").as_posix() for p in (tmp_path / "dst").rglob("*.jpg"))
+    assert links == [f"class_000/{s}-{k}.jpg" for s in "ab" for k in range(3)] + [
+        f"class_001/c-{k}.jpg" for k in range(3)
+    ]
+    assert (tmp_path / "dst" / "class_000" / "a-2.jpg").stat().st_ino == (
+        src / "class_000" / "a.jpg"
+    ).stat().st_ino
+
+
+def test_the_plain_whatif_benchmark_gives_each_core_count_its_workers():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from whatif_plain_jobs import at_cores
+
+    case = ("pillow w2 b16", "pillow", 2, 16)
+    assert at_cores(case, 16, None) == case  # the case's own worker count
+    assert [at_cores(case, n, 1)[2] for n in (1, 2, 4, 8, 16)] == [1, 1, 3, 7, 15]
