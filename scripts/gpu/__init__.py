@@ -15,4 +15,5 @@ SECTIONS = {
     "dsanalyzer": "dsanalyzer_fix",
     "whatif": "whatif",
     "dali": "dali",
+    "cores": "cores",
 }

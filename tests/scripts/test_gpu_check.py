@@ -132,7 +132,8 @@ def test_the_dry_run_drives_every_section_end_to_end(tmp_path):
     failed = {k: v for k, v in status.items() if v not in ("ok", "skipped")}
     assert not failed and res.returncode == 0, text
     for title in ("gpu-marked tests", "MSTopK vs torch.topk", "Compressors on cpu", "batch ring off",
-                  "the fix applied and verified", "whatif --gpu-speedup S"):  # fmt: skip
+                  "the fix applied and verified", "whatif --gpu-speedup S", "whatif --cpus N on a profile",
+                  "Two jobs at once"):  # fmt: skip
         assert title in text, title
     assert sorted(p.name for p in out.iterdir()) == sorted([report.name, "gpu-check-results.json",
                                                             "gpu-check-logs.tar.gz"])  # fmt: skip
