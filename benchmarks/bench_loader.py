@@ -54,6 +54,12 @@ On a machine shared with other work the wall rates depend on the load, so CPU se
 are reported too: ``limit CPU / loader CPU`` is the fraction of the loader's CPU spent on the prep
 itself. A second table splits CPU time and minor page faults per sample between the main process
 and the workers (``getrusage`` and ``/proc/<pid>/stat``).
+
+Where slowstore cannot run (no root or no cgroup v1, as on a GPU host), ``--no-slowstore --skip-fetch-bound`` measures the
+prep-bound table alone over the dataset's own folder (``slowstore.PlainStore``: no throttle, page cache unbounded,
+no bound row); with ``--cache-fraction 1`` every loader is fully cached. ``--limit-procs`` sets the limit's loops
+(default: the cores; a run with fewer workers than cores compares with as many loops as workers);
+``--replicate K`` hardlinks every image K times (a longer epoch: its start and end weigh less).
 """
 
 from __future__ import annotations
@@ -217,6 +223,8 @@ def _blkio_read(path: str, device: str) -> int:
     """Bytes read from ``device`` (major:minor) by the cgroup: cgroup v1's blkio.throttle.io_service_bytes
     ("8:0 Read 123" lines) or cgroup v2's io.stat ("8:0 rbytes=123 wbytes=..." lines)."""
     total = 0
+    if not device:  # --no-slowstore: no storage counter
+        return 0
     with open(path) as f:
         for line in f:
             parts = line.split()
@@ -382,7 +390,7 @@ def _run_limit(
 ) -> tuple[float, ...]:
     """The decode limit (``kind="limit"``), or the bound with the storage reads (``"bound"``), whose
     cached share is in its own memory like coordl's cache (so its page-cache budget is the rest)."""
-    cmd = [sys.executable, __file__, "--child", kind, "--root", root, "--workers", str(os.cpu_count() or 1)]
+    cmd = [sys.executable, __file__, "--child", kind, "--root", root, "--workers", str(args.limit_procs)]
     cmd += ["--recipe", recipe, "--cache-fraction", str(args.cache_fraction)]
     store.set_page_cache_bytes(max(page_budget - cache_bytes, 0) + METADATA_ALLOWANCE_BYTES)
     if kind == "bound":
@@ -474,7 +482,7 @@ def print_prep_table(prep: dict, args: argparse.Namespace, recipe: str) -> None:
     runs = ", ".join(f"{r[0]:.0f}" for r in prep["limit"])
     busy = _med(r[0] * r[1] for r in prep["limit"])
     print(
-        f"| decode limit: {os.cpu_count()} processes x tight decode+augment loop | {lim_rate:.0f} ({runs}) | "
+        f"| decode limit: {args.limit_procs} processes x tight decode+augment loop | {lim_rate:.0f} ({runs}) | "
         f"100% | {lim_cpu * 1000:.2f} ms | 1.00 | {busy:.2f} |"
     )
     if prep.get("bound"):
@@ -546,7 +554,7 @@ def print_recipe_summary(prep: dict, args: argparse.Namespace) -> None:
     for recipe, res in prep.items():
         lim_rate, lim_cpu = _med(r[0] for r in res["limit"]), _med(r[1] for r in res["limit"])
         print(
-            f"| {prep_recipes.RECIPES[recipe]} | limit: {os.cpu_count()} x tight loop | {lim_rate:.0f} | 100% | "
+            f"| {prep_recipes.RECIPES[recipe]} | limit: {args.limit_procs} x tight loop | {lim_rate:.0f} | 100% | "
             f"{lim_rate / today_rate:.2f}x | {lim_cpu * 1000:.2f} | {today_cpu / lim_cpu:.2f}x |"
         )
         if res.get("bound"):
@@ -583,7 +591,8 @@ def run_prep_bound(store, args: argparse.Namespace, roots: dict[str, tuple[str, 
                 # The limit is measured right before each loader (the machine's load drifts), in the
                 # same cgroups under the same page-cache controller as the loaders.
                 prep[recipe]["limit"].append(_run_limit(store, args, root, cache_bytes, recipe))
-                if cfg == order[0]:  # once a round: the bound with this benchmark's storage reads
+                # once a round: the bound with this benchmark's storage reads (none without slowstore)
+                if cfg == order[0] and not args.no_slowstore:
                     bound = _run_limit(store, args, root, cache_bytes, recipe, cache_bytes, kind="bound")
                     prep[recipe]["bound"].append(
                         (*bound, *prep[recipe]["limit"][-1][:2])
@@ -625,6 +634,17 @@ def _parse_args() -> argparse.Namespace:
     p.add_argument("--skip-prep-bound", action="store_true")
     p.add_argument("--skip-fetch-bound", action="store_true")
     p.add_argument("--skip-cpu-table", action="store_true", help="skip the one-process CPU table")
+    p.add_argument("--limit-procs", type=int, default=os.cpu_count() or 1,
+                   help="tight loops of the decode limit (default: the cores; the GPU check: = --workers)")  # fmt: skip
+    p.add_argument(
+        "--replicate",
+        type=int,
+        default=1,
+        help="hardlink every image this many times (a longer epoch, no more images to make)",
+    )
+    p.add_argument("--no-slowstore", action="store_true",
+                   help="prep-bound only, where slowstore cannot run (no root or no cgroup v1): the dataset in its "
+                        "plain folder, page cache unbounded, no bound row (slowstore.PlainStore)")  # fmt: skip
     p.add_argument("--slack-mb", type=int, default=64,
                    help="allocation headroom of the memory cgroup over its usage (slowstore; default 64): "
                         "raise it on a loaded machine, where the controller thread may not run every 5 ms")  # fmt: skip
@@ -636,6 +656,8 @@ def _parse_args() -> argparse.Namespace:
     unknown = [r for r in args.recipes if r not in prep_recipes.RECIPES]
     if unknown:
         p.error(f"--recipes: unknown {unknown}; choose from {sorted(prep_recipes.RECIPES)}")
+    if args.no_slowstore and not args.skip_fetch_bound:
+        p.error("--no-slowstore measures only the prep-bound table: add --skip-fetch-bound")
     return args
 
 
@@ -652,13 +674,15 @@ def main() -> None:
         child(args)
         return
 
-    from slowstore import SlowStore, copy_tree
+    from slowstore import PlainStore, SlowStore, copy_tree, link_copies
 
     from coordl.datasets import synth
 
     src = synth.make_dataset(
         Path(args.data_dir) / f"synth-{args.n}-{args.classes}", n=args.n, classes=args.classes
     )
+    if args.replicate > 1:
+        src = link_copies(src, args.replicate)
     dataset_bytes = sum(f.stat().st_size for f in src.glob("class_*/*.jpg"))
     cache_bytes = int(dataset_bytes * args.cache_fraction)
     indexed_src = None
@@ -681,11 +705,21 @@ def main() -> None:
     image_bytes = int((dataset_bytes + indexed_bytes) * 1.6) + (128 << 20)
     results: dict[str, list[dict]] = {c: [] for c in configs}
     prep: dict = {}
-    with SlowStore(
-        image_bytes, int(args.read_mb_s * 1e6), page_cache_bytes=cache_bytes, slack_bytes=args.slack_mb << 20
+    with (
+        PlainStore(args.data_dir)
+        if args.no_slowstore
+        else SlowStore(
+            image_bytes,
+            int(args.read_mb_s * 1e6),
+            page_cache_bytes=cache_bytes,
+            slack_bytes=args.slack_mb << 20,
+        )
     ) as store:
         root = os.path.join(store.mount, "data")
-        copy_tree(src, root)
+        if args.no_slowstore:
+            root = str(src)
+        else:
+            copy_tree(src, root)
         # Each recipe's loaders get the same share of their own dataset's bytes as cache.
         roots = {r: (root, cache_bytes) for r in args.recipes}
         if indexed_src is not None:

@@ -133,7 +133,7 @@ def test_the_dry_run_drives_every_section_end_to_end(tmp_path):
     assert not failed and res.returncode == 0, text
     for title in ("gpu-marked tests", "MSTopK vs torch.topk", "Compressors on cpu", "batch ring off",
                   "the fix applied and verified", "whatif --gpu-speedup S", "whatif --cpus N on a profile",
-                  "Two jobs at once"):  # fmt: skip
+                  "Two jobs at once", "tight loops"):  # fmt: skip
         assert title in text, title
     assert sorted(p.name for p in out.iterdir()) == sorted([report.name, "gpu-check-results.json",
                                                             "gpu-check-logs.tar.gz"])  # fmt: skip
@@ -192,3 +192,36 @@ def test_the_plain_whatif_benchmark_gives_each_core_count_its_workers():
     case = ("pillow w2 b16", "pillow", 2, 16)
     assert at_cores(case, 16, None) == case  # the case's own worker count
     assert [at_cores(case, n, 1)[2] for n in (1, 2, 4, 8, 16)] == [1, 1, 3, 7, 15]
+
+
+def test_the_limit_section_sizes_its_run_and_judges_coordl_against_the_limit_before_it():
+    from gpu.limit import copies_for, rows, worker_counts
+
+    assert worker_counts(16, dry=False) == ([15, 8], "")
+    assert worker_counts(64, dry=False) == ([15, 8], "")
+    counts, note = worker_counts(4, dry=False)  # a smaller host: scaled down, and said so
+    assert counts == [3, 2] and "4 cores" in note
+    assert worker_counts(2, dry=True) == ([2, 1], "") and worker_counts(1, dry=True) == ([1], "")
+    # 1.5 ms a sample, 15 workers: 10,000 samples/s, so a 1 s epoch of 1,500 images needs 7 copies
+    assert copies_for(0.0015, 15, 1500, 1.0, 12) == 7
+    assert copies_for(0.0015, 15, 1500, 1.0, 4) == 4 and copies_for(0.1, 1, 1500, 1.0, 12) == 1
+
+    def loader(rate, limit_rate, main_cpu_s):
+        return {"rate": rate, "limit_rate": limit_rate, "cpu_s": 0.002, "main_cpu_s": main_cpu_s}
+
+    # limit rows: (rate, CPU s/sample, ...); each loader's ratio is to the limit measured right before it
+    prep = {"limit": [(1000.0, 0.0015), (800.0, 0.0015)], "bound": [],
+            "b": [loader(500.0, 1000.0, 1e-4), loader(420.0, 800.0, 1e-4)],
+            "h": [loader(960.0, 1000.0, 5e-5), loader(780.0, 800.0, 5e-5)]}  # fmt: skip
+    table = rows(prep, batch=16)
+    assert [r[0] for r in table] == [
+        "limit: N tight loops",
+        "(b) torch DataLoader + simplejpeg",
+        "(h) coordl.DataLoader, persistent_workers=True",
+    ]  # no DALI row (not installed there)
+    assert table[0][1:3] == ["900", "1.00"]
+    assert table[1][2:4] == ["0.51", ""]  # a peer: ratio shown, not judged
+    assert table[2][2:4] == ["0.97", "yes"]  # medians of 0.96 and 0.975, not 870 / 900
+    assert table[2][6:] == ["0.80", "0.04"]  # main: 0.05 ms x 16 a batch; 870/s x 0.05 ms of a core
+    prep["h"][1] = loader(700.0, 800.0, 5e-5)
+    assert rows(prep, batch=16)[2][2:4] == ["0.92", "NO"]
