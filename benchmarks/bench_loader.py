@@ -56,7 +56,7 @@ itself. A second table splits CPU time and minor page faults per sample between 
 and the workers (``getrusage`` and ``/proc/<pid>/stat``).
 
 Where slowstore cannot run (no root or no cgroup v1, as on a GPU host), ``--no-slowstore --skip-fetch-bound`` measures the
-prep-bound table alone over the dataset's own folder (``slowstore.PlainStore``: no throttle, page cache unbounded,
+prep-bound table alone over the dataset's own folder (``plainstore.PlainStore``: no throttle, page cache unbounded,
 no bound row); with ``--cache-fraction 1`` every loader is fully cached. ``--limit-procs`` sets the limit's loops
 (default: the cores; a run with fewer workers than cores compares with as many loops as workers);
 ``--replicate K`` hardlinks every image K times (a longer epoch: its start and end weigh less).
@@ -644,7 +644,7 @@ def _parse_args() -> argparse.Namespace:
     )
     p.add_argument("--no-slowstore", action="store_true",
                    help="prep-bound only, where slowstore cannot run (no root or no cgroup v1): the dataset in its "
-                        "plain folder, page cache unbounded, no bound row (slowstore.PlainStore)")  # fmt: skip
+                        "plain folder, page cache unbounded, no bound row (plainstore.PlainStore)")  # fmt: skip
     p.add_argument("--slack-mb", type=int, default=64,
                    help="allocation headroom of the memory cgroup over its usage (slowstore; default 64): "
                         "raise it on a loaded machine, where the controller thread may not run every 5 ms")  # fmt: skip
@@ -674,7 +674,8 @@ def main() -> None:
         child(args)
         return
 
-    from slowstore import PlainStore, SlowStore, copy_tree, link_copies
+    from plainstore import PlainStore, link_copies
+    from slowstore import SlowStore, copy_tree
 
     from coordl.datasets import synth
 

@@ -12,8 +12,9 @@ SECTIONS = {
     "tests": "tests",
     "gradcomp": "compress",
     "pin": "pin",
+    "dali": "dali",
+    "limit": "limit",
+    "cores": "cores",
     "dsanalyzer": "dsanalyzer_fix",
     "whatif": "whatif",
-    "dali": "dali",
-    "cores": "cores",
 }
