@@ -18,7 +18,7 @@ class PlainStore:
     where SlowStore cannot run (no root or no cgroup v1, as on a GPU host): nothing is evicted, so after a first
     epoch every file read is a page-cache hit; there is no storage counter (``device`` is empty)."""
 
-    device, name, controller_cpu_s = "", "", 0.0
+    device, name, io_counter, controller_cpu_s = "", "", "", 0.0
 
     def __init__(self, mount: str | os.PathLike) -> None:
         self.mount = str(mount)
