@@ -49,8 +49,10 @@ class RawItems(torch.utils.data.Dataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: list[int]) -> list[tuple[np.ndarray, int]]:
+        raws = self.reader.fetch_many([int(i) for i in indices])
         out = [
-            (np.frombuffer(self.reader.fetch(int(i)), dtype=np.uint8), int(self.labels[i])) for i in indices
+            (np.frombuffer(raw, dtype=np.uint8), int(self.labels[i]))
+            for raw, i in zip(raws, indices, strict=True)
         ]
         self.reader.counters.add("items_loaded", len(out))
         return out

@@ -168,10 +168,12 @@ class BatchFeed:
 
     def fetch_batch(self, indices: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Encoded bytes (uint8 1-D arrays) and labels (int64, shape (1,)) of ``indices``."""
-        if self.fetch_threads > 1 and len(indices) > 1:
-            raws = list(self._threads().map(self.reader.fetch, indices))
-        else:
-            raws = [self.reader.fetch(i) for i in indices]
+        # Cache hits here, storage reads in the pool (a hit handed to a thread cost ~70 us of this process's
+        # time). Hits as views of their cache rows: DALI copies every array it is given into its own
+        # batch before it calls again, and MinIO never rewrites a row.
+        raws = self.reader.fetch_many(
+            indices, self._threads() if self.fetch_threads > 1 else None, views=True
+        )
         self.reader.counters.add("items_loaded", len(indices))
         images = [np.frombuffer(raw, dtype=np.uint8) for raw in raws]
         return images, [self.labels[i : i + 1] for i in indices]

@@ -74,6 +74,7 @@ class LoaderSource(torch.utils.data.Dataset):
         self.tiers = self._lookup.tiers  # the same list: the loader inserts and removes tiers in it
         # The lookup's own method: an item's fetch costs no extra call or attribute hop.
         self.fetch: Callable[[int], bytes] = self._lookup.fetch
+        self.fetch_many: Callable[..., list[bytes]] = self._lookup.fetch_many
         self.counters = counters
         self.on_error = on_error
         self.sample_cache_tier = sample_cache_tier

@@ -99,6 +99,32 @@ class TierLookup:
         raw = self.ask(index, self.tiers[start:], missed)
         return self.keep(index, raw, missed) if raw is None else self._offer(index, raw, missed)
 
+    def fetch_many(self, indices: Sequence[int], pool: Any = None, views: bool = False) -> list[Any]:
+        """Raw bytes of each of ``indices``, in order: what this node's memory tiers hold is taken here,
+        one item after another (a memory copy costs less than handing it to a thread); the rest are
+        read through ``pool`` (an Executor: storage and remote tiers in parallel) when one is given.
+        ``views``: a memory tier's answer is given as it is (a view of its row, valid while the cache is
+        open), not copied into bytes (10-36 us per 90 KB item), for a caller that copies it anyway."""
+        near = self.in_memory_tiers()
+        in_memory = self.tiers[:near]
+        out: list[Any] = [None] * len(indices)
+        rest: list[tuple[int, int, list[FetchTier]]] = []
+        for k, index in enumerate(indices):
+            missed: list[FetchTier] = []
+            raw = self.ask(index, in_memory, missed)
+            if raw is None:
+                rest.append((k, index, missed))
+            else:
+                out[k] = raw if views else as_bytes(raw)
+        if pool is not None and len(rest) > 1:
+            reads = [pool.submit(self.fetch_from, index, near, missed) for _k, index, missed in rest]
+            for (k, _index, _missed), read in zip(rest, reads, strict=True):
+                out[k] = read.result()
+        else:
+            for k, index, missed in rest:
+                out[k] = self.fetch_from(index, near, missed)
+        return out
+
     def keep(self, index: int, raw: bytes | None, missed: list[FetchTier]) -> bytes:
         """A storage read of ``index`` (``raw``; None: read it now), counted and offered to ``missed``."""
         if raw is None:
