@@ -156,7 +156,7 @@ def test_the_whatif_section_picks_a_compute_bound_and_a_prep_bound_lighter_job()
 
 def test_the_cores_section_plans_counts_epochs_and_linked_images(tmp_path):
     from gpu.common import Skip
-    from gpu.cores import counts_here, linked_dataset, measure_per_core
+    from gpu.cores import counts_here, measure_per_core
 
     # 16 cores: profile on 2, run on 4, 8, 16; 8 cores: the counts that exist; 2 cores (the dry run): 1 -> 2
     assert counts_here(2, (4, 8, 16), 16) == (2, [4, 8, 16])
@@ -173,16 +173,16 @@ def test_the_cores_section_plans_counts_epochs_and_linked_images(tmp_path):
         (src / c).mkdir(parents=True)
         for n in names:
             (src / c / n).write_bytes(n.encode())
-    (src / "MARKER.json").write_text("{}")  # not a class folder: not listed
-    assert linked_dataset(src, tmp_path / "dst", 3) == 9
-    assert linked_dataset(src, tmp_path / "dst", 3) == 9  # again: the links stay
-    links = sorted(p.relative_to(tmp_path / "dst").as_posix() for p in (tmp_path / "dst").rglob("*.jpg"))
-    assert links == [f"class_000/{s}-{k}.jpg" for s in "ab" for k in range(3)] + [
-        f"class_001/c-{k}.jpg" for k in range(3)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from plainstore import link_copies
+
+    dst = link_copies(src, 3)
+    assert link_copies(src, 3) == dst  # again: the links stay
+    links = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*.jpg"))
+    assert links == [f"class_000/{s}-r{k}.jpg" for s in "ab" for k in range(3)] + [
+        f"class_001/c-r{k}.jpg" for k in range(3)
     ]
-    assert (tmp_path / "dst" / "class_000" / "a-2.jpg").stat().st_ino == (
-        src / "class_000" / "a.jpg"
-    ).stat().st_ino
+    assert (dst / "class_000" / "a-r2.jpg").stat().st_ino == (src / "class_000" / "a.jpg").stat().st_ino
 
 
 def test_the_plain_whatif_benchmark_gives_each_core_count_its_workers():
