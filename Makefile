@@ -27,7 +27,7 @@ lint: setup
 # mypy over shmem, memcache, nfs_cache, coordl and dsanalyzer at the level set in pyproject.toml ([tool.mypy]).
 typecheck: setup
 	@COORDL_EXTRAS=dev,nfs,dali,s3,frameworks bash scripts/setup.sh
-	.venv/bin/mypy
+	.venv/bin/python -m mypy
 
 bench: setup
 	COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray,raydata bash scripts/setup.sh

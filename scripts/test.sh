@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy   # its files and level are in pyproject.toml's [tool.mypy]
+.venv/bin/python -m mypy   # (not .venv/bin/mypy: a moved venv breaks console-script shebangs) its files and level are in pyproject.toml's [tool.mypy]
 args=(-q -ra -p no:cacheprovider)
 mark=""
 if [ "${CI:-}" = "true" ] || [ "${COORDL_SLOW:-0}" = "1" ]; then
