@@ -21,10 +21,10 @@ import os
 import sys
 import time
 
-from gpu.common import ROOT, Context, fmt, median
+from gpu.common import ROOT, Context, SectionError, fmt, median
 
 TITLE = "The loader at the decode limit: bench_loader's prep-bound table with 15 and 8 workers"
-BUDGET_S = 110
+BUDGET_S = 125
 BENCH = "benchmarks/bench_loader.py"
 CONFIGS = "bch"  # bench_loader's letters: the peers and coordl with persistent workers
 NAMES = {
@@ -124,6 +124,35 @@ def _bench(ctx: Context, workers: int, size: dict, copies: int, runs: int, timeo
     return json.loads(out.read_text())["prep"]["standard"]
 
 
+ROWS = 64  # a loop's output rows in the limit with a loader's working set: 4 batches of 16, a worker's slots
+
+
+def _working_set_limit(ctx: Context, workers: int, size: dict, copies: int) -> tuple[float, ...]:
+    """decode_limit with ``rows``: each loop over its share of every item, each output into its own row."""
+    name = f"synth-{size['n']}-{CLASSES}" + (f"-x{copies}" if copies > 1 else "")
+    root = ctx.work / "data" / name
+    code = ("import json, sys; sys.path.insert(0, 'benchmarks'); from decode_limit import decode_limit; "
+            f"print(json.dumps(decode_limit({str(root)!r}, {workers}, 600, 'standard', rows={ROWS})))")  # fmt: skip
+    out = ctx.run([sys.executable, "-c", code], timeout=max(10.0, min(60.0, ctx.remaining() - 5)))
+    return tuple(json.loads(out.strip().splitlines()[-1]))
+
+
+def working_set_row(limit: tuple[float, ...], prep: dict) -> tuple[list[str], str]:
+    """The table row of the limit with a loader's working set, and a note with coordl's ratio to it."""
+    hot = median([r[0] for r in prep["limit"]])
+    row = [f"limit, a loader's working set ({ROWS} output rows a loop, every item)", fmt(limit[0], 0),
+           fmt(limit[0] / hot, 2), "", fmt(limit[1] * 1e3, 2), fmt(limit[0] * limit[1], 2), "-", "-"]  # fmt: skip
+    runs = prep.get(TARGET) or []
+    coordl = median([r["rate"] for r in runs]) if runs else None
+    note = (
+        f"Against the limit with a loader's working set ({fmt(limit[0], 0)} samples/s, measured once after the "
+        f"runs), ({TARGET}) reaches {fmt(coordl / limit[0], 2)}: what remains is the loader's own cost."
+        if coordl
+        else ""
+    )
+    return row, note
+
+
 def _decoder() -> str:
     from coordl.prep import cropdecode
 
@@ -185,18 +214,27 @@ def run(ctx: Context) -> None:
         t0 = time.monotonic()
         prep = _bench(ctx, workers, size, copies, runs, ctx.share(0.6) if i == 0 else ctx.remaining())
         took = time.monotonic() - t0
+        table = rows(prep, size["batch"])
+        ws_note = ""
+        try:
+            ws_row, ws_note = working_set_row(_working_set_limit(ctx, workers, size, copies), prep)
+            table.insert(1, ws_row)
+        except SectionError as e:  # the plain table still stands
+            ws_note = f"The limit with a loader's working set did not run: {str(e).splitlines()[0]}"
         timed = "epoch 2" if size["epochs"] == 2 else f"epochs 2-{size['epochs']}"
         ctx.table(
             f"{workers} worker{'s' * (workers > 1)} vs the limit of {workers} tight loop{'s' * (workers > 1)}: "
             f"{size['n'] * copies} items (500x375 JPEGs), batch {size['batch']}, fully cached, {timed}, "
             f"medians of {runs} run{'s' * (runs > 1)}",
             header,
-            rows(prep, size["batch"]),
+            table,
             note="'vs limit': median of each run's rate over the limit measured right before it. 'cores': "
             "CPU s/sample x samples/s (every process of the loader). 'main CPU ms/batch' and 'main: cores': "
             "the main process's CPU time per batch and its share of a core while the loader runs (DALI's "
             "threads run in the main process: all its CPU is there); the limit's loops have no main process.",
         )
         ctx.note(edge_note(prep, workers, size["n"] * copies, size["batch"]))
+        if ws_note:
+            ctx.note(ws_note)
         if i == 0 and "c" not in prep:
             ctx.note(f"(c) DALI CPU skipped: nvidia.dali is not importable here ({_dali_missing() or '?'}).")

@@ -225,3 +225,9 @@ def test_the_limit_section_sizes_its_run_and_judges_coordl_against_the_limit_bef
     assert table[2][6:] == ["0.80", "0.04"]  # main: 0.05 ms x 16 a batch; 870/s x 0.05 ms of a core
     prep["h"][1] = loader(700.0, 800.0, 5e-5)
     assert rows(prep, batch=16)[2][2:4] == ["0.92", "NO"]
+    # the limit with a loader's working set: its ratio to the plain limit, and coordl's ratio to it in a note
+    from gpu.limit import working_set_row
+
+    row, note = working_set_row((750.0, 0.0019, 0.0, 2.0, 0.0), prep)
+    assert row[1:3] == ["750", "0.83"] and row[4] == "1.90"
+    assert "reaches 1.11" in note  # the median of 960 and 700 (830) over 750
