@@ -37,7 +37,7 @@ BATCH = 16
 # 2 runs of ~6 s timed at each count (the first H200 run, 3 runs of 10 s, reached 4 cores of 4, 8, 16 in 150 s)
 PROFILE_CPUS, RUN_CPUS, RUNS = 2, (4, 8, 16), 2
 UNIQUE, COPIES, SIZE, ITERS = 192, 6, (800, 600), 30
-DRY_PROFILE_CPUS, DRY_RUN_CPUS, DRY_RUNS = 1, (2,), 2
+DRY_PROFILE_CPUS, DRY_RUN_CPUS, DRY_RUNS = 1, (2,), 1
 DRY_UNIQUE, DRY_COPIES, DRY_SIZE, DRY_ITERS = 24, 4, (200, 150), 4
 
 

