@@ -88,12 +88,14 @@ def _end_of_epoch(L: Callable, make_ds: Callable, workers: int, persistent: bool
     return first, rest, resumed
 
 
+# spawn: one dataset (a spawned worker imports torch afresh, 30-70 s a case in CI's parallel phase; what differs
+# under spawn is how the state reaches the worker, not the dataset)
 @pytest.mark.parametrize(
-    ("workers", "persistent", "ctx"),
-    [(0, False, None), (3, False, "fork"), (3, True, "fork")]
-    + [pytest.param(2, True, "spawn", marks=pytest.mark.slow), pytest.param(1, False, "fork", marks=pytest.mark.slow)],
+    ("workers", "persistent", "ctx", "dataset"),
+    [(w, p, c, d) for w, p, c in [(0, False, None), (3, False, "fork"), (3, True, "fork")] for d in ("stateful", "plain")]
+    + [pytest.param(2, True, "spawn", "stateful", marks=pytest.mark.slow)]
+    + [pytest.param(1, False, "fork", d, marks=pytest.mark.slow) for d in ("stateful", "plain")],
 )  # fmt: skip
-@pytest.mark.parametrize("dataset", ["stateful", "plain"])
 def test_state_at_an_epochs_end_yields_the_next_epoch(
     workers: int, persistent: bool, ctx, dataset: str
 ) -> None:
@@ -360,12 +362,17 @@ def _early_map_state(
     return whole, got
 
 
+_LOADS = [(None, 1), (None, 2), (1, 1), (4, 2)]
+
+
+# spawn: the one case with a load and two workers' turns (the others cost CI's parallel phase 30-64 s each)
 @pytest.mark.parametrize(
-    ("workers", "persistent", "ctx"),
-    [(3, False, "fork"), (3, True, "fork")]
-    + [pytest.param(*p, marks=pytest.mark.slow) for p in [(0, False, None), (1, False, "fork"), (2, True, "spawn")]],
+    ("workers", "persistent", "ctx", "load_at", "k"),
+    [(w, p, c, *lk) for w, p, c in [(3, False, "fork"), (3, True, "fork")] for lk in _LOADS]
+    + [pytest.param(w, p, c, *lk, marks=pytest.mark.slow) for w, p, c in [(0, False, None), (1, False, "fork")]
+       for lk in _LOADS]
+    + [pytest.param(2, True, "spawn", 4, 2, marks=pytest.mark.slow)],
 )  # fmt: skip
-@pytest.mark.parametrize(("load_at", "k"), [(None, 1), (None, 2), (1, 1), (4, 2)])
 def test_map_style_state_before_every_worker_gave_a_batch(
     workers: int, persistent: bool, ctx: str | None, load_at: int | None, k: int
 ) -> None:

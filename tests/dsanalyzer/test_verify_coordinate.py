@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -12,6 +13,11 @@ from dsanalyzer.model.whatif import Model
 from tests.dsanalyzer import remedy_verify as rv
 
 
+@pytest.mark.skipif(
+    os.environ.get("COORDL_VERIFY_REMEDIES") != "1",
+    reason="a remedy applied for real, minutes alone on the machine: make verify-remedies (CI's 20 minutes; "
+    "on the VM it measured +6.2% and +12.2% on one afternoon, issue 49's host bias)",
+)
 @pytest.mark.slow
 @pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)
 def test_two_coordinated_jobs_run_at_the_predicted_rate(tmp_path, capsys):
