@@ -22,6 +22,7 @@ the loader's own.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import random
@@ -102,7 +103,7 @@ def _loop(
     if rows:  # each output into the next row, as a worker's batch slots (touched once first, as a ring's are)
         shape = out[0].shape if isinstance(out, (tuple, list)) else out.shape
         dtype = out[0].dtype if isinstance(out, (tuple, list)) else out.dtype
-        buf, turn = torch.zeros((rows, *shape), dtype=dtype), iter(range(1 << 62))
+        buf, turn = torch.zeros((rows, *shape), dtype=dtype), itertools.count()
         lent = lend(
             lambda shape, dtype: buf[next(turn) % rows] if tuple(shape) == tuple(buf.shape[1:]) else None
         )

@@ -264,12 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     names = _selected(args)
     wheels_line = install_wheels(args.wheels)
     print(f"gpu-check: {wheels_line}", flush=True)
-    crop_line = install_crop_decoder(args.wheels)
+    # Only on the accelerator machine: a dry run here must not copy a carried build into this tree, or unpack
+    # DALI's cp312 files into this interpreter's site-packages.
+    skipped = "not installed in a dry run (what this machine has is used)"
+    crop_line = install_crop_decoder(args.wheels) if not args.dry_run else skipped
     print(f"gpu-check: crop decoder: {crop_line}", flush=True)
     from gpu import dali_install
 
-    dali_line = dali_install.install(ROOT / ".dali")
-    print(f"gpu-check: {dali_line}", flush=True)
+    dali_line = dali_install.install(ROOT / ".dali") if not args.dry_run else skipped
+    print(f"gpu-check: DALI: {dali_line}", flush=True)
     from gpu.report import machine_info, markdown, report_path
 
     now = datetime.now()
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         **machine_info(ROOT),
         "carried wheels": wheels_line,
         "DALI": dali_line,
-        "coordl crop decoder": crop_line,
+        **({} if args.dry_run else {"coordl crop decoder": crop_line}),  # a dry run: machine_info's line
         "budget": f"{args.budget:g} s for the sections",
     }
     gpu = machine["GPU"].split(",")[0]
