@@ -25,6 +25,7 @@ from dsanalyzer.measure.cpu import main_process_section
 from dsanalyzer.measure.hookconfig import HookConfig
 from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.measure.membw import measure_memory_bandwidth
+from dsanalyzer.measure.ompspin import measure_omp_spin
 from dsanalyzer.measure.plan import MODES, RunPlan
 from dsanalyzer.measure.stalls import bound_of, differential, epoch_start, per_epoch
 from dsanalyzer.measure.sysmon import SysMonitor, concat_series
@@ -108,7 +109,9 @@ def _runs_section(results: dict[str, dict], summaries: dict) -> dict:
     return runs
 
 
-def _machine(dataset: dict, mem_bw: float, storage_note: str | None, compute_note: str | None) -> dict:
+def _machine(
+    dataset: dict, mem_bw: float, storage_note: str | None, compute_note: str | None, omp_spin: dict | None
+) -> dict:
     return {
         "cpus": available_cpus(),
         "memory_bytes": int(psutil.virtual_memory().total),
@@ -116,6 +119,9 @@ def _machine(dataset: dict, mem_bw: float, storage_note: str | None, compute_not
         "storage_note": storage_note,
         "compute_note": compute_note,
         "mem_bandwidth_bytes_per_s": mem_bw,
+        # how long torch's idle intra-op threads spin after a region here (measure/ompspin.py; None: unknown)
+        "omp_spin_s": None if omp_spin is None else omp_spin.get("spin_s"),
+        "omp_spin": omp_spin,
     }
 
 
@@ -129,6 +135,7 @@ def assemble_report(
     page_cache_bytes: int | None = None,
     storage_note: str | None = None,
     compute_note: str | None = None,
+    omp_spin: dict | None = None,
 ) -> dict:
     """Combine the four runs' raw results into a report (model and what-if attached).
 
@@ -161,7 +168,7 @@ def assemble_report(
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": [command] if isinstance(command, str) else [str(a) for a in command],
-        "machine": _machine(dataset, mem_bw, storage_note, compute_note),
+        "machine": _machine(dataset, mem_bw, storage_note, compute_note, omp_spin),
         "dataset": dataset,
         "batch_size": int(round(batch)),
         "workers": workers,
@@ -263,6 +270,7 @@ def profile_command(
         warmup=warmup,
         sysmon=_join(series),
         mem_bw=mem_bw,
+        omp_spin=measure_omp_spin(),
         page_cache_bytes=page_cache_bytes,
         storage_note=storage_note,
         compute_note=compute_note,
@@ -392,6 +400,7 @@ def profile(
         warmup=warmup,
         sysmon=_join(series),
         mem_bw=measure_memory_bandwidth(),
+        omp_spin=measure_omp_spin(),
     )
     if out is not None:
         write_report(report, out)

@@ -24,9 +24,24 @@ runs at most ``C = (a * c - spin) / cpu_per_sample`` samples/s, where
 
 Measured on the 2-core VM (reports/bench_whatif.md, session 11): torch's second thread cost the
 README's job 17-20 ms of CPU per batch of 32 beside its workers (0.57-0.71 of a core), against 0.65
-(two workers) and 0.97 (one worker) from the share above. Validated at 2 cores only; on many cores
-a step with few parallel regions leaves its helpers asleep most of each batch, and the charge above
-is then an upper bound.
+(two workers) and 0.97 (one worker) from the share above.
+
+That share is what a helper holds when it is runnable throughout, and how long it stays runnable is a
+property of the host: OpenMP spins a fixed count of pause instructions, 4-5 ms on the Intel Xeon VM and
+0.7 ms with a tenth of the count (``GOMP_SPINCOUNT=30000``), under which the README's job ran 25-35%
+faster on 2 cores (reports/bench_whatif.md, 2026-11-28). So the share is scaled by ``u``, the fraction of
+the time a helper is runnable: per batch it works through the step (``step_cpu_s``) and then spins
+``D`` (the host's spin, :mod:`dsanalyzer.measure.ompspin`) once when the step ends and once each time
+the main thread loses its core mid-step and leaves it waiting at a region's barrier
+(``main_preempts_per_batch``, counted in the real run)::
+
+    u = min(1, (step_cpu_s + (1 + preempts) * D) * rate / B)
+
+``u`` depends on the rate and the rate on the cores left, so ``C`` solves ``C * cpu_per_sample = a * c -
+spin_max * u(C)`` (:func:`solve_cpu_rate`: a straight line below saturation, the full share above it).
+Without a measured ``D`` the helper is charged as runnable throughout (``u = 1``), the bound it was before.
+On the VM the fit holds across the spin counts: at ``D`` = 0.74 ms it charges 0.23 cores where the
+helper took 0.22 (5.2 ms per batch at 43 batches/s); at 4 ms the helper is runnable throughout.
 """
 
 from __future__ import annotations
@@ -38,6 +53,8 @@ from dsanalyzer.model.params import JobParams
 __all__ = [
     "intra_op_threads",
     "spin_cores",
+    "spin_busy",
+    "solve_cpu_rate",
     "cpu_rate",
     "job_cpu_per_sample",
     "job_spin_cores",
@@ -59,6 +76,33 @@ def spin_cores(cpus: int, share: float, workers: int, threads: int, step_on_cpu:
     runnable = workers + threads - 1
     per_thread = min(1.0, share * cpus / runnable)
     return (threads - 1) * per_thread
+
+
+def spin_busy(rate: float, batch: int, step_cpu_s: float | None, spin_s: float | None, preempts: float | None) -> float:
+    """``u``: the fraction of the time an intra-op helper is runnable at ``rate`` samples/s (1 when the
+    host's spin ``spin_s`` is unknown)."""
+    if spin_s is None:
+        return 1.0
+    if not math.isfinite(rate) or rate <= 0:
+        return 1.0 if math.isinf(rate) else 0.0
+    per_batch = (step_cpu_s or 0.0) + (1.0 + (preempts or 0.0)) * spin_s
+    return min(1.0, per_batch * rate / max(1, batch))
+
+
+def solve_cpu_rate(
+    cores_: float, cpu_per_sample: float | None, spin_max: float, runnable_s_per_batch: float | None, batch: int
+) -> tuple[float, float]:
+    """(``C``, the spin it leaves): ``C * cpu_per_sample = cores_ - spin_max * min(1, r * C / B)``, with
+    ``r`` the helper's runnable seconds per batch (None: runnable throughout)."""
+    if not cpu_per_sample or cpu_per_sample <= 0:
+        return math.inf, spin_max
+    saturated = max(0.0, cores_ - spin_max) / cpu_per_sample
+    if runnable_s_per_batch is None or spin_max <= 0:
+        return saturated, spin_max
+    below = cores_ / (cpu_per_sample + spin_max * runnable_s_per_batch / max(1, batch))
+    if below * runnable_s_per_batch / max(1, batch) >= 1.0:
+        return saturated, spin_max
+    return below, spin_max * below * runnable_s_per_batch / max(1, batch)
 
 
 def cpu_rate(cpus: int, share: float, cpu_per_sample: float | None, spin: float = 0.0) -> float:
@@ -112,12 +156,23 @@ def job_cpu_per_sample(
     return base
 
 
-def job_spin_cores(job: JobParams, cpus: int, workers: int | None = None) -> float:
+def _runnable_s_per_batch(job: JobParams) -> float | None:
+    """A helper's runnable seconds per batch: the step, then a spin at its end and at each preemption."""
+    if job.omp_spin_s is None:
+        return None
+    return (job.step_cpu_s or 0.0) + (1.0 + (job.main_preempts_per_batch or 0.0)) * job.omp_spin_s
+
+
+def job_spin_cores(
+    job: JobParams, cpus: int, workers: int | None = None, cpu_per_sample: float | None = None
+) -> float:
     """Cores the job's idle intra-op threads hold on ``cpus`` cores beside ``workers`` busy workers
-    (default: one per core)."""
+    (default: one per core), at the rate its CPU work then fits in (``cpu_per_sample``: the job's)."""
     threads = intra_op_threads(cpus, job.torch_threads, job.threads_follow_cores)
     w = cpus if workers is None else workers
-    return spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
+    most = spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
+    per_sample = job_cpu_per_sample(job) if cpu_per_sample is None else cpu_per_sample
+    return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, _runnable_s_per_batch(job), job.batch_size)[1]
 
 
 def job_cpu_rate(
@@ -126,4 +181,8 @@ def job_cpu_rate(
 ) -> float:  # fmt: skip
     """``C`` for this job: samples/s its CPU work fits in on ``cpus`` cores (infinite when not measured)."""
     per_sample = job_cpu_per_sample(job, gpu_speedup, policy, hit_ratio)
-    return cpu_rate(cpus, job.cpu_share, per_sample, job_spin_cores(job, cpus, workers))
+    threads = intra_op_threads(cpus, job.torch_threads, job.threads_follow_cores)
+    w = cpus if workers is None else workers
+    most = spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
+    runnable = _runnable_s_per_batch(job)
+    return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, runnable, job.batch_size)[0]

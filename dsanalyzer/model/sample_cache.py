@@ -80,11 +80,11 @@ def sample_cached(job: JobParams, cache_bytes: float, point: stages.Point | None
     raw = stages.fetch_costs(job, p, h)
     costs = ItemCosts(raw.hit_s * (1 - hs), raw.miss_s * (1 - hs), raw.miss_overhead_s * (1 - hs))
     per_sample = cores.job_cpu_per_sample(job, g, p.policy, h)
-    spin = cores.job_spin_cores(job, c, w)
+    left = max(per_sample - saved, per_sample * 0.02) if per_sample else None
     cpu = (
         math.inf
-        if not per_sample
-        else cores.cpu_rate(c, job.cpu_share, max(per_sample - saved, per_sample * 0.02), spin)
+        if not left
+        else cores.cpu_rate(c, job.cpu_share, left, cores.job_spin_cores(job, c, w, cpu_per_sample=left))
     )
     steady = compose(
         step_per_s=job.compute_per_s * g, compute_per_s=stages.compute_rate(job, g),
