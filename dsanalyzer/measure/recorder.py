@@ -121,7 +121,9 @@ class RunRecorder:
         except AttributeError:
             cores = os.cpu_count() or 1
         preempts, preempts_from = _main_preempts(), self._cpu_from[3]
-        marks = [(0, 0.0)] + [(n, m + w - self._cpu_from[1] - self._cpu_from[2]) for n, m, w in self._epoch_cpu]
+        marks = [(0, 0.0)] + [
+            (n, m + w - self._cpu_from[1] - self._cpu_from[2]) for n, m, w in self._epoch_cpu
+        ]
         steady, per_start = split_epoch_cpu(marks + [(samples, main + workers)])
         return {
             # the same without what starting epochs cost: a window of 40 batches that held one epoch start
@@ -181,7 +183,10 @@ def split_epoch_cpu(marks: list[tuple[int, float]]) -> tuple[float | None, float
     later one starts one; the least-squares fit of ``cpu = c * samples + e * starts`` over the segments
     (weighted by their samples). (None, None) when the window opened no epoch or its first segment holds
     no batch: the two cannot be told apart."""
-    segs = [(n1 - n0, c1 - c0, 0 if i == 0 else 1) for i, ((n0, c0), (n1, c1)) in enumerate(zip(marks, marks[1:]))]
+    segs = [
+        (n1 - n0, c1 - c0, 0 if i == 0 else 1)
+        for i, ((n0, c0), (n1, c1)) in enumerate(zip(marks, marks[1:], strict=False))
+    ]
     segs = [s for s in segs if s[0] > 0]
     if len(marks) < 3 or not segs or segs[0][2] != 0 or all(s[2] == 0 for s in segs):
         return None, None

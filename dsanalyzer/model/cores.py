@@ -78,7 +78,9 @@ def spin_cores(cpus: int, share: float, workers: int, threads: int, step_on_cpu:
     return (threads - 1) * per_thread
 
 
-def spin_busy(rate: float, batch: int, step_cpu_s: float | None, spin_s: float | None, preempts: float | None) -> float:
+def spin_busy(
+    rate: float, batch: int, step_cpu_s: float | None, spin_s: float | None, preempts: float | None
+) -> float:
     """``u``: the fraction of the time an intra-op helper is runnable at ``rate`` samples/s (1 when the
     host's spin ``spin_s`` is unknown)."""
     if spin_s is None:
@@ -90,7 +92,11 @@ def spin_busy(rate: float, batch: int, step_cpu_s: float | None, spin_s: float |
 
 
 def solve_cpu_rate(
-    cores_: float, cpu_per_sample: float | None, spin_max: float, runnable_s_per_batch: float | None, batch: int
+    cores_: float,
+    cpu_per_sample: float | None,
+    spin_max: float,
+    runnable_s_per_batch: float | None,
+    batch: int,
 ) -> tuple[float, float]:
     """(``C``, the spin it leaves): ``C * cpu_per_sample = cores_ - spin_max * min(1, r * C / B)``, with
     ``r`` the helper's runnable seconds per batch (None: runnable throughout)."""
@@ -172,7 +178,9 @@ def job_spin_cores(
     w = cpus if workers is None else workers
     most = spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
     per_sample = job_cpu_per_sample(job) if cpu_per_sample is None else cpu_per_sample
-    return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, _runnable_s_per_batch(job), job.batch_size)[1]
+    return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, _runnable_s_per_batch(job), job.batch_size)[
+        1
+    ]
 
 
 def job_cpu_rate(

@@ -243,7 +243,9 @@ def model_fields(report: dict) -> dict:
         "cache_policy": policy,
         "prep_points": tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
         "remote_wire_bytes": _number(field(report, "loader", "remote_wire_bytes", required=False)),
-        **_per_epoch_cpu(main_process_costs(report, cpus), report, _epoch_items(report, items, batch) or items),
+        **_per_epoch_cpu(
+            main_process_costs(report, cpus), report, _epoch_items(report, items, batch) or items
+        ),
         **remedy_fields(report),
         **probe_fields(report),
         **store,

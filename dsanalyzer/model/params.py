@@ -45,8 +45,12 @@ class JobParams:
     torch_threads: int | None = None  # torch's intra-op threads in the main process while profiled
     threads_follow_cores: bool = False  # torch's default: as many intra-op threads as cores
     step_on_cpu: bool = True  # the step runs on the CPU (its intra-op threads spin between regions)
-    omp_spin_s: float | None = None  # CPU an idle intra-op thread spins after a region here (None: throughout)
-    main_preempts_per_batch: float | None = None  # the main thread's involuntary switches per batch (real run)
+    omp_spin_s: float | None = (
+        None  # CPU an idle intra-op thread spins after a region here (None: throughout)
+    )
+    main_preempts_per_batch: float | None = (
+        None  # the main thread's involuntary switches per batch (real run)
+    )
     epoch_items: int | None = None  # samples one process reads per epoch (a DistributedSampler's share)
     epoch_start_s: float = (
         0.0  # what starting an epoch costs beyond a steady batch (measured in the real run)
