@@ -77,7 +77,6 @@ class ProbeState:
         try:
             if self.loader is None:
                 self._first_iter(loader, orig_iter)
-            self.recorder.epoch_opening()
             opened = time.perf_counter()
             if self.cfg.mode == "compute":
                 inner = self._replay
@@ -100,7 +99,6 @@ class ProbeState:
                 self.depth -= 1
         replay = self._replay
         if self._dali_epoch_ahead:  # the iterator's first batch, or the first after a StopIteration
-            self.recorder.epoch_opening()
             self.recorder.timeline.iterator_opened(time.perf_counter())
         try:
             batch = self.timed_next(replay.__next__ if replay is not None else partial(orig_next, it))

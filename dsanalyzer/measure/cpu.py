@@ -43,14 +43,8 @@ def main_process_section(results: dict[str, dict], warmup: int, workers: int, sc
             out["job_main_cpu_s_per_batch"] = job.get("main_cpu_s_per_batch")
             out["job_cpu_share"] = job.get("cpu_share")
             out["job_main_preempts_per_batch"] = job.get("main_preempts_per_batch")
-            # the split of that CPU: steady batches, and each epoch start in the window (None: not told apart)
-            out["job_steady_cpu_s_per_sample"] = job.get("steady_cpu_s_per_sample")
-            out["job_epoch_start_cpu_s"] = job.get("epoch_start_cpu_s")
-            out["job_epoch_starts"] = job.get("epoch_starts")
             if mode == "prep":
                 out["in_memory_job_cpu_s_per_sample"] = job["cpu_s_per_sample"]
-                out["in_memory_steady_cpu_s_per_sample"] = job.get("steady_cpu_s_per_sample")
-                out["in_memory_epoch_start_cpu_s"] = job.get("epoch_start_cpu_s")
         for key in ("torch_threads", "threads_follow_cores", "threads_fixed_by", "step_device"):
             if key in run:
                 out[key] = run[key]

@@ -21,7 +21,7 @@ from dsanalyzer.measure import threads
 from dsanalyzer.measure.hookconfig import HookConfig
 from dsanalyzer.measure.timeline import Timeline
 
-__all__ = ["RunRecorder", "RunComplete", "RESULT_FORMAT", "split_epoch_cpu"]
+__all__ = ["RunRecorder", "RunComplete", "RESULT_FORMAT"]
 
 RESULT_FORMAT = "dsanalyzer-run/1"
 _PROGRESS_EVERY_S = 0.5
@@ -43,8 +43,6 @@ class RunRecorder:
         self._last_progress = 0.0
         # (wall, main CPU, workers' CPU, the main thread's involuntary context switches) then
         self._cpu_from: tuple[float, float, float, int | None] | None = None
-        # (samples measured so far, main CPU, workers' CPU) when each epoch inside the window was opened
-        self._epoch_cpu: list[tuple[int, float, float]] = []
 
     def next_batch(self, pull: Callable[[], Any], items_of: Callable[[Any], int]) -> Any:
         """One batch from ``pull``, its wait recorded; :class:`RunComplete` once the run has enough."""
@@ -65,14 +63,6 @@ class RunRecorder:
         if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
             self.progress(*self.progress_counts())
         return batch
-
-    def epoch_opening(self) -> None:
-        """A new epoch's iterator is about to start (torch starts its workers): read the job's CPU, so that
-        what starting an epoch costs is told apart from a steady batch's (:func:`split_epoch_cpu`)."""
-        if self._cpu_from is None:
-            return
-        main, workers = _job_cpu()
-        self._epoch_cpu.append((sum(self.timeline.batch_items[self.cfg.warmup :]), main, workers))
 
     @property
     def batches(self) -> int:
@@ -121,16 +111,7 @@ class RunRecorder:
         except AttributeError:
             cores = os.cpu_count() or 1
         preempts, preempts_from = _main_preempts(), self._cpu_from[3]
-        marks = [(0, 0.0)] + [
-            (n, m + w - self._cpu_from[1] - self._cpu_from[2]) for n, m, w in self._epoch_cpu
-        ]
-        steady, per_start = split_epoch_cpu(marks + [(samples, main + workers)])
         return {
-            # the same without what starting epochs cost: a window of 40 batches that held one epoch start
-            # read 10-15% more CPU per sample than one of 200 (worker processes forked, their pages copied)
-            "steady_cpu_s_per_sample": steady,
-            "epoch_start_cpu_s": per_start,
-            "epoch_starts": len(self._epoch_cpu),
             "main_cpu_s_per_batch": main / batches,
             # how often the main thread lost its core mid-work: each time, torch's other intra-op threads
             # wait at the region's barrier, spinning (dsanalyzer.model.cores)
@@ -175,35 +156,6 @@ class RunRecorder:
         with open(tmp, "w") as f:
             json.dump(result, f)
         os.replace(tmp, path)
-
-
-def split_epoch_cpu(marks: list[tuple[int, float]]) -> tuple[float | None, float | None]:
-    """(CPU per sample of steady batches, CPU per epoch start) from cumulative (samples, CPU) readings:
-    the window's start, each epoch's opening inside it, its end. The first segment starts no epoch, each
-    later one starts one; the least-squares fit of ``cpu = c * samples + e * starts`` over the segments
-    (weighted by their samples). (None, None) when the window opened no epoch or its first segment holds
-    no batch: the two cannot be told apart."""
-    segs = [
-        (n1 - n0, c1 - c0, 0 if i == 0 else 1)
-        for i, ((n0, c0), (n1, c1)) in enumerate(zip(marks, marks[1:], strict=False))
-    ]
-    segs = [s for s in segs if s[0] > 0]
-    if len(marks) < 3 or not segs or segs[0][2] != 0 or all(s[2] == 0 for s in segs):
-        return None, None
-    # normal equations of the fit, each segment's row divided by sqrt(samples) (weights n: rows of CPU/sample)
-    snn = sum(n for n, _, _ in segs)
-    sns = sum(s for _, _, s in segs)
-    sss = sum(s * s / n for n, _, s in segs)
-    snc = sum(c for _, c, _ in segs)
-    ssc = sum(s * c / n for n, c, s in segs)
-    det = snn * sss - sns * sns
-    if det <= 0:
-        return None, None
-    per_sample = (snc * sss - sns * ssc) / det
-    per_start = (snn * ssc - sns * snc) / det
-    if per_start < 0 or per_sample <= 0:  # starting cost nothing to see: the plain mean
-        return snc / snn, 0.0
-    return per_sample, per_start
 
 
 def _main_preempts() -> int | None:

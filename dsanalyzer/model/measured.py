@@ -181,25 +181,6 @@ def _epoch_items(report: dict, items: int, batch: int) -> int | None:
     return min(items, batches * batch) if items else batches * batch
 
 
-def _per_epoch_cpu(costs: dict, report: dict, epoch_items: int) -> dict:
-    """The runs' CPU per sample as the job pays it over whole epochs: the steady batches' plus one epoch
-    start per ``epoch_items`` (``main_process.job_steady_cpu_s_per_sample`` and ``job_epoch_start_cpu_s``).
-
-    A window's own CPU per sample holds as many epoch starts as fell in it: the README's job profiled
-    with ``--iters 40`` (one start in 40 batches where an epoch has 63) read 1.35-1.45 ms per sample
-    against 1.24-1.26 with ``--iters 200``, and its what-if at 2 cores came out 10-15% low."""
-    mp = field(report, "main_process", required=False) or {}
-    out = dict(costs)
-    for key, steady_key, start_key in (
-        ("job_cpu_s", "job_steady_cpu_s_per_sample", "job_epoch_start_cpu_s"),
-        ("in_memory_cpu_s", "in_memory_steady_cpu_s_per_sample", "in_memory_epoch_start_cpu_s"),
-    ):
-        steady, start = _number(mp.get(steady_key)), _number(mp.get(start_key))
-        if costs.get(key) and steady and start is not None and epoch_items > 0:
-            out[key] = steady + start / epoch_items
-    return out
-
-
 def model_fields(report: dict) -> dict:
     """Keyword arguments of :class:`~dsanalyzer.model.whatif.Model`, from a report.json's measured fields."""
     cpus = int(field(report, "machine", "cpus"))
@@ -243,9 +224,7 @@ def model_fields(report: dict) -> dict:
         "cache_policy": policy,
         "prep_points": tuple((int(k), float(r)) for k, r in zip(ks, rates, strict=True)),
         "remote_wire_bytes": _number(field(report, "loader", "remote_wire_bytes", required=False)),
-        **_per_epoch_cpu(
-            main_process_costs(report, cpus), report, _epoch_items(report, items, batch) or items
-        ),
+        **main_process_costs(report, cpus),
         **remedy_fields(report),
         **probe_fields(report),
         **store,
