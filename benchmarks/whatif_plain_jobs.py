@@ -209,6 +209,11 @@ def predict(report: dict, workers: int, cpus: int = 2) -> dict:
             "cpu_s_per_sample": model.cpu_per_sample() or 0.0}  # fmt: skip
 
 
+def _spin_ms(report: dict) -> str:
+    spin = (report.get("machine") or {}).get("omp_spin_s")
+    return "?" if spin is None else f"{spin * 1e3:.2f} ms"
+
+
 def _round(case: tuple, rnd: int, report: dict, pred: dict, got: dict, one: dict | None, cpus: int) -> None:
     v = report.get("verdict") or {}
     profiled = (report.get("machine") or {}).get("cpus")
@@ -216,7 +221,7 @@ def _round(case: tuple, rnd: int, report: dict, pred: dict, got: dict, one: dict
         f"{case[0]} ({case[2]} workers) round {rnd + 1}: {profiled}-CPU observed {report['rates_per_s']['observed']:.0f}/s, "
         f"bound {report['bound']}, verdict {v.get('bound')}, profile share {pred['cpu_share']:.2f}, CPU per sample "
         f"{pred['cpu_s_per_sample'] * 1e3:.2f} ms; {cpus} CPUs as written: predicted {pred['samples_per_s']:.0f}/s "
-        f"(spin {pred['spin_cores']:.2f} cores), measured {got['samples_per_s']:.0f}/s (share {got['cpu_share']:.2f}, "
+        f"(spin {pred['spin_cores']:.2f} cores: the host spins {_spin_ms(report)} after a region), measured {got['samples_per_s']:.0f}/s (share {got['cpu_share']:.2f}, "
         f"{got['cpu_s_per_sample'] * 1e3:.2f} ms per sample, main process {got['main_cpu_s_per_batch'] * 1e3:.1f} ms "
         f"per batch)"
     )

@@ -14,7 +14,8 @@ slots, and every job reads every batch (:mod:`coordl.coordinated`). On ``c`` cor
   group: the job's measured CPU per sample less its own part, ``o = step_cpu_s/B + receive/B``, which
   every job pays (``r_shared``, the CPU to decode one batch out of its slot, measured by the profile's
   probe; the pipe's ``batch_overhead_s`` when it was not);
-* ``spin_K``: the cores the K main processes' idle intra-op threads hold (:mod:`~dsanalyzer.model.cores`);
+* ``spin_K``: the cores the K main processes' idle intra-op threads hold (:mod:`~dsanalyzer.model.cores`),
+  each runnable for the share of the time its host's spin keeps it so at its job's batch rate;
 * the aggregate is ``K x per job``; the memory the group holds is its ring, ``slots x 1.05 x`` one encoded
   batch (``coordl.coordinated.job.Group``: 8 slots, each the probe batch's size plus 5%).
 
@@ -93,8 +94,12 @@ def coordinated(job: JobParams, jobs: int, point: stages.Point | None = None) ->
     receive = job.shared_receive_s if job.shared_receive_s is not None else job.batch_overhead_s
     costs = stages.fetch_costs(job, p, h)
     parts = _cpu_parts(job, g, p.policy, h, receive)
-    free = job.cpu_share * c - _spin(job, c, n, jobs)
-    cpu = math.inf if parts is None else max(0.0, free) / (parts[0] + jobs * parts[1])
+    have, most, runnable = job.cpu_share * c, _spin(job, c, n, jobs), cores.runnable_s_per_batch(job)
+    cpu = (
+        math.inf
+        if parts is None
+        else cores.solve_cpu_rate(have, parts[0] + jobs * parts[1], most, runnable, b)[0]
+    )
     items = job.epoch_items or job.dataset_items
     own = 1.0 / (1.0 / (job.compute_per_s * g) + receive / (job.cpu_share * b))
     prep = stages.prep_rate(job, n, c)
@@ -102,7 +107,11 @@ def coordinated(job: JobParams, jobs: int, point: stages.Point | None = None) ->
                      workers=n, batch_size=b, dataset_items=items, cpu_per_s=cpu)  # fmt: skip
     # K independent jobs: the stages for K times the samples, each job a K-th (one job: the plain prediction)
     plain = _cpu_parts(job, g, p.policy, h, job.batch_overhead_s)
-    cpu_k = math.inf if plain is None else max(0.0, free) / (jobs * (plain[0] + plain[1]))
+    cpu_k = (
+        math.inf
+        if plain is None
+        else cores.solve_cpu_rate(have, jobs * (plain[0] + plain[1]), most, runnable, b)[0]
+    )
     step_k = stages.compute_rate(job, g)
     alone = compose(step_per_s=job.compute_per_s * g, compute_per_s=jobs * step_k, prep_per_s=prep, costs=costs,
                     h=h, workers=n, batch_size=b, dataset_items=items * jobs, cpu_per_s=jobs * cpu_k)  # fmt: skip

@@ -55,6 +55,7 @@ __all__ = [
     "spin_cores",
     "spin_busy",
     "solve_cpu_rate",
+    "runnable_s_per_batch",
     "cpu_rate",
     "job_cpu_per_sample",
     "job_spin_cores",
@@ -162,7 +163,7 @@ def job_cpu_per_sample(
     return base
 
 
-def _runnable_s_per_batch(job: JobParams) -> float | None:
+def runnable_s_per_batch(job: JobParams) -> float | None:
     """A helper's runnable seconds per batch: the step, then a spin at its end and at each preemption."""
     if job.omp_spin_s is None:
         return None
@@ -178,7 +179,7 @@ def job_spin_cores(
     w = cpus if workers is None else workers
     most = spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
     per_sample = job_cpu_per_sample(job) if cpu_per_sample is None else cpu_per_sample
-    return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, _runnable_s_per_batch(job), job.batch_size)[
+    return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, runnable_s_per_batch(job), job.batch_size)[
         1
     ]
 
@@ -192,5 +193,5 @@ def job_cpu_rate(
     threads = intra_op_threads(cpus, job.torch_threads, job.threads_follow_cores)
     w = cpus if workers is None else workers
     most = spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
-    runnable = _runnable_s_per_batch(job)
+    runnable = runnable_s_per_batch(job)
     return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, runnable, job.batch_size)[0]

@@ -91,6 +91,10 @@ def test_cli_profile_of_an_unmodified_script_then_whatif(tmp_path, capsys):
     assert report["real_cold"]["evicted"] == 48
     assert report["whatif"]["grid"], report["model"]
     assert (out / "report.html").stat().st_size > 10_000
+    # what decides the cores torch's idle threads hold on more cores: the host's spin and the preemptions
+    assert report["main_process"]["job_main_preempts_per_batch"] >= 0
+    spin = report["machine"]["omp_spin"]
+    assert spin["spin_s"] is None or 0 < report["machine"]["omp_spin_s"] < spin["gap_s"], spin
     rc = cli_main(["whatif", str(out / "report.json"), "--cache-gb", "1", "--cpus", "4"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert rc == 0 and last.startswith("predicted_samples_per_s=")

@@ -90,3 +90,44 @@ def test_a_page_cache_profile_charges_a_minio_what_ifs_reads_to_its_misses_only(
     assert (
         everything.samples_per_s > nothing.samples_per_s
     )  # fast storage either way: only the reads' CPU differs
+
+
+def test_a_helper_is_runnable_for_the_step_and_a_spin_at_its_end_and_at_each_preemption():
+    assert cores.spin_busy(1000, 32, 4e-3, None, 5) == 1.0  # the host's spin unknown: runnable throughout
+    # (4 ms + (1 + 5) x 0.5 ms) per batch at 1000/32 batches/s: 7 ms x 31.25 = 0.219 of the time
+    assert cores.spin_busy(1000, 32, 4e-3, 0.5e-3, 5) == pytest.approx(7e-3 * 1000 / 32)
+    assert cores.spin_busy(1000, 32, 4e-3, 5e-3, 5) == 1.0  # a long spin: runnable throughout
+    assert cores.spin_busy(0, 32, 4e-3, 0.5e-3, 5) == 0.0
+
+
+def test_the_cpu_rate_and_the_spin_it_leaves_agree():
+    # no runnable time measured: the full share, as before the host's spin was measured
+    assert cores.solve_cpu_rate(2.0, 1e-3, 2 / 3, None, 32) == (pytest.approx(4000 / 3), 2 / 3)
+    rate, spin = cores.solve_cpu_rate(2.0, 1e-3, 2 / 3, 7e-3, 32)
+    assert rate * 1e-3 + spin == pytest.approx(2.0)  # every core is spent on samples or on the spin
+    assert spin == pytest.approx(2 / 3 * min(1.0, 7e-3 * rate / 32))
+    assert 4000 / 3 < rate < 2000
+    # runnable long enough that even at the full-spin rate it never sleeps: the full share
+    assert cores.solve_cpu_rate(2.0, 1e-3, 2 / 3, 40e-3, 32) == (pytest.approx(4000 / 3), 2 / 3)
+    assert cores.solve_cpu_rate(2.0, None, 2 / 3, 7e-3, 32)[0] == math.inf
+
+
+def test_a_host_that_spins_briefly_leaves_more_of_the_cores_to_the_workers():
+    rep = one_cpu_prep_bound_report()
+    rep["main_process"].update(
+        job_cpu_s_per_sample=1.25e-3,
+        torch_threads=1,
+        threads_follow_cores=True,
+        job_main_preempts_per_batch=5,
+    )
+    unknown = Model.from_report(rep)
+    rep["machine"]["omp_spin_s"] = 0.7e-3  # GOMP_SPINCOUNT=30000 on the Intel VM
+    brief = Model.from_report(rep)
+    rep["machine"]["omp_spin_s"] = 20e-3  # a pause loop of 20 ms: runnable throughout
+    long_ = Model.from_report(rep)
+    assert brief.omp_spin_s == pytest.approx(0.7e-3) and brief.main_preempts_per_batch == 5
+    assert brief.spin_cores(2, 2) < unknown.spin_cores(2, 2) == pytest.approx(2 / 3)
+    assert long_.spin_cores(2, 2) == pytest.approx(2 / 3)
+    assert brief.cpu_rate(2, 2) > long_.cpu_rate(2, 2) == pytest.approx(unknown.cpu_rate(2, 2))
+    # one thread: nothing spins whatever the host
+    assert brief.spin_cores(1, 1) == 0

@@ -1,0 +1,63 @@
+"""The host's OpenMP spin after a parallel region, measured in a child process (dsanalyzer.measure.ompspin)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dsanalyzer.measure import ompspin
+
+pytest.importorskip("torch")
+two_cpus = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="GNU OpenMP spins only briefly with more threads than CPUs"
+)
+
+
+@two_cpus
+def test_the_spin_is_a_positive_time_shorter_than_the_pause():
+    out = ompspin.measure_omp_spin(gap_s=0.06, regions=5)
+    assert out["why"] == ""
+    assert 0 < out["spin_s"] < 0.06 and out["threads"] == 2 and len(out["cpus"]) == 2
+
+
+@two_cpus
+def test_a_tenth_of_the_spin_count_spins_for_a_fraction_of_the_time(monkeypatch):
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    long_ = ompspin.measure_omp_spin(gap_s=0.06, regions=5)["spin_s"]
+    monkeypatch.setenv("GOMP_SPINCOUNT", "30000")
+    short = ompspin.measure_omp_spin(gap_s=0.06, regions=5)["spin_s"]
+    assert (
+        short < long_ / 2
+    )  # the count is iterations of a pause loop: ten times fewer, about ten times shorter
+
+
+@two_cpus
+def test_an_active_wait_policy_spins_through_the_pause(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    out = ompspin.measure_omp_spin(gap_s=0.03, regions=3)
+    assert out["spin_s"] is None and out["spins_through"] is True and "active" in out["why"]
+
+
+@two_cpus
+def test_a_profile_pinned_to_one_core_still_measures_the_hosts_spin():
+    code = "import json; from dsanalyzer.measure.ompspin import measure_omp_spin as m; print(json.dumps(m(0.05, 3)))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert '"spin_s": null' not in proc.stdout
+
+
+def test_a_probe_that_fails_leaves_the_spin_unknown_and_says_why(monkeypatch):
+    monkeypatch.setattr(ompspin, "PROBE", "import sys; sys.stderr.write('no torch here'); sys.exit(3)")
+    out = ompspin.measure_omp_spin()
+    assert out["spin_s"] is None and "no torch here" in out["why"]
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="gap_s"):
+        ompspin.measure_omp_spin(gap_s=0)
