@@ -25,7 +25,7 @@ from dsanalyzer.measure.cpu import main_process_section
 from dsanalyzer.measure.hookconfig import HookConfig
 from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.measure.membw import measure_memory_bandwidth
-from dsanalyzer.measure.ompspin import measure_omp_spin
+from dsanalyzer.measure.ompspin import host_omp_spin
 from dsanalyzer.measure.plan import MODES, RunPlan
 from dsanalyzer.measure.stalls import bound_of, differential, epoch_start, per_epoch
 from dsanalyzer.measure.sysmon import SysMonitor, concat_series
@@ -270,7 +270,7 @@ def profile_command(
         warmup=warmup,
         sysmon=_join(series),
         mem_bw=mem_bw,
-        omp_spin=measure_omp_spin(),
+        omp_spin=host_omp_spin(),
         page_cache_bytes=page_cache_bytes,
         storage_note=storage_note,
         compute_note=compute_note,
@@ -400,7 +400,7 @@ def profile(
         warmup=warmup,
         sysmon=_join(series),
         mem_bw=measure_memory_bandwidth(),
-        omp_spin=measure_omp_spin(),
+        omp_spin=host_omp_spin(),
     )
     if out is not None:
         write_report(report, out)

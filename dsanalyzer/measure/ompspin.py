@@ -18,16 +18,23 @@ profile pinned to one core by ``taskset`` still measures the host's spin; the sp
 same on each). Under a cpuset of one CPU, without torch, or without schedstat, the spin is unknown and
 the model charges the longest (the helper runnable throughout). The environment is the job's, so
 ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` are measured as the job would run them.
+
+The probe takes 2-3 s (most of it importing torch), so its result is kept per host in
+``$XDG_CACHE_HOME/dsanalyzer/`` (``~/.cache``), keyed by what decides it: the boot (a VM moved to other
+hardware boots anew), the CPU model, torch's version and the OpenMP environment. ``DSANALYZER_OMP_SPIN=measure``
+always measures.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-__all__ = ["measure_omp_spin", "PROBE"]
+__all__ = ["measure_omp_spin", "host_omp_spin", "PROBE"]
 
 GAP_S = 0.06  # the pause after each region: longer than a spin measured on any host so far (~20 ms)
 REGIONS = 7
@@ -109,4 +116,63 @@ def measure_omp_spin(gap_s: float = GAP_S, regions: int = REGIONS, timeout_s: fl
         "CPU of torch's second intra-op thread after a tiny parallel region and a pause longer than its spin, "
         "in a child process on two CPUs with the job's environment; median of the regions"
     )
+    return out
+
+
+_ENV = (
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "OMP_NUM_THREADS",
+    "OMP_PROC_BIND",
+    "OMP_PLACES",
+    "KMP_BLOCKTIME",
+)
+
+
+def _host_key() -> str:
+    """What the spin depends on: the boot, the CPU model, torch's version, the OpenMP environment."""
+    facts = [sys.executable]
+    for path in ("/proc/sys/kernel/random/boot_id",):
+        try:
+            facts.append(Path(path).read_text().strip())
+        except OSError:
+            facts.append("")
+    try:
+        facts += [
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")
+        ][:1]
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        facts.append(version("torch"))
+    except Exception:  # no torch: the probe says so, and that too is kept
+        facts.append("no torch")
+    facts += [f"{k}={os.environ.get(k, '')}" for k in _ENV]
+    return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:20]
+
+
+def host_omp_spin(cache_dir: str | os.PathLike | None = None) -> dict:
+    """:func:`measure_omp_spin` once per host and OpenMP environment: later profiles read the kept result."""
+    base = Path(cache_dir or os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsanalyzer"
+    path = base / f"omp-spin-{_host_key()}.json"
+    if os.environ.get("DSANALYZER_OMP_SPIN") != "measure":
+        try:
+            kept = json.loads(path.read_text())
+            if isinstance(kept, dict) and "spin_s" in kept:
+                return {**kept, "kept": str(path)}
+        except (OSError, ValueError):
+            pass
+    out = measure_omp_spin()
+    if out.get("spin_s") is not None or out.get(
+        "spins_through"
+    ):  # an unknown spin is measured again next time
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(out))
+            os.replace(tmp, path)
+        except OSError:
+            pass
     return out

@@ -61,3 +61,28 @@ def test_a_probe_that_fails_leaves_the_spin_unknown_and_says_why(monkeypatch):
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="gap_s"):
         ompspin.measure_omp_spin(gap_s=0)
+
+
+def test_the_hosts_spin_is_measured_once_and_kept_per_openmp_environment(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(**_):
+        calls.append(os.environ.get("GOMP_SPINCOUNT"))
+        return {"spin_s": 1e-3 * len(calls), "why": ""}
+
+    monkeypatch.setattr(ompspin, "measure_omp_spin", fake)
+    monkeypatch.delenv("DSANALYZER_OMP_SPIN", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    first = ompspin.host_omp_spin(tmp_path)
+    again = ompspin.host_omp_spin(tmp_path)
+    assert first["spin_s"] == again["spin_s"] == 1e-3 and len(calls) == 1 and again["kept"]
+    monkeypatch.setenv("GOMP_SPINCOUNT", "30000")  # another spin: measured anew
+    assert ompspin.host_omp_spin(tmp_path)["spin_s"] == 2e-3 and len(calls) == 2
+    monkeypatch.setenv("DSANALYZER_OMP_SPIN", "measure")  # asked to measure: never the kept one
+    assert ompspin.host_omp_spin(tmp_path)["spin_s"] == 3e-3
+
+
+def test_an_unknown_spin_is_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(ompspin, "measure_omp_spin", lambda **_: {"spin_s": None, "why": "one CPU"})
+    assert ompspin.host_omp_spin(tmp_path)["spin_s"] is None
+    assert not list(tmp_path.rglob("omp-spin-*.json"))
