@@ -47,6 +47,16 @@ def _number(value: Any) -> float | None:
     return value if value >= 0 and math.isfinite(value) else None
 
 
+def other_cores(report: dict) -> float | None:
+    """Mean cores other processes used while the profile measured prep (its prep-scaling run, the first
+    of ``sysmon.runs``); None when the system monitor saw none of it."""
+    sysmon = report.get("sysmon") or {}
+    series, runs = sysmon.get("other_cpu_cores") or [], sysmon.get("runs") or []
+    n = next((r.get("samples") for r in runs if r.get("run") == "prep_scaling"), len(series))
+    values = [v for v in series[: int(n or 0)] if _number(v) is not None]
+    return sum(values) / len(values) if values else None
+
+
 def main_process_costs(report: dict, cpus: int) -> dict:
     """The CPU the job's processes spend, per batch and per sample, and the share of its cores it got.
 
@@ -57,8 +67,11 @@ def main_process_costs(report: dict, cpus: int) -> dict:
     * ``prep_cpu_s``: CPU per sample of the data path, workers and main process together, from the
       loader-alone run at the most workers measured within the cores (``prep_scaling.cpu_s_per_sample``).
     * ``cpu_share``: the job's CPU over wall time x cores in that run (below 1: other processes held
-      some of the cores), so that CPU seconds become wall seconds as this machine gave them; the real
-      run's (``main_process.job_cpu_share``) where it got more.
+      some of the cores, or torch's pipeline left its workers idle between batches), so that CPU
+      seconds become wall seconds as this machine gave them; the real run's (``main_process.job_cpu_share``)
+      where it got more.
+    * ``free_share``: the share other processes left (``1 - other_cores / cpus`` in the prep-scaling run,
+      the system monitor's): what a pipeline without torch's gaps (coordinated prep's producers) gets.
 
     * ``job_cpu_s``: the real run's CPU per sample, main process and workers together as they ran
       side by side, reads included (``main_process.job_cpu_s_per_sample``); the model prefers it
@@ -83,6 +96,7 @@ def main_process_costs(report: dict, cpus: int) -> dict:
         "threads_follow_cores": bool(mp.get("threads_follow_cores")),
         "step_on_cpu": mp.get("step_device", "cpu") == "cpu",
         "omp_spin_s": _number((report.get("machine") or {}).get("omp_spin_s")),
+        "free_share": None,
         "main_preempts_per_batch": _number(mp.get("job_main_preempts_per_batch")),
     }
     scaling = field(report, "prep_scaling", required=False) or {}
@@ -102,6 +116,9 @@ def main_process_costs(report: dict, cpus: int) -> dict:
             # pipeline's gaps (0.92 on a quiet 2-core VM where the real run of the job got 0.97)
             real = _number(mp.get("job_cpu_share")) if mp.get("job_cpu_run") == "real" else None
             out["cpu_share"] = min(1.0, max(0.05, share, real or 0.0))
+    others = other_cores(report)
+    if others is not None and cpus > 0:
+        out["free_share"] = min(1.0, max(0.05, 1.0 - others / cpus))
     return out
 
 

@@ -40,6 +40,7 @@ class JobParams:
     step_cpu_s: float | None = None  # the main process's CPU per step (None: not measured)
     prep_cpu_s: float | None = None  # CPU per sample of the data path, all processes (None: not measured)
     cpu_share: float = 1.0  # the share of its cores the job got while profiled
+    free_share: float | None = None  # the share other processes left it (None: not monitored)
     job_cpu_s: float | None = None  # CPU per sample of the whole job as it ran (the real run), all processes
     in_memory_cpu_s: float | None = None  # the same in the in-memory run (no item read)
     torch_threads: int | None = None  # torch's intra-op threads in the main process while profiled
@@ -109,6 +110,7 @@ def params_json(job: JobParams) -> dict:
         "step_cpu_s": job.step_cpu_s,
         "prep_cpu_s": job.prep_cpu_s,
         "cpu_share": job.cpu_share,
+        "free_share": job.free_share,
         "job_cpu_s": job.job_cpu_s,
         "in_memory_cpu_s": job.in_memory_cpu_s,
         "torch_threads": job.torch_threads,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dsanalyzer.cli import main as cli_main
 from dsanalyzer.measure.sysmon import SysMonitor
+from dsanalyzer.model.measured import other_cores
 from dsanalyzer.report.schema import load_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,11 +65,7 @@ def whatif(report: Path, *args: str, capsys) -> float:
 
 def profile_other_cores(report: dict) -> float:
     """Mean cores other processes used while the profile measured prep (its prep-scaling run)."""
-    sysmon = report.get("sysmon") or {}
-    series, runs = sysmon.get("other_cpu_cores") or [], sysmon.get("runs") or []
-    n = next((r["samples"] for r in runs if r.get("run") == "prep_scaling"), len(series))
-    values = [v for v in series[:n] if isinstance(v, (int, float))]
-    return sum(values) / len(values) if values else 0.0
+    return other_cores(report) or 0.0
 
 
 def run_jobs(

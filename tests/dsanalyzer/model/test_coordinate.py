@@ -100,3 +100,24 @@ def test_the_slots_are_coordls():
     from coordl.coordinated.job import Group
 
     assert Group("x").slots == coordinate.DEFAULT_SLOTS
+
+
+def test_the_producers_get_the_cores_other_processes_leave_not_the_profiled_loaders_share():
+    # the loader alone kept 0.915 of 2 cores busy while other processes took 0.02 of a core: torch's
+    # pipeline gaps are the rest, and the producers (a ring, no consumer to wait on) have none
+    rep = report(cpus=2)
+    rep["prep_scaling"]["cpu_share"] = [0.915, 0.915]
+    job = Model.from_report(rep)
+    assert job.cpu_share == pytest.approx(0.915)
+    assert job.free_share is None  # no system monitor in this report: the share as profiled
+    rep["sysmon"] = {
+        "other_cpu_cores": [None, 0.02, 0.02, 0.5],
+        "runs": [{"run": "prep_scaling", "samples": 3}],
+    }
+    freed = Model.from_report(rep)
+    assert freed.free_share == pytest.approx(0.99)  # the prep-scaling run's samples only
+    two, two_freed = coordinate.coordinated(job, 2), coordinate.coordinated(freed, 2)
+    gain = max(1.0, 0.99 / job.cpu_share)
+    assert two_freed.per_job.samples_per_s == pytest.approx(two.per_job.samples_per_s * gain, rel=0.02)
+    # K jobs of their own keep torch's gaps: their rate does not move
+    assert two_freed.uncoordinated.samples_per_s == pytest.approx(two.uncoordinated.samples_per_s)
