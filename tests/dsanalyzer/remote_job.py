@@ -7,6 +7,7 @@ model (the step is free), optionally with ``--remote ADDRESS --token TOKEN`` (co
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -17,8 +18,9 @@ parser.add_argument("root")
 parser.add_argument("--remote")
 parser.add_argument("--token")
 parser.add_argument("--epochs", type=int, default=100)
+parser.add_argument("--depth", type=int, default=int(os.environ.get("REMOTE_JOB_DEPTH", "2")))
 args = parser.parse_args()
-remote = coordl.RemotePrep(args.remote, token=args.token) if args.remote else None
+remote = coordl.RemotePrep(args.remote, token=args.token, depth=args.depth) if args.remote else None
 data = coordl.ImageFolder(args.root, transform=coordl.transforms.train_transform(224))
 loader = coordl.DataLoader(
     data,
