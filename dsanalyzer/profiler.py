@@ -24,6 +24,7 @@ from dsanalyzer.measure import runs
 from dsanalyzer.measure.cpu import main_process_section
 from dsanalyzer.measure.hookconfig import HookConfig
 from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
+from dsanalyzer.measure.machine import available_cpus, machine_section
 from dsanalyzer.measure.membw import measure_memory_bandwidth
 from dsanalyzer.measure.ompspin import host_omp_spin
 from dsanalyzer.measure.plan import MODES, RunPlan
@@ -37,32 +38,9 @@ from dsanalyzer.report.trace import write_trace
 __all__ = ["ProfileError", "profile", "profile_command", "assemble_report", "default_out_dir", "run_child"]
 
 
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def default_out_dir(name: str = "run") -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("reports") / "runs" / f"{stamp}-{Path(name).stem or 'run'}"
-
-
-def _storage_device(path: str | None) -> dict:
-    if not path or "://" in path:  # a bucket (the report's ``source``) is on no local device
-        return {"device": None, "fstype": None, "mountpoint": None}
-    best = None
-    real = os.path.realpath(path)
-    for part in psutil.disk_partitions(all=True):
-        mp = part.mountpoint
-        if (real == mp or real.startswith(mp.rstrip("/") + "/")) and (
-            best is None or len(mp) > len(best.mountpoint)
-        ):
-            best = part
-    if best is None:
-        return {"device": None, "fstype": None, "mountpoint": None}
-    return {"device": best.device, "fstype": best.fstype, "mountpoint": best.mountpoint}
 
 
 def _memory_budget() -> int:
@@ -109,22 +87,6 @@ def _runs_section(results: dict[str, dict], summaries: dict) -> dict:
     return runs
 
 
-def _machine(
-    dataset: dict, mem_bw: float, storage_note: str | None, compute_note: str | None, omp_spin: dict | None
-) -> dict:
-    return {
-        "cpus": available_cpus(),
-        "memory_bytes": int(psutil.virtual_memory().total),
-        "storage_device": _storage_device(dataset.get("path")),
-        "storage_note": storage_note,
-        "compute_note": compute_note,
-        "mem_bandwidth_bytes_per_s": mem_bw,
-        # how long torch's idle intra-op threads spin after a region here (measure/ompspin.py; None: unknown)
-        "omp_spin_s": None if omp_spin is None else omp_spin.get("spin_s"),
-        "omp_spin": omp_spin,
-    }
-
-
 def assemble_report(
     results: dict[str, dict],
     *,
@@ -137,11 +99,9 @@ def assemble_report(
     compute_note: str | None = None,
     omp_spin: dict | None = None,
 ) -> dict:
-    """Combine the four runs' raw results into a report (model and what-if attached).
-
-    ``page_cache_bytes`` is the page cache the job may use (default: the memory available now); ``storage_note``
-    and ``compute_note`` label the storage and the step (the demo's emulated device and accelerator).
-    """
+    """Combine the four runs' raw results into a report (model and what-if attached). ``page_cache_bytes``
+    is the page cache the job may use (default: the memory available now); ``storage_note`` and
+    ``compute_note`` label the storage and the step (the demo's emulated device and accelerator)."""
     summaries = _summaries(results, warmup)
     diff = differential(summaries["compute"], summaries["prep"], summaries["real"])
     scal_res = results["prep_scaling"]
@@ -168,7 +128,7 @@ def assemble_report(
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": [command] if isinstance(command, str) else [str(a) for a in command],
-        "machine": _machine(dataset, mem_bw, storage_note, compute_note, omp_spin),
+        "machine": machine_section(dataset, mem_bw, storage_note, compute_note, omp_spin),
         "dataset": dataset,
         "batch_size": int(round(batch)),
         "workers": workers,

@@ -16,7 +16,7 @@ from tests.dsanalyzer import remedy_verify as rv
 @pytest.mark.skipif(
     os.environ.get("COORDL_VERIFY_REMEDIES") != "1",
     reason="a remedy applied for real, minutes alone on the machine: make verify-remedies (CI's 20 minutes; "
-    "on the VM it measured +6.2% and +12.2% on one afternoon, issue 49's host bias)",
+    "the share torch's pipeline left idle made it +6.2% to +12.2%; the producers' free share: -0.9%)",
 )
 @pytest.mark.slow
 @pytest.mark.exclusive  # measures against a target: runs alone (scripts/test.sh)

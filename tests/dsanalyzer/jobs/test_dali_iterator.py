@@ -30,8 +30,9 @@ from dsanalyzer.cli import main as cli_main  # noqa: E402
 from dsanalyzer.intercept import ProbeState  # noqa: E402
 from dsanalyzer.measure.hookconfig import HookConfig  # noqa: E402
 from dsanalyzer.measure.launch import run_child  # noqa: E402
+from dsanalyzer.measure.machine import storage_device  # noqa: E402
 from dsanalyzer.measure.plan import MODES  # noqa: E402
-from dsanalyzer.profiler import _storage_device, profile  # noqa: E402
+from dsanalyzer.profiler import profile  # noqa: E402
 
 ITEMS, BATCH = 160, 8  # 20 batches per epoch
 
@@ -81,7 +82,7 @@ def storage(folder) -> str:
     """The folder, on storage whose page cache dsanalyzer can drop (not tmpfs) and whose reads are counted."""
     if not os.path.exists("/proc/self/io"):
         pytest.skip("no /proc/self/io (kernel without task I/O accounting): storage reads cannot be counted")
-    if _storage_device(folder)["fstype"] in ("tmpfs", "ramfs"):
+    if storage_device(folder)["fstype"] in ("tmpfs", "ramfs"):
         pytest.skip(f"{folder} is in memory (tmpfs): there is no cold cache to measure")
     return folder
 
