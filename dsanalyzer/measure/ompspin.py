@@ -4,7 +4,7 @@ On more cores a CPU step runs torch's intra-op threads, and after each parallel 
 threads spin before they sleep (:mod:`dsanalyzer.model.cores` charges the cores they hold). The spin is
 a count of iterations of a pause loop (GNU OpenMP's ``GOMP_SPINCOUNT``, 300,000 by default), so how
 long it lasts is a property of the CPU: the pause instruction costs a different number of cycles on
-different cores. Measured here, 2026-11-28: 4.5-5 ms on the Intel Xeon VM, 0.6 ms with
+different cores. Measured here, 2026-11-28: 3.4-5 ms on the Intel Xeon VM, 0.5-0.7 ms with
 ``GOMP_SPINCOUNT=30000``, and the README's job ran at 1,014-1,107 samples/s on 2 cores against
 1,346-1,368 with the shorter spin (its main process 20-27 ms of CPU per batch against 11-12). A model
 that charged the longest spin on every host under-predicted the same check by 2% on one host and 20% on

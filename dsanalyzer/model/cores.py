@@ -27,7 +27,7 @@ README's job 17-20 ms of CPU per batch of 32 beside its workers (0.57-0.71 of a 
 (two workers) and 0.97 (one worker) from the share above.
 
 That share is what a helper holds when it is runnable throughout, and how long it stays runnable is a
-property of the host: OpenMP spins a fixed count of pause instructions, 4-5 ms on the Intel Xeon VM and
+property of the host: OpenMP spins a fixed count of pause instructions, 3.4-5 ms on the Intel Xeon VM and
 0.7 ms with a tenth of the count (``GOMP_SPINCOUNT=30000``), under which the README's job ran 25-35%
 faster on 2 cores (reports/bench_whatif.md, 2026-11-28). So the share is scaled by ``u``, the fraction of
 the time a helper is runnable: per batch it works through the step (``step_cpu_s``) and then spins
