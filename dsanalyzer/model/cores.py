@@ -53,7 +53,6 @@ from dsanalyzer.model.params import JobParams
 __all__ = [
     "intra_op_threads",
     "spin_cores",
-    "spin_busy",
     "solve_cpu_rate",
     "runnable_s_per_batch",
     "cpu_rate",
@@ -77,19 +76,6 @@ def spin_cores(cpus: int, share: float, workers: int, threads: int, step_on_cpu:
     runnable = workers + threads - 1
     per_thread = min(1.0, share * cpus / runnable)
     return (threads - 1) * per_thread
-
-
-def spin_busy(
-    rate: float, batch: int, step_cpu_s: float | None, spin_s: float | None, preempts: float | None
-) -> float:
-    """``u``: the fraction of the time an intra-op helper is runnable at ``rate`` samples/s (1 when the
-    host's spin ``spin_s`` is unknown)."""
-    if spin_s is None:
-        return 1.0
-    if not math.isfinite(rate) or rate <= 0:
-        return 1.0 if math.isinf(rate) else 0.0
-    per_batch = (step_cpu_s or 0.0) + (1.0 + (preempts or 0.0)) * spin_s
-    return min(1.0, per_batch * rate / max(1, batch))
 
 
 def solve_cpu_rate(
@@ -170,18 +156,22 @@ def runnable_s_per_batch(job: JobParams) -> float | None:
     return (job.step_cpu_s or 0.0) + (1.0 + (job.main_preempts_per_batch or 0.0)) * job.omp_spin_s
 
 
+def _most(job: JobParams, cpus: int, workers: int | None) -> float:
+    """The cores the job's helpers hold when runnable throughout (``workers`` default: one per core)."""
+    threads = intra_op_threads(cpus, job.torch_threads, job.threads_follow_cores)
+    w = cpus if workers is None else workers
+    return spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
+
+
 def job_spin_cores(
     job: JobParams, cpus: int, workers: int | None = None, cpu_per_sample: float | None = None
 ) -> float:
     """Cores the job's idle intra-op threads hold on ``cpus`` cores beside ``workers`` busy workers
     (default: one per core), at the rate its CPU work then fits in (``cpu_per_sample``: the job's)."""
-    threads = intra_op_threads(cpus, job.torch_threads, job.threads_follow_cores)
-    w = cpus if workers is None else workers
-    most = spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
     per_sample = job_cpu_per_sample(job) if cpu_per_sample is None else cpu_per_sample
-    return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, runnable_s_per_batch(job), job.batch_size)[
-        1
-    ]
+    most, runnable = _most(job, cpus, workers), runnable_s_per_batch(job)
+    _, spin = solve_cpu_rate(job.cpu_share * cpus, per_sample, most, runnable, job.batch_size)
+    return spin
 
 
 def job_cpu_rate(
@@ -190,8 +180,6 @@ def job_cpu_rate(
 ) -> float:  # fmt: skip
     """``C`` for this job: samples/s its CPU work fits in on ``cpus`` cores (infinite when not measured)."""
     per_sample = job_cpu_per_sample(job, gpu_speedup, policy, hit_ratio)
-    threads = intra_op_threads(cpus, job.torch_threads, job.threads_follow_cores)
-    w = cpus if workers is None else workers
-    most = spin_cores(cpus, job.cpu_share, w, threads, job.step_on_cpu)
-    runnable = runnable_s_per_batch(job)
-    return solve_cpu_rate(job.cpu_share * cpus, per_sample, most, runnable, job.batch_size)[0]
+    most, runnable = _most(job, cpus, workers), runnable_s_per_batch(job)
+    rate, _ = solve_cpu_rate(job.cpu_share * cpus, per_sample, most, runnable, job.batch_size)
+    return rate

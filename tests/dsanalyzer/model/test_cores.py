@@ -92,15 +92,8 @@ def test_a_page_cache_profile_charges_a_minio_what_ifs_reads_to_its_misses_only(
     )  # fast storage either way: only the reads' CPU differs
 
 
-def test_a_helper_is_runnable_for_the_step_and_a_spin_at_its_end_and_at_each_preemption():
-    assert cores.spin_busy(1000, 32, 4e-3, None, 5) == 1.0  # the host's spin unknown: runnable throughout
-    # (4 ms + (1 + 5) x 0.5 ms) per batch at 1000/32 batches/s: 7 ms x 31.25 = 0.219 of the time
-    assert cores.spin_busy(1000, 32, 4e-3, 0.5e-3, 5) == pytest.approx(7e-3 * 1000 / 32)
-    assert cores.spin_busy(1000, 32, 4e-3, 5e-3, 5) == 1.0  # a long spin: runnable throughout
-    assert cores.spin_busy(0, 32, 4e-3, 0.5e-3, 5) == 0.0
-
-
 def test_the_cpu_rate_and_the_spin_it_leaves_agree():
+    # a helper runnable r = 7 ms per batch (step 4 ms + (1 + 5 preemptions) x 0.5 ms of spin)
     # no runnable time measured: the full share, as before the host's spin was measured
     assert cores.solve_cpu_rate(2.0, 1e-3, 2 / 3, None, 32) == (pytest.approx(4000 / 3), 2 / 3)
     rate, spin = cores.solve_cpu_rate(2.0, 1e-3, 2 / 3, 7e-3, 32)
