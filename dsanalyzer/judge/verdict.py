@@ -24,13 +24,14 @@ import numpy as np
 from dsanalyzer.judge.epochs import epoch_start_note
 from dsanalyzer.judge.remedies import ranked, ranked_text
 from dsanalyzer.model import search
+from dsanalyzer.model.measured import other_cpu_cores
 from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.remedy import Remedy
 from dsanalyzer.model.store import StoreModel, loader_concurrency
 from dsanalyzer.model.whatif import Model, format_bytes
 
 # fmt: off
-__all__ = ["verdict", "advice_sentence", "rate_spread", "recommend", "other_cpu_cores", "is_dali", "workers_noun",
+__all__ = ["verdict", "advice_sentence", "rate_spread", "recommend", "is_dali", "workers_noun",
            "threads_note"]
 # fmt: on
 
@@ -62,21 +63,6 @@ def rate_spread(report: dict, run: str = "real", blocks: int = 8) -> dict | None
         "blocks": int(rates.size),
         "iters": int(total.size),
     }
-
-
-def other_cpu_cores(report: dict, run: str = "real") -> float | None:
-    """Mean cores used by processes outside the job during ``run`` (None when not recorded)."""
-    mon = report.get("sysmon") or {}
-    series = mon.get("other_cpu_cores")
-    if not series:
-        return None
-    start = 0
-    for part in mon.get("runs") or []:
-        if part.get("run") == run:
-            values = [v for v in series[start : start + int(part["samples"])] if v is not None]
-            return float(np.mean(values)) if values else None
-        start += int(part.get("samples") or 0)
-    return None
 
 
 def _causes(report: dict, model: Model, pred: Prediction, spread: dict | None, gap: float) -> list[str]:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import statistics
 
-from dsanalyzer.judge.verdict import OTHER_CPU_SHARE, other_cpu_cores
+from dsanalyzer.judge.verdict import OTHER_CPU_SHARE
 from dsanalyzer.measure.launch import ProfileError
 from dsanalyzer.measure.timeline import summarize
+from dsanalyzer.model.measured import other_cpu_cores
 from dsanalyzer.model.remote_prep import RemoteSetup, with_remote
 from dsanalyzer.model.whatif import Model
 

@@ -47,14 +47,19 @@ def _number(value: Any) -> float | None:
     return value if value >= 0 and math.isfinite(value) else None
 
 
-def other_cores(report: dict) -> float | None:
-    """Mean cores other processes used while the profile measured prep (its prep-scaling run, the first
-    of ``sysmon.runs``); None when the system monitor saw none of it."""
-    sysmon = report.get("sysmon") or {}
-    series, runs = sysmon.get("other_cpu_cores") or [], sysmon.get("runs") or []
-    n = next((r.get("samples") for r in runs if r.get("run") == "prep_scaling"), len(series))
-    values = [v for v in series[: int(n or 0)] if _number(v) is not None]
-    return sum(values) / len(values) if values else None
+def other_cpu_cores(report: dict, run: str = "real") -> float | None:
+    """Mean cores used by processes outside the job during ``run`` (``sysmon.runs``; None when not recorded)."""
+    mon = report.get("sysmon") or {}
+    series = mon.get("other_cpu_cores")
+    if not series:
+        return None
+    start = 0
+    for part in mon.get("runs") or []:
+        if part.get("run") == run:
+            values = [v for v in series[start : start + int(part["samples"])] if v is not None]
+            return sum(values) / len(values) if values else None
+        start += int(part.get("samples") or 0)
+    return None
 
 
 def main_process_costs(report: dict, cpus: int) -> dict:
@@ -116,7 +121,7 @@ def main_process_costs(report: dict, cpus: int) -> dict:
             # pipeline's gaps (0.92 on a quiet 2-core VM where the real run of the job got 0.97)
             real = _number(mp.get("job_cpu_share")) if mp.get("job_cpu_run") == "real" else None
             out["cpu_share"] = min(1.0, max(0.05, share, real or 0.0))
-    others = other_cores(report)
+    others = other_cpu_cores(report, "prep_scaling")
     if others is not None and cpus > 0:
         out["free_share"] = min(1.0, max(0.05, 1.0 - others / cpus))
     return out

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dsanalyzer.cli import main as cli_main
 from dsanalyzer.measure.sysmon import SysMonitor
-from dsanalyzer.model.measured import other_cores
+from dsanalyzer.model.measured import other_cpu_cores
 from dsanalyzer.report.schema import load_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def whatif(report: Path, *args: str, capsys) -> float:
 
 def profile_other_cores(report: dict) -> float:
     """Mean cores other processes used while the profile measured prep (its prep-scaling run)."""
-    return other_cores(report) or 0.0
+    return other_cpu_cores(report, "prep_scaling") or 0.0
 
 
 def run_jobs(
