@@ -14,7 +14,7 @@ import argparse
 import math
 
 from dsanalyzer.model.rates import Prediction
-from dsanalyzer.model.remote_prep import RemoteSetup, receive_cpu_s, remote_rate, with_remote
+from dsanalyzer.model.remote_prep import RemoteSetup, epoch_drain_s, receive_cpu_s, remote_rate, with_remote
 from dsanalyzer.model.whatif import Model
 
 __all__ = ["add_remote_args", "remote_point", "check_remote_args"]
@@ -77,4 +77,10 @@ def remote_point(
         + f"; each costs the trainer {receive_cpu_s(model, setup) * 1e3:.2f} ms of CPU, leaving "
         f"{point.stage_rates['local_with_remote']:.1f} samples/s of local prep (alone: {local.steady:.1f})"
     )
+    drain = epoch_drain_s(model, setup, local.steady)
+    if drain > 0:
+        print(
+            f"  at each epoch's end the local workers drain their queue alone: the remote CPUs idle "
+            f"{drain:.2f} s of each {point.epoch_s:.2f} s epoch (more items per epoch, or depth=1, idle less)"
+        )
     return point

@@ -19,6 +19,18 @@ with ``L`` the local-only rate at the asked point, ``u`` the job's CPU per sampl
 it gets. The job runs at ``min(compute, X_local + X_r, F)``: batches are shared demand-driven (the
 faster side gets more), so the sum holds while neither side's share is capped; the remote CPUs read the
 same storage (or get the trainer's reads), so the fetch stage ``F`` still holds.
+
+**The epoch's end.** Batches are handed out in the sampler's order, and torch's workers hold the batches
+they drew ahead: their prefetch, deepened by the actors' queues (``prefetch * W + W * ceil(2 * depth *
+N / W)`` batches, :mod:`coordl.remote.epoch`). When the sampler is empty the workers drain that queue
+alone, at the local-only rate ``L``, while the actors finish their ``depth`` batches and then idle:
+
+    drain = max(0, window * B / L - depth * B / P(1))   seconds per epoch
+
+so the remote CPUs work ``1 - drain * X / items`` of each epoch, and ``X`` solves the formula above with
+``X_r`` scaled by that share (measured on the 2-core Intel VM, 2026-11-28, 1,000 items: the remote core
+idle 0.22 s of each 0.93 s epoch, all of it after the sampler was empty; with 4,000 items the job ran
+16% faster).
 """
 
 from __future__ import annotations
@@ -31,25 +43,40 @@ from dsanalyzer.model.params import JobParams
 from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.remedy import Remedy
 
-__all__ = ["RECEIVE_COPIES", "RemoteSetup", "receive_cpu_s", "remote_rate", "with_remote", "remedy"]
+__all__ = [
+    "RECEIVE_COPIES",
+    "RemoteSetup",
+    "epoch_drain_s",
+    "receive_cpu_s",
+    "remote_rate",
+    "remedy",
+    "with_remote",
+]
 
-# The trainer's CPU per remote sample, in memory copies of the sample's wire bytes: measured with
-# benchmarks/bench_remote_prep.py's scratch probe on the 2-core VM (2026-11-27): trainer + Ray head
-# 14.9 ms per remote batch of 32 uint8 crops of 224 px (4.8 MB) against 2.5 ms for a local worker's
-# batch, 0.39 ms a sample = 19 copies of 150 KB at the measured 7.3 GB/s.
-RECEIVE_COPIES = 19.0
+# The trainer's CPU per remote sample, in memory copies of the sample's wire bytes, as the trainer's
+# core loses it beside its local workers (Ray's transfer into the head's object store, the feeder thread,
+# the tail and collate, and what sharing the core with them costs the local worker): on the AMD EPYC VM
+# (2026-11-27) 13.9 ms of core 0 per remote batch of 32 uint8 crops of 224 px (4.8 MB) = 21 copies at
+# the measured 7.3 GB/s; on the Intel Xeon VM (2026-11-28, 4,000 items, the remote core 91% busy) the
+# local worker lost 0.50 ms per remote sample = 29 copies at 8.8 GB/s. The middle; each host's own
+# figure moves the 1-CPU prediction by about 4%.
+RECEIVE_COPIES = 25.0
+TORCH_PREFETCH = 2  # torch's default prefetch_factor
 _INDEX_BYTES = 16  # an index and its seed, sent per item
 
 
 @dataclass(frozen=True)
 class RemoteSetup:
     """The remote side asked for: ``cpus`` remote CPUs, each sample ``wire_bytes`` back over a link of
-    ``link_bytes_per_s`` (inf: not limiting), with the raw bytes shipped out when ``ship``."""
+    ``link_bytes_per_s`` (inf: not limiting), with the raw bytes shipped out when ``ship``; ``depth``
+    batches queued per actor (``RemotePrep(depth=)``) and the loader's ``prefetch_factor``."""
 
     cpus: int
     wire_bytes: float
     link_bytes_per_s: float = math.inf
     ship: bool = False
+    depth: int = 2
+    prefetch: int = TORCH_PREFETCH
 
 
 def remote_rate(job: JobParams, setup: RemoteSetup) -> float:
@@ -71,24 +98,45 @@ def receive_cpu_s(job: JobParams, setup: RemoteSetup) -> float:
     return receive + shipped + step
 
 
+def epoch_drain_s(job: JobParams, setup: RemoteSetup, local_rate: float) -> float:
+    """Seconds of each epoch the remote CPUs idle while torch's workers drain their queue alone (the
+    module docstring); 0 without local workers."""
+    workers = job.workers
+    if workers <= 0 or setup.cpus <= 0 or local_rate <= 0:
+        return 0.0
+    batch = job.batch_size
+    window = workers * (setup.prefetch + -(-2 * setup.depth * setup.cpus // workers))
+    window = min(window, -(-(job.epoch_items or job.dataset_items) // batch))  # drawn at most the epoch
+    return max(0.0, window * batch / local_rate - setup.depth * batch / job.prep.rate(1))
+
+
 def with_remote(
     job: JobParams, local: Prediction, setup: RemoteSetup, cores: float, compute: float
 ) -> Prediction:
     """The job at ``local``'s operating point (the local-only prediction, on ``cores`` cores) with the
     remote side ``setup`` added; ``compute`` is the job's compute rate there."""
-    x_r = remote_rate(job, setup)
-    if x_r <= 0:
+    x_full = remote_rate(job, setup)
+    if x_full <= 0:
         return local
     rate_local = local.steady
     u = job_cpu_per_sample(job) or (1.0 / job.prep.rate(1))
+    u_r = receive_cpu_s(job, setup)
     spare = max(0.0, job.cpu_share * cores - rate_local * u)
-    lost = max(0.0, x_r * receive_cpu_s(job, setup) - spare) / u
-    x_local = max(0.0, rate_local - lost)
     # the remote CPUs read the same storage (or are sent what the trainer read): the fetch stage holds
     fetch = local.stage_rates.get("fetch", math.inf)
-    rate = min(compute, x_local + x_r, fetch)
-    bound = "compute" if rate >= compute * (1 - 1e-6) else "fetch" if rate >= fetch * (1 - 1e-6) else "prep"
     items = job.epoch_items or job.dataset_items
+    drain = epoch_drain_s(job, setup, rate_local)
+    rate = new = rate_local
+    for _ in range(50):  # the busy share depends on the epoch's length, which depends on the rate
+        busy = max(0.0, 1.0 - drain * rate / items) if items else 1.0
+        x_r = x_full * busy
+        x_local = max(0.0, rate_local - max(0.0, x_r * u_r - spare) / u)
+        new = min(compute, x_local + x_r, fetch)
+        if abs(new - rate) <= 1e-9 * new:
+            break
+        rate = new
+    rate = new
+    bound = "compute" if rate >= compute * (1 - 1e-6) else "fetch" if rate >= fetch * (1 - 1e-6) else "prep"
     stages = {**local.stage_rates, "remote": x_r, "local_with_remote": x_local}
     return Prediction(rate, items / rate, bound, stages, local.hit_ratio, local.per_iter_s)
 

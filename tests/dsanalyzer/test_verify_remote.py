@@ -62,6 +62,9 @@ def test_remote_cpu_what_if_is_verified_on_a_cluster(tmp_path):
         coordl.RemotePrep(cluster.address, token=cluster.token).connect()
         cluster.add_node(cores="1")
         job = [sys.executable, str(JOB), root, "--remote", cluster.address, "--token", cluster.token]
+        # the new node's first seconds (Ray starting its worker processes on the prep core) are not the
+        # remedy: one short run first (measured: a first run 18-25% below the second, then not)
+        _run([*core0, *job, "--epochs", "3"])
         _run([*core0, *DSANALYZER, "verify", "--runs", "2", "--iters", "60", "--min-seconds", "3", "--quiet",
               str(out), "--", *job])  # fmt: skip
     finally:
@@ -76,7 +79,9 @@ def test_remote_cpu_what_if_is_verified_on_a_cluster(tmp_path):
           f"({v['error']:+.1%}; runs {[round(r['samples_per_s']) for r in v['runs']]})")  # fmt: skip
     # the remote core adds (the profile's own real run is the local-only rate)
     assert v["measured_samples_per_s"] >= 1.2 * report["rates_per_s"]["observed"], v
-    # issue 47 asks 10%: measured -19% and -29% on the 2-core VM (2026-11-27): batches are handed out in
-    # order, and the remote core idled behind local batches on the trainer's shared core, which the model
-    # (the two sides' sum) does not charge. On the Intel VM (2026-11-28): -19.4% at the default depth 2, -29.0% at
-    # depth 4 and -40.0% at 8 (REMOTE_JOB_DEPTH): deeper queues lose more. Not asserted until it is modelled.
+    # issue 49 asks 10%. Measured on the Intel VM (2026-11-28), after the model charged the epoch's end
+    # (the workers draining their queue alone while the remote core idles) and the receive cost of both
+    # hosts: -8.0% and -14.4% (before: -19.4% to -32.4%). What is left: the remote core idle another ~10%
+    # of the epoch (torch's worker restarting between epochs, the transfers); asserted at 20% until
+    # that is modelled.
+    assert abs(v["error"]) <= 0.20, v

@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from dsanalyzer.model.remote_prep import RECEIVE_COPIES, RemoteSetup, receive_cpu_s, remote_rate, with_remote
+from dsanalyzer.model.remote_prep import (
+    RECEIVE_COPIES,
+    RemoteSetup,
+    epoch_drain_s,
+    receive_cpu_s,
+    remote_rate,
+    with_remote,
+)
 from dsanalyzer.model.whatif import Model
 from tests.dsanalyzer.judge.test_verdict import FAST_STORAGE, base
 
@@ -27,6 +34,7 @@ def _point(model: Model, setup: RemoteSetup):
 
 
 def test_remote_cpus_add_their_prep_less_what_receiving_costs_the_trainer(model):
+    model = dataclasses.replace(model, dataset_items=10**12, epoch_items=None)  # no epoch's end to speak of
     local, p = _point(model, RemoteSetup(2, CROP))
     x_r = 2 * model.prep.rate(1)
     assert remote_rate(model, RemoteSetup(2, CROP)) == pytest.approx(x_r)
@@ -51,6 +59,8 @@ def test_a_slow_link_caps_the_remote_side_and_shipping_costs_more(model):
 
 
 def test_no_remote_cpu_is_the_local_prediction_and_compute_caps_it(model):
+    # torch's workers draw 2 * depth batches ahead per remote CPU: a long epoch, or they hold all of it
+    model = dataclasses.replace(model, dataset_items=10**9, epoch_items=None)
     local, p = _point(model, RemoteSetup(0, CROP))
     assert p is local
     _, many = _point(model, RemoteSetup(1000, CROP))
@@ -64,3 +74,22 @@ def test_remote_cpus_do_not_lift_a_fetch_bound_job_past_its_storage():
     assert local.bound == "fetch"
     p = with_remote(model, local, RemoteSetup(8, CROP), model.cpus, model.compute_rate())
     assert p.samples_per_s <= local.stage_rates["fetch"] * (1 + 1e-9) and p.bound == "fetch"
+
+
+def test_the_epoch_end_idles_the_remote_cpus_while_the_workers_drain_their_queue(model):
+    model = dataclasses.replace(model, dataset_items=1000, epoch_items=None, workers=1, batch_size=32)
+    local = model.predict_measured()
+    setup = RemoteSetup(1, CROP)
+    # one worker's window: prefetch 2 + 2 * depth 2 * 1 actor = 6 batches, alone at the local rate
+    drain = epoch_drain_s(model, setup, local.steady)
+    assert drain == pytest.approx(6 * 32 / local.steady - 2 * 32 / model.prep.rate(1))
+    assert epoch_drain_s(model, RemoteSetup(1, CROP, depth=8), local.steady) > drain
+    assert epoch_drain_s(dataclasses.replace(model, workers=0), setup, local.steady) == 0
+    p = with_remote(model, local, setup, model.cpus, model.compute_rate())
+    # the rate is the fixed point: the remote side works the epoch's share that is not the drain
+    busy = 1 - drain * p.samples_per_s / 1000
+    assert p.stage_rates["remote"] == pytest.approx(remote_rate(model, setup) * busy, rel=1e-6)
+    long = with_remote(
+        dataclasses.replace(model, dataset_items=10**9), local, setup, model.cpus, model.compute_rate()
+    )
+    assert local.steady < p.samples_per_s < long.samples_per_s
