@@ -81,6 +81,6 @@ def remote_point(
     if drain > 0:
         print(
             f"  at each epoch's end the local workers drain their queue alone: the remote CPUs idle "
-            f"{drain:.2f} s of each {point.epoch_s:.2f} s epoch (more items per epoch, or depth=1, idle less)"
+            f"{drain:.2f} s of each {point.epoch_s:.2f} s epoch (a longer epoch idles a smaller share)"
         )
     return point
