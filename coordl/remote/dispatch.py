@@ -75,6 +75,7 @@ class RemoteSide:
         self.ready = False
         self.lost_warned = False
         self.closed = False
+        self.handed = [0, 0]  # batches handed out from torch's workers and from actors: each side's rate
         self._merged: Any = None
         self.ray = prep.connect()
         self.errors = self.ray.exceptions
@@ -143,18 +144,12 @@ class RemoteSide:
             if self.closed:
                 return start_workers(torch_loader)
             self.start()
-            # torch draws a batch for its workers only as it hands one out, in order: with only its own
-            # prefetch queued, its workers idle behind the actors' batches ahead of theirs and the actors
-            # end up with nearly all the work. Queued deeper by the actors' batches in flight, each side
-            # preps at its own pace (measured: 98% of the items went remote at torch's default depth).
-            factor = torch_loader.prefetch_factor
-            if torch_loader.num_workers > 0 and factor is not None:
-                ahead = 2 * self.prep.depth * len(self.live())
-                torch_loader.prefetch_factor = factor + -(-ahead // torch_loader.num_workers)
-            try:
-                torch_iter = start_workers(torch_loader)
-            finally:
-                torch_loader.prefetch_factor = factor
+            # a persistent iterator keeps the window the last merged epoch gave it (MergedEpoch.restart):
+            # its next start draws the user's prefetch only
+            kept = getattr(torch_loader, "_iterator", None)
+            if kept is not None and torch_loader.prefetch_factor is not None:
+                kept._prefetch_factor = torch_loader.prefetch_factor
+            torch_iter = start_workers(torch_loader)
             for actor in self.actors:  # batches of an epoch left early are forgotten (their results too)
                 actor.pending = 0
             # the same wrapper while torch keeps its iterator (persistent workers): the batch ring

@@ -94,19 +94,16 @@ def remote_facts(loader: Any) -> dict:
     from coordl.remote.compact import compact_source, wire_bytes
 
     cpus = int(loader.stats().get("remote_actors", 0) or 0)
-    facts: dict = {"remote_cpus": cpus}
-    if cpus:  # with prefetch_factor, the queue torch's workers drain alone at an epoch's end
-        facts["remote_depth"] = int(getattr(loader.remote_prep, "depth", 2))
     compact = compact_source(getattr(loader, "source", None))
     if compact is None or not len(compact[0]):
-        return {**facts, "remote_wire_bytes": None}
+        return {"remote_cpus": cpus, "remote_wire_bytes": None}
     source = compact[0]
     with torch.random.fork_rng(devices=[]):  # the user's random state stays as it was
         try:
             size = float(wire_bytes(source.prep(source.fetch(0), 0)))
         except Exception:  # noqa: BLE001 - a dataset's item 0 may fail to prep: then unknown
             size = None
-    return {**facts, "remote_wire_bytes": size}
+    return {"remote_cpus": cpus, "remote_wire_bytes": size}
 
 
 def fresh_iter(loader: Any, own_iter: Callable[[], Iterator]) -> Callable[[], Iterator] | None:

@@ -136,11 +136,7 @@ def verify_result(report: dict, run: dict | list[dict], warmup: int, command: li
     wire = loader.get("remote_wire_bytes") or model.remote_wire_bytes
     if remote > 0 and wire:  # the run prepped on remote CPUs too (coordl's remote_prep=)
         change["remote_cpus"] = remote
-        depth, prefetch = (
-            loader.get("remote_depth") or 2,
-            loader.get("prefetch_factor") or 2,
-        )  # torch's defaults
-        setup = RemoteSetup(remote, float(wire), depth=int(depth), prefetch=int(prefetch))
+        setup = RemoteSetup(remote, float(wire))
         predicted = with_remote(model, predicted, setup, model.cpus, model.compute_rate())
     each = [_measured(r, warmup) for r in runs]
     measured = statistics.median(m["samples_per_s"] for m in each)

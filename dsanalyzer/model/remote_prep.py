@@ -9,8 +9,7 @@ ships when the remote nodes cannot read the dataset. So the remote side gives
 
 and costs the trainer's cores ``u_r`` per remote sample: receiving it (Ray's transfer into the node's
 object store and out of it), finishing it (the tail's float output, 4x the wire bytes) and handing it
-out, ``RECEIVE_COPIES`` memory copies of its wire bytes at the measured memory bandwidth, plus the step's
-own CPU per sample. The trainer's cores first spend what the local job leaves idle; beyond that every
+out, ``RECEIVE_S_PER_BYTE`` per wire byte (measured on two hosts), plus the step's own CPU per sample. The trainer's cores first spend what the local job leaves idle; beyond that every
 core-second spent on a remote sample is one the local workers lose:
 
     X_local = L - max(0, X_r * u_r - spare) / u,  spare = max(0, a*c - L*u)
@@ -20,17 +19,21 @@ it gets. The job runs at ``min(compute, X_local + X_r, F)``: batches are shared 
 faster side gets more), so the sum holds while neither side's share is capped; the remote CPUs read the
 same storage (or get the trainer's reads), so the fetch stage ``F`` still holds.
 
-**The epoch's end.** Batches are handed out in the sampler's order, and torch's workers hold the batches
-they drew ahead: their prefetch, deepened by the actors' queues (``prefetch * W + W * ceil(2 * depth *
-N / W)`` batches, :mod:`coordl.remote.epoch`). When the sampler is empty the workers drain that queue
-alone, at the local-only rate ``L``, while the actors finish their ``depth`` batches and then idle:
+**The epoch's end.** Batches are handed out in the sampler's order; once the sampler is empty each side
+can only finish what it holds. coordl gives torch's workers a batch only while their queue would end
+no later than the actors' (:mod:`coordl.remote.epoch`), so the two end about together, but the workers'
+last round of batches (``W`` of them, each ``B / L`` apart at the local-only rate ``L``) ends after the
+actors' on average, and no batch is drawn while torch stops its workers and starts the next epoch's,
+which the profile measures as the job's epoch start ``S`` (the first batch's excess wait):
 
-    drain = max(0, window * B / L - depth * B / P(1))   seconds per epoch
+    drain = W * B / L + S   seconds per epoch the remote CPUs idle
 
 so the remote CPUs work ``1 - drain * X / items`` of each epoch, and ``X`` solves the formula above with
-``X_r`` scaled by that share (measured on the 2-core Intel VM, 2026-11-28, 1,000 items: the remote core
-idle 0.22 s of each 0.93 s epoch, all of it after the sampler was empty; with 4,000 items the job ran
-16% faster).
+``X_r`` scaled by that share. Measured on the 2-core Intel VM (2026-11-28, 1,000 items, one worker, one
+remote CPU): the remote core idle about 0.08 s of each 0.90 s epoch, of which 37 ms waiting on the
+worker's last batch and about 30 ms while torch stops its worker and starts the next epoch's (the
+profile's ``S``: 38 ms). Before that rule the workers drained a queue of ``prefetch + 2 * depth`` batches alone:
+0.22 s of each 0.93 s epoch.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.remedy import Remedy
 
 __all__ = [
-    "RECEIVE_COPIES",
+    "RECEIVE_S_PER_BYTE",
     "RemoteSetup",
     "epoch_drain_s",
     "receive_cpu_s",
@@ -53,30 +56,27 @@ __all__ = [
     "with_remote",
 ]
 
-# The trainer's CPU per remote sample, in memory copies of the sample's wire bytes, as the trainer's
-# core loses it beside its local workers (Ray's transfer into the head's object store, the feeder thread,
-# the tail and collate, and what sharing the core with them costs the local worker): on the AMD EPYC VM
-# (2026-11-27) 13.9 ms of core 0 per remote batch of 32 uint8 crops of 224 px (4.8 MB) = 21 copies at
-# the measured 7.3 GB/s; on the Intel Xeon VM (2026-11-28, 4,000 items, the remote core 91% busy) the
-# local worker lost 0.50 ms per remote sample = 29 copies at 8.8 GB/s. The middle; each host's own
-# figure moves the 1-CPU prediction by about 4%.
-RECEIVE_COPIES = 25.0
-TORCH_PREFETCH = 2  # torch's default prefetch_factor
+# The trainer's CPU per byte of a remote sample, as the trainer's core loses it beside its local workers
+# (Ray's transfer into the head's object store, the feeder thread, the tail and collate, and what sharing
+# the core with them costs the local worker), per wire byte: on the AMD EPYC VM (2026-11-27) 13.9 ms of
+# core 0 per remote batch of 32 uint8 crops of 224 px (4.8 MB), 0.43 ms a sample; on the Intel Xeon VM
+# (2026-11-28, 4,000 items, the remote core 91% busy) the local worker lost 0.50 ms per remote sample.
+# The middle, 0.465 ms per 150,528 bytes; each host's own figure moves the 1-CPU prediction by about 4%.
+# Not scaled by the profile's memory bandwidth: that measurement moved from 7.5 to 12.5 GB/s between
+# profiles on one host (2026-11-28), and the prediction with it by 20%, while the runs held.
+RECEIVE_S_PER_BYTE = 0.465e-3 / 150_528
 _INDEX_BYTES = 16  # an index and its seed, sent per item
 
 
 @dataclass(frozen=True)
 class RemoteSetup:
     """The remote side asked for: ``cpus`` remote CPUs, each sample ``wire_bytes`` back over a link of
-    ``link_bytes_per_s`` (inf: not limiting), with the raw bytes shipped out when ``ship``; ``depth``
-    batches queued per actor (``RemotePrep(depth=)``) and the loader's ``prefetch_factor``."""
+    ``link_bytes_per_s`` (inf: not limiting), with the raw bytes shipped out when ``ship``."""
 
     cpus: int
     wire_bytes: float
     link_bytes_per_s: float = math.inf
     ship: bool = False
-    depth: int = 2
-    prefetch: int = TORCH_PREFETCH
 
 
 def remote_rate(job: JobParams, setup: RemoteSetup) -> float:
@@ -92,22 +92,18 @@ def remote_rate(job: JobParams, setup: RemoteSetup) -> float:
 def receive_cpu_s(job: JobParams, setup: RemoteSetup) -> float:
     """``u_r``: the trainer's CPU seconds per remote sample (receive, finish, hand out, the step's share)."""
     membw = job.mem_bandwidth_bytes_per_s or 0.0
-    receive = RECEIVE_COPIES * setup.wire_bytes / membw if membw > 0 else 0.0
+    receive = RECEIVE_S_PER_BYTE * setup.wire_bytes
     shipped = job.avg_item_bytes / membw if (setup.ship and membw > 0) else 0.0  # read here, sent on
     step = (job.step_cpu_s or 0.0) / job.batch_size
     return receive + shipped + step
 
 
 def epoch_drain_s(job: JobParams, setup: RemoteSetup, local_rate: float) -> float:
-    """Seconds of each epoch the remote CPUs idle while torch's workers drain their queue alone (the
+    """Seconds of each epoch the remote CPUs idle while torch's workers finish their last round (the
     module docstring); 0 without local workers."""
-    workers = job.workers
-    if workers <= 0 or setup.cpus <= 0 or local_rate <= 0:
+    if job.workers <= 0 or setup.cpus <= 0 or local_rate <= 0:
         return 0.0
-    batch = job.batch_size
-    window = workers * (setup.prefetch + -(-2 * setup.depth * setup.cpus // workers))
-    window = min(window, -(-(job.epoch_items or job.dataset_items) // batch))  # drawn at most the epoch
-    return max(0.0, window * batch / local_rate - setup.depth * batch / job.prep.rate(1))
+    return job.workers * job.batch_size / local_rate + max(0.0, job.epoch_start_s)
 
 
 def with_remote(
