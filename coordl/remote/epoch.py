@@ -32,7 +32,7 @@ from typing import Any
 
 from coordl.remote.actor import as_tensors
 
-__all__ = ["MergedEpoch"]
+__all__ = ["MergedEpoch", "torch_may_draw"]
 
 LOCAL = "local"  # a batch torch drew for its workers
 
@@ -78,11 +78,8 @@ class MergedEpoch:
         self.flights: dict[Any, Flight] = {}  # running on an actor, by Ray reference
         self.exhausted = False
         it._sampler_iter = _LocalShare(self)
-        # torch draws a batch for its workers only as it hands one out, in order: with only its own
-        # prefetch queued, its workers idle behind the actors' batches ahead of theirs and the actors end
-        # up with nearly all the work (measured: 98% of the items remote). So its window is deepened by
-        # the actors' batches in flight, and filled at every batch handed out (_fill_torch), as far as
-        # the end of the epoch allows (_local_may_draw)
+        # torch draws only as it hands out its own batches: its workers idled behind the actors' batches
+        # (98% of the items went remote). Its window: deepened, refilled at every batch (the docstring)
         self.workers = int(getattr(it, "_num_workers", 0) or 0)
         factor = getattr(it, "_prefetch_factor", None)
         if self.workers > 0 and factor:
@@ -149,21 +146,14 @@ class MergedEpoch:
             return batch
 
     def _local_may_draw(self) -> bool:
-        """Whether torch's workers take one more batch (under the lock): always while they hold none (or
-        no actor is left); else while their queue, one longer, ends no later than the actors' queues with
-        every batch left would."""
-        queued = sum(1 for a in self.assigned if a is LOCAL)
-        live = self.side.live()
-        if queued == 0 or not live:
-            return True
+        """:func:`torch_may_draw` now (under the lock)."""
         try:
-            left = len(self.torch_iter) - self.drawn
-        except TypeError:  # a sampler without len(): as if the epoch were long
-            return True
-        local_rate = self.side.handed[0] + max(1, self.workers)  # a batch each to start
-        remote_rate = self.side.handed[1] + len(live)
-        remote = sum(a.pending for a in live) + left
-        return (queued + 1) * remote_rate <= remote * local_rate
+            left: int | None = len(self.torch_iter) - self.drawn
+        except TypeError:  # a sampler without len()
+            left = None
+        queued = sum(1 for a in self.assigned if a is LOCAL)
+        pending = [a.pending for a in self.side.live()]
+        return torch_may_draw(queued, pending, left, self.side.handed, self.workers)
 
     def _top_up(self, shipping: bool) -> None:
         """Give each actor with room a new batch (under the lock); ``shipping``: also the actors that are
@@ -256,18 +246,9 @@ class MergedEpoch:
 
     # -- handing out ------------------------------------------------------------------------------------
 
-    def _fill_torch(self) -> None:
-        """Let torch draw for its workers up to its window while :meth:`_local_may_draw` agrees (in the
-        trainer's thread: torch's iterator is not thread-safe)."""
-        it = self.torch_iter
-        while self.local_window and not self.exhausted and it._tasks_outstanding < self.local_window:
-            sent = it._send_idx
-            it._try_put_index()  # draws through _LocalShare: refused, or no live worker, draws nothing
-            if it._send_idx == sent:
-                return
-
     def __next__(self) -> Any:
-        self._fill_torch()
+        if self.local_window and not self.exhausted:
+            _fill(self.torch_iter, self.local_window)
         with self.lock:
             self._top_up(shipping=True)
             head = self.assigned.popleft() if self.assigned and self.assigned[0] is not LOCAL else None
@@ -319,6 +300,31 @@ class MergedEpoch:
         from torch.utils.data._utils.pin_memory import pin_memory
 
         return pin_memory(batch, self.pin_device)
+
+
+def _fill(it: Any, window: int) -> None:
+    """Let torch's iterator ``it`` draw for its workers up to ``window`` batches outstanding, while
+    :func:`torch_may_draw` agrees (in the trainer's thread: torch's iterator is not thread-safe)."""
+    while it._tasks_outstanding < window:
+        sent = it._send_idx
+        it._try_put_index()  # draws through _LocalShare: refused, exhausted or no live worker, draws nothing
+        if it._send_idx == sent:
+            return
+
+
+def torch_may_draw(
+    queued: int, pending: list[int], left: int | None, handed: list[int], workers: int
+) -> bool:
+    """Whether torch's workers, holding ``queued`` batches, take one more: always while they hold none,
+    without actors (``pending``: each live actor's batches) or without a known end (``left`` None: the
+    batches the sampler has left); else while their queue, one longer, ends no later than the actors'
+    queues with every batch left would, each side's rate being the batches it ``handed`` out (local,
+    remote) plus one per worker or actor to start."""
+    if queued == 0 or not pending or left is None:
+        return True
+    local_rate = handed[0] + max(1, workers)
+    remote_rate = handed[1] + len(pending)
+    return (queued + 1) * remote_rate <= (sum(pending) + left) * local_rate
 
 
 class _LocalShare:
