@@ -72,7 +72,7 @@ def remote_point(
     point = with_remote(model, local, setup, cpus, model.compute_rate(gpu_speedup))
     print(
         f"\nremote prep: {setup.cpus} remote CPU(s) at {model.prep.rate(1):.1f} samples/s each "
-        f"(the profiled worker's), {remote_rate(model, setup):.1f} samples/s back"
+        f"(the profiled worker's), {remote_rate(model, setup):.1f} samples/s back with sending"
         + (f" over {args.remote_link_gbps:g} Gbit/s" if args.remote_link_gbps else "")
         + f"; each costs the trainer {receive_cpu_s(model, setup) * 1e3:.2f} ms of CPU, leaving "
         f"{point.stage_rates['local_with_remote']:.1f} samples/s of local prep (alone: {local.steady:.1f})"

@@ -3,9 +3,11 @@
 A remote CPU preps as one local worker does, ``P(1)`` samples/s (the job's own fitted prep curve), and
 sends back what it made: ``wire_bytes`` per sample (the uint8 crop when the recipe ends in ToTensor +
 Normalize, which then run in the trainer: :mod:`coordl.remote.compact`), plus the raw bytes the trainer
-ships when the remote nodes cannot read the dataset. So the remote side gives
+ships when the remote nodes cannot read the dataset. Sending costs its node ``s_r = SEND_S_PER_BYTE *
+wire_bytes`` a sample (Ray's task, the result into the node's object store, the push to the trainer's).
+So the remote side gives
 
-    X_r = min(N * P(1), link / (wire_bytes + shipped_bytes))
+    X_r = min(N / (1 / P(1) + s_r), link / (wire_bytes + shipped_bytes))
 
 and costs the trainer's cores ``u_r`` per remote sample: receiving it (Ray's transfer into the node's
 object store and out of it), finishing it (the tail's float output, 4x the wire bytes) and handing it
@@ -48,6 +50,7 @@ from dsanalyzer.model.remedy import Remedy
 
 __all__ = [
     "RECEIVE_S_PER_BYTE",
+    "SEND_S_PER_BYTE",
     "RemoteSetup",
     "epoch_drain_s",
     "receive_cpu_s",
@@ -65,6 +68,11 @@ __all__ = [
 # Not scaled by the profile's memory bandwidth: that measurement moved from 7.5 to 12.5 GB/s between
 # profiles on one host (2026-11-28), and the prediction with it by 20%, while the runs held.
 RECEIVE_S_PER_BYTE = 0.465e-3 / 150_528
+# The prep node's CPU per byte it sends back, beyond the prep itself: on the AMD EPYC VM 48.2 ms of the
+# node's CPU per remote batch of 32 crops against 47.0 ms to prep it in one process (0.04 ms a sample); on
+# the Intel Xeon VM (2026-11-28) 44.5 ms against the profiles' P(1) of 768-800 samples/s (40-42 ms a
+# batch: 0.09-0.14 ms a sample; remote only ran at 716-752 samples/s). The middle, 0.08 ms per 150,528 B.
+SEND_S_PER_BYTE = 0.08e-3 / 150_528
 _INDEX_BYTES = 16  # an index and its seed, sent per item
 
 
@@ -83,7 +91,7 @@ def remote_rate(job: JobParams, setup: RemoteSetup) -> float:
     """``X_r``: samples/s the remote CPUs send back (their prep, capped by the link)."""
     if setup.cpus <= 0:
         return 0.0
-    prep = setup.cpus * job.prep.rate(1)
+    prep = setup.cpus / (1.0 / job.prep.rate(1) + SEND_S_PER_BYTE * setup.wire_bytes)
     moved = setup.wire_bytes + _INDEX_BYTES + (job.avg_item_bytes if setup.ship else 0.0)
     link = setup.link_bytes_per_s / moved if moved > 0 else math.inf
     return min(prep, link)

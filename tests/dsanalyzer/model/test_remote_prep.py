@@ -9,6 +9,7 @@ import pytest
 
 from dsanalyzer.model.remote_prep import (
     RECEIVE_S_PER_BYTE,
+    SEND_S_PER_BYTE,
     RemoteSetup,
     epoch_drain_s,
     receive_cpu_s,
@@ -36,7 +37,8 @@ def _point(model: Model, setup: RemoteSetup):
 def test_remote_cpus_add_their_prep_less_what_receiving_costs_the_trainer(model):
     model = dataclasses.replace(model, dataset_items=10**12, epoch_items=None)  # no epoch's end to speak of
     local, p = _point(model, RemoteSetup(2, CROP))
-    x_r = 2 * model.prep.rate(1)
+    x_r = 2 / (1 / model.prep.rate(1) + SEND_S_PER_BYTE * CROP)  # each CPU's prep and send
+    assert x_r < 2 * model.prep.rate(1)
     assert remote_rate(model, RemoteSetup(2, CROP)) == pytest.approx(x_r)
     u_r = receive_cpu_s(model, RemoteSetup(2, CROP))
     assert u_r == pytest.approx(RECEIVE_S_PER_BYTE * CROP)  # 0.465 ms a 224 px crop
