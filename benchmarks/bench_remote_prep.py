@@ -15,7 +15,7 @@ token authentication on). Samples/s: the median of three epochs (after a warm-up
 Also: bytes over the link per remotely prepped sample (both ways), and the Ray path's cost per batch:
 ``remote only`` per batch minus ``main process`` per batch (the same prep, no workers, in the trainer).
 
-    .venv/bin/python benchmarks/bench_remote_prep.py [--n 2000] [--batch 32] [--workers 1]
+    .venv/bin/python benchmarks/bench_remote_prep.py [--n 2000] [--batch 32] [--workers 1] [--depth 2]
 
 Needs ``pip install 'coordl[ray,raydata]'`` and two cores. On a shared machine, the numbers are
 indicative only.
@@ -104,6 +104,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=2000, help="JPEGs in the dataset")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--workers", type=int, default=1, help="local workers (on core 0)")
+    parser.add_argument("--depth", type=int, default=2, help="batches queued per actor (RemotePrep(depth=))")
     parser.add_argument("--data", default="/tmp/coordl_bench_remote", help="where the JPEGs are made")
     args = parser.parse_args()
     if (os.cpu_count() or 1) < 2:
@@ -117,7 +118,7 @@ def main() -> int:
     cluster = RayCluster()
     try:
         cluster.start_head()
-        prep = coordl.RemotePrep(cluster.address, cpus=1, token=cluster.token)
+        prep = coordl.RemotePrep(cluster.address, cpus=1, token=cluster.token, depth=args.depth)
         prep.connect()
         cluster.add_node(cores="1")
         rows: dict[str, float] = {}
