@@ -17,8 +17,8 @@ actors' queues with every batch left (each side's rate: its share of the batches
 refused draw is asked again at the next batch, and torch always keeps at least one batch drawn. Before,
 torch drew ``prefetch + 2 * depth * actors / workers`` batches per worker at the epoch's start and drained
 them alone at its end: the remote core idled 29% of each 32-batch epoch (55% at ``depth=8``); now 12-16%
-(2-core VM, 2026-11-28: 1,070-1,089 samples/s against 978-1,012 at depth 2, 1,061-1,096 against
-871-900 at depth 8).
+(2-core VM, 2026-11-28, 1,000 items: 1,134 samples/s against 1,035 at depth 2, 1,121 against 927 at
+depth 8: benchmarks/bench_remote_prep.py --n 1000 --depth 8).
 
 A batch whose actor died is prepped in the trainer when its turn comes; an item's error raised on an
 actor is raised here as it was raised there.
