@@ -80,7 +80,7 @@ def remote_point(
     drain = epoch_drain_s(model, setup, local.steady)
     if drain > 0:
         print(
-            f"  at each epoch's end the local workers drain their queue alone: the remote CPUs idle "
-            f"{drain:.2f} s of each {point.epoch_s:.2f} s epoch (a longer epoch idles a smaller share)"
+            f"  at each epoch's end the remote CPUs idle {drain:.2f} s of each {point.epoch_s:.2f} s epoch "
+            "(the local workers' last round, torch restarting them; a longer epoch idles a smaller share)"
         )
     return point

@@ -130,16 +130,14 @@ def with_remote(
     fetch = local.stage_rates.get("fetch", math.inf)
     items = job.epoch_items or job.dataset_items
     drain = epoch_drain_s(job, setup, rate_local)
-    rate = new = rate_local
+    rate = rate_local
     for _ in range(50):  # the busy share depends on the epoch's length, which depends on the rate
         busy = max(0.0, 1.0 - drain * rate / items) if items else 1.0
         x_r = x_full * busy
         x_local = max(0.0, rate_local - max(0.0, x_r * u_r - spare) / u)
-        new = min(compute, x_local + x_r, fetch)
-        if abs(new - rate) <= 1e-9 * new:
+        rate, before = min(compute, x_local + x_r, fetch), rate
+        if abs(rate - before) <= 1e-9 * rate:
             break
-        rate = new
-    rate = new
     bound = "compute" if rate >= compute * (1 - 1e-6) else "fetch" if rate >= fetch * (1 - 1e-6) else "prep"
     stages = {**local.stage_rates, "remote": x_r, "local_with_remote": x_local}
     return Prediction(rate, items / rate, bound, stages, local.hit_ratio, local.per_iter_s)
