@@ -117,6 +117,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         show_progress=not args.quiet,
         runs=args.runs,
         min_seconds=args.min_seconds,
+        baseline=args.baseline,
     )
     print(verify_text(v))
     return 0
@@ -143,6 +144,12 @@ def add_verify_parser(sub: argparse._SubParsersAction) -> None:
         type=_positive_int,
         default=1,
         help="run the job N times and compare the median (default 1; 3 on a shared or noisy machine)",
+    )
+    p.add_argument(
+        "--baseline",
+        action="store_true",
+        help="before each run, run the profiled command too and judge the prediction scaled by how far "
+        "it moved since the profile (a shared or noisy machine)",
     )
     p.add_argument("--timeout", type=_positive_float, default=600.0, help="seconds allowed (default 600)")
     _add_min_seconds(p)

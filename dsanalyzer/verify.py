@@ -4,6 +4,11 @@ The run half of verify (this module) starts the changed job under the import hoo
 ``runs`` times, with the machine sampled beside it; the judging half
 (:func:`dsanalyzer.judge.verify.verify_result`) sets the measured rate beside the model's prediction
 and names what moved when the error is outside the target. ``report.json`` gains ``verify``.
+
+``baseline=True`` runs the profiled command itself before each changed run, measured as the profile
+measured it: how far the machine moved since the profile, in the same minutes as the changed runs
+(:func:`dsanalyzer.judge.verify.rebased`). On the shared 2-core VM the same remote-prep job measured
+1,035 and 1,127 samples/s half an hour apart; a prediction cannot know which half hour it is judged in.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ def verify_command(
     show_progress: bool = True,
     runs: int = 1,
     min_seconds: float = 0.0,
+    baseline: bool = False,
 ) -> dict:
-    """Run ``command`` (the changed job) ``runs`` times from a cold cache; add ``verify`` to the report."""
+    """Run ``command`` (the changed job) ``runs`` times from a cold cache; add ``verify`` to the report.
+    ``baseline``: also the profiled command before each run (the module docstring)."""
     if not command:
         raise ProfileError("verify: give the changed training command after `--`")
     if runs < 1:
@@ -42,18 +49,42 @@ def verify_command(
     warm = warmup_for(report) if warmup is None else warmup
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    results = []
+    profiled = [str(a) for a in report.get("command") or []]
+    if baseline and not profiled:
+        raise ProfileError(f"verify --baseline: {report_path} records no profiled command")
+    # the baseline is measured as the profile's real run was: its warm-up, its iterations
+    base_warm = int(report.get("warmup_iters") or 5)
+    base_iters = max(1, int(((report.get("runs") or {}).get("real") or {}).get("iters") or iters) - base_warm)
+    results, before = [], []
     for i in range(runs):
-        name = "verify" if i == 0 else f"verify-{i + 1}"
-        cfg = HookConfig("real", iters, warm, result_dir=str(logs / name), min_seconds=min_seconds)
-        bar = ProgressBar("      verify" if runs == 1 else f"  verify {i + 1}/{runs}", show_progress)
-        with SysMonitor() as mon:
-            try:
-                results.append(run_child(command, cfg, logs / f"{name}.log", timeout_s, bar.update))
-            finally:
-                bar.close()
-        others = [v for v in mon.series()["other_cpu_cores"] if v is not None]
-        results[-1]["other_cpu_cores"] = statistics.mean(others) if others else None
-    report["verify"] = verify_result(report, results, warm, command)
+        name = "" if i == 0 else f"-{i + 1}"
+        label = "" if runs == 1 else f" {i + 1}/{runs}"
+        if baseline:
+            cfg = HookConfig("real", base_iters, base_warm, result_dir=str(logs / f"baseline{name}"))
+            before.append(
+                _run(
+                    profiled, cfg, logs / f"baseline{name}.log", timeout_s, "baseline" + label, show_progress
+                )
+            )
+        cfg = HookConfig("real", iters, warm, result_dir=str(logs / f"verify{name}"), min_seconds=min_seconds)
+        results.append(
+            _run(command, cfg, logs / f"verify{name}.log", timeout_s, "verify" + label, show_progress)
+        )
+    report["verify"] = verify_result(report, results, warm, command, baseline=before or None)
     write_report(report, out)
     return report["verify"]
+
+
+def _run(
+    command: list[str], cfg: HookConfig, log: Path, timeout_s: float, label: str, progress: bool
+) -> dict:
+    """One run of ``command`` under the hook, with the cores other processes used beside it."""
+    bar = ProgressBar(f"{label:>12}", progress)
+    with SysMonitor() as mon:
+        try:
+            result = run_child(command, cfg, log, timeout_s, bar.update)
+        finally:
+            bar.close()
+    others = [v for v in mon.series()["other_cpu_cores"] if v is not None]
+    result["other_cpu_cores"] = statistics.mean(others) if others else None
+    return result

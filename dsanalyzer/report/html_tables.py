@@ -131,6 +131,24 @@ def _runs_note(v: dict) -> str:
     return f" (median of {len(runs)} runs: {spread[0]:,.0f}-{spread[1]:,.0f})"
 
 
+def _baseline_rows(base: dict | None) -> list[tuple[str, str]]:
+    """The profiled job run beside the changed one (``verify --baseline``), and the error judged on it."""
+    if not isinstance(base, dict):
+        return []
+    return [
+        (
+            "Profiled job now",
+            f"{base['samples_per_s']:,.1f} samples/s against {base['profile_samples_per_s']:,.1f} in the "
+            f"profile ({base['drift'] - 1:+.1%})",
+        ),
+        (
+            "Error, machine as now",
+            f"{base['error']:+.1%} (predicted {base['predicted_samples_per_s']:,.1f} samples/s scaled by the drift; "
+            f"{'within' if abs(base['error']) <= 0.1 else 'outside'} the target)",
+        ),
+    ]
+
+
 def verify_block(report: dict) -> str:
     """Predicted vs measured for the changed job (``dsanalyzer verify``)."""
     v = report.get("verify")
@@ -138,12 +156,17 @@ def verify_block(report: dict) -> str:
         return ""
     change = ", ".join(f"{k}={val}" for k, val in (v.get("change") or {}).items()) or "no change"
     verdict = "within" if v.get("within_target") else "outside"
+    target = f"±{v.get('target_error', 0.1):.0%} target"
+    judged = f"{verdict} the {target}"
+    if v.get("baseline"):  # verify --baseline: the target is judged on the machine as it is now
+        judged = f"against the machine of the profile; the {target} is judged on the next line"
     pairs = [
         ("Command", " ".join(v.get("command") or [])),
         ("Change", change),
         ("Predicted", f"{v['predicted_samples_per_s']:,.1f} samples/s ({v.get('predicted_bound')}-bound)"),
         ("Measured", f"{v['measured_samples_per_s']:,.1f} samples/s{_runs_note(v)}"),
-        ("Error", f"{v['error']:+.1%} ({verdict} the ±{v.get('target_error', 0.1):.0%} target)"),
+        ("Error", f"{v['error']:+.1%} ({judged})"),
+        *_baseline_rows(v.get("baseline")),
         ("Iterations", f"{v.get('iters')} measured after {v.get('warmup_iters')} warm-up"),
     ]
     step, then = v.get("step_s_measured"), v.get("step_s_profile")

@@ -133,5 +133,13 @@ def verify_text(v: dict) -> str:
         f"error {v['error']:+.1%} ({mark} the ±{v['target_error']:.0%} target; "
         f"{how}{v['iters']} iterations after {v['warmup_iters']} warm-up)"
     )
+    base = v.get("baseline")
+    if base:  # the profiled job run beside the changed one (verify --baseline)
+        text += (
+            f"\n  baseline: the profiled job ran {base['samples_per_s']:,.1f} samples/s beside these runs "
+            f"against {base['profile_samples_per_s']:,.1f} in the profile ({base['drift'] - 1:+.1%}); "
+            f"scaled by that, predicted {base['predicted_samples_per_s']:,.1f}, error {base['error']:+.1%} "
+            f"({mark} the target)"
+        )
     note = v.get("note", "")  # verify_result's measured causes, empty within the target
     return f"{text}\n  note: {note}" if note else text

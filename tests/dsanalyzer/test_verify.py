@@ -9,6 +9,7 @@ import pytest
 
 from dsanalyzer.cli import main as cli_main
 from dsanalyzer.judge.verify import fill_epochs, verify_result, warmup_for
+from dsanalyzer.measure.launch import ProfileError
 from dsanalyzer.model.whatif import Model
 from dsanalyzer.report.html_tables import verify_block
 from dsanalyzer.report.schema import load_report, write_report
@@ -46,6 +47,35 @@ def test_verify_outside_the_target_says_so():
     v = verify_result(rep, fake_run(100.0, {"num_workers": 1}), warmup=0, command=["x"])
     assert v["change"] == {"num_workers": 1} and not v["within_target"]
     assert "outside the ±10% target" in verify_text(v)
+
+
+def test_verify_baseline_judges_the_prediction_on_the_machine_as_it_is_now():
+    rep = with_real_run(base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}), 1000.0)
+    predicted = verify_result(rep, fake_run(1.0, {"num_workers": 2}), 0, ["x"])["predicted_samples_per_s"]
+    # the profiled job itself now runs 15% slower (median of three), and the changed job 20% below the
+    # prediction: 6% below it once the prediction moves with the machine
+    slow = [fake_run(rate, {}) for rate in (800.0, 850.0, 900.0)]
+    changed = [fake_run(predicted * 0.8, {"num_workers": 2})] * 3
+    v = verify_result(rep, changed, warmup=0, command=["x"], baseline=slow)
+    b = v["baseline"]
+    assert v["error"] == pytest.approx(-0.2)  # against the profile's minutes, kept
+    assert b["samples_per_s"] == pytest.approx(850.0) and b["drift"] == pytest.approx(0.85)
+    assert b["predicted_samples_per_s"] == pytest.approx(predicted * 0.85)
+    assert b["error"] == pytest.approx(0.8 / 0.85 - 1) and v["within_target"]
+    assert "baseline: the profiled job ran 850.0 samples/s" in verify_text(v) and "-15.0%" in verify_text(v)
+    assert "Profiled job now" in verify_block({"verify": v})
+    # the same runs without the baseline: outside
+    assert not verify_result(rep, changed, warmup=0, command=["x"])["within_target"]
+    # a machine that got faster does not excuse a prediction that was low
+    fast = verify_result(rep, changed, warmup=0, command=["x"], baseline=[fake_run(1300.0, {})])
+    assert fast["baseline"]["error"] == pytest.approx(0.8 / 1.3 - 1) and not fast["within_target"]
+
+
+def test_verify_baseline_without_iterations_names_the_baseline():
+    rep = with_real_run(base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}), 1000.0)
+    empty = {"wait_s": [], "step_s": [], "batch_items": []}
+    with pytest.raises(ProfileError, match="baseline"):
+        verify_result(rep, fake_run(900.0, {"num_workers": 2}), 0, ["x"], baseline=[empty])
 
 
 def test_verify_compares_the_median_of_several_runs():
@@ -193,3 +223,22 @@ def test_cli_verify_runs_the_changed_job(tmp_path, capsys):
     v = load_report(out / "report.json")["verify"]
     assert v["change"] == {"num_workers": 2} and v["measured_samples_per_s"] > 0 and v["warmup_iters"] == 2
     assert v["other_cpu_cores"] is None or 0 <= v["other_cpu_cores"] <= v["cpus"] + 0.5  # the monitor ran
+
+
+@pytest.mark.slow
+def test_cli_verify_baseline_runs_the_profiled_job_beside_the_changed_one(tmp_path, capsys):
+    data = write_files(tmp_path / "data", n=48, size=8192)
+    out = tmp_path / "run"
+    common = ["--quiet", "--iters", "10", "--warmup", "2"]
+    profiled = write_script(tmp_path / "t1.py", workers=1)
+    assert (
+        cli_main(["profile", *common, "--out", str(out), "--", sys.executable, str(profiled), str(data)]) == 0
+    )
+    changed = write_script(tmp_path / "t2.py", workers=2)
+    argv = ["verify", str(out / "report.json"), *common, "--runs", "2", "--baseline"]
+    assert cli_main([*argv, "--", sys.executable, str(changed), str(data)]) == 0
+    assert "baseline: the profiled job ran" in capsys.readouterr().out
+    v = load_report(out / "report.json")["verify"]
+    assert len(v["baseline"]["runs_samples_per_s"]) == 2 and v["baseline"]["samples_per_s"] > 0
+    assert sorted(p.name for p in (out / "logs").glob("baseline*.log")) == ["baseline-2.log", "baseline.log"]
+    assert list((out / "logs" / "baseline").glob("result-*.json"))  # the profiled job's own result
