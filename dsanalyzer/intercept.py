@@ -129,7 +129,7 @@ class ProbeState:
         if "torch" in sys.modules:
             self.recorder.timeline.sync = cuda_sync_or_none()
         self.default_batch = getattr(loader, "batch_size", None) or 1
-        from dsanalyzer.jobs.coordl_loader import fresh_iter
+        from dsanalyzer.jobs.coordl_loader import fresh_iter, remote_counters
 
         prepared = jobs.prepare(
             self.cfg,  # a HookConfig is the RunPlan it asks for
@@ -140,6 +140,7 @@ class ProbeState:
         )
         self.info.update(prepared.info)
         self._replay = prepared.replay
+        self.recorder.counters = remote_counters(loader)
         if self.cfg.mode == "prep_scaling":  # measured entirely inside prepare: stop the script
             self.finish("stopped")
             raise SystemExit(0)

@@ -22,6 +22,7 @@ __all__ = [
     "fetch_ahead",
     "fresh_iter",
     "remedy_probes",
+    "remote_counters",
     "remote_facts",
 ]
 
@@ -104,6 +105,14 @@ def remote_facts(loader: Any) -> dict:
         except Exception:  # noqa: BLE001 - a dataset's item 0 may fail to prep: then unknown
             size = None
     return {"remote_cpus": cpus, "remote_wire_bytes": size}
+
+
+def remote_counters(loader: Any) -> Callable[[], dict[str, float]] | None:
+    """What to read of a coordl loader with ``remote_prep=`` to split a run's rate between its remote
+    and local sides (``remote_items``, handed out from the actors); None for any other loader."""
+    if not is_coordl_loader(loader) or getattr(loader, "remote_prep", None) is None:
+        return None
+    return lambda: {"remote_items": float(loader.stats().get("remote_items", 0) or 0)}
 
 
 def fresh_iter(loader: Any, own_iter: Callable[[], Iterator]) -> Callable[[], Iterator] | None:

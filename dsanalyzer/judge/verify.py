@@ -183,12 +183,36 @@ def verify_result(
         ),
         "cpus": model.cpus,
     }
+    if remote > 0 and wire:
+        out["remote_split"] = remote_split(runs, warmup, predicted.stage_rates, measured)
     if baseline:
         out["baseline"] = rebased(report, baseline, predicted.samples_per_s, measured)
         error = out["baseline"]["error"]
         out["within_target"] = bool(math.isfinite(error) and abs(error) <= TARGET_ERROR)
     out["note"] = "" if out["within_target"] else _machine_note(out)  # the causes measured, if outside
     return out
+
+
+def remote_split(runs: list[dict], warmup: int, predicted: dict, measured: float) -> dict | None:
+    """The measured rate split between the remote CPUs and the local workers (the loader's
+    ``remote_items`` over the measured batches, median share of the runs) beside the model's split;
+    None when the runs kept no count."""
+    shares = []
+    for r in runs:
+        items = sum(r["batch_items"][warmup:])
+        remote = (r.get("loader_counters") or {}).get("remote_items")
+        if remote is not None and items > 0:
+            shares.append(min(1.0, float(remote) / items))
+    if not shares:
+        return None
+    share = statistics.median(shares)
+    return {
+        "remote_share": share,
+        "measured_remote_samples_per_s": share * measured,
+        "measured_local_samples_per_s": (1 - share) * measured,
+        "predicted_remote_samples_per_s": predicted.get("remote"),
+        "predicted_local_samples_per_s": predicted.get("local_with_remote"),
+    }
 
 
 def rebased(report: dict, runs: list[dict], predicted: float, measured: float) -> dict:

@@ -43,6 +43,10 @@ class RunRecorder:
         self._last_progress = 0.0
         # (wall, main CPU, workers' CPU, the main thread's involuntary context switches) then
         self._cpu_from: tuple[float, float, float, int | None] | None = None
+        # the loader's own counters, read when the measured batches start and at the result (the
+        # intercept sets it for a loader that keeps some: coordl's remote_items, the remote side's share)
+        self.counters: Callable[[], dict[str, float]] | None = None
+        self._counters_from: dict[str, float] | None = None
 
     def next_batch(self, pull: Callable[[], Any], items_of: Callable[[Any], int]) -> Any:
         """One batch from ``pull``, its wait recorded; :class:`RunComplete` once the run has enough."""
@@ -50,6 +54,7 @@ class RunRecorder:
         if self.measure_from is None and self.remaining <= self.cfg.iters:
             self.measure_from = time.monotonic()
             self._cpu_from = (time.perf_counter(), *_job_cpu(), _main_preempts())
+            self._counters_from = self._read_counters()
         started = self.measure_from  # set once remaining <= cfg.iters
         if self.remaining <= 0 and started is not None and time.monotonic() - started >= self.cfg.min_seconds:
             raise RunComplete
@@ -124,6 +129,22 @@ class RunRecorder:
             "batches": batches,
         }
 
+    def _read_counters(self) -> dict[str, float] | None:
+        if self.counters is None:
+            return None
+        try:
+            return {k: float(v) for k, v in self.counters().items()}
+        except Exception:  # noqa: BLE001 - a loader closed by the script: the counters are then unknown
+            return None
+
+    def _counters_section(self) -> dict[str, float] | None:
+        """Each loader counter's growth over the measured batches (None: none kept, or not readable)."""
+        now, then = self._read_counters(), self._counters_from
+        if now is None or then is None:
+            return None
+        grown = {k: now[k] - then[k] for k in now if k in then}
+        return None if any(v < 0 for v in grown.values()) else grown  # reset by the script: unknown
+
     def write_result(self, status: str, info: dict) -> None:
         """Write ``result-<pid>.json``: the recorded run, ``info`` (what preparing the run found) after it."""
         if self.cfg.mode != "prep_scaling":  # its progress counts the scaling iterations, already final
@@ -146,6 +167,7 @@ class RunRecorder:
             "epoch_starts": tl.epoch_starts,
             "t0_unix_s": None if tl.t0 is None else time.time() - (time.perf_counter() - tl.t0),
             "job_cpu": self._job_cpu_section(),
+            "loader_counters": self._counters_section(),
             **threads.facts(),
             "rank": int(os.environ.get("RANK", "0") or 0),
             "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),

@@ -133,6 +133,13 @@ def verify_text(v: dict) -> str:
         f"error {v['error']:+.1%} ({mark} the ±{v['target_error']:.0%} target; "
         f"{how}{v['iters']} iterations after {v['warmup_iters']} warm-up)"
     )
+    split = v.get("remote_split")
+    if split and split.get("predicted_remote_samples_per_s") is not None:  # coordl's remote_prep=
+        text += (
+            f"\n  remote CPUs: {split['measured_remote_samples_per_s']:,.1f} samples/s "
+            f"(predicted {split['predicted_remote_samples_per_s']:,.1f}); local workers: "
+            f"{split['measured_local_samples_per_s']:,.1f} (predicted {split['predicted_local_samples_per_s']:,.1f})"
+        )
     base = v.get("baseline")
     if base:  # the profiled job run beside the changed one (verify --baseline)
         text += (

@@ -408,3 +408,27 @@ def test_sigterm_to_dsanalyzer_stops_the_profiled_job_too(tmp_path):
     finally:
         if cli.poll() is None:
             cli.kill()
+
+
+def test_recorder_counts_the_loaders_counters_over_the_measured_batches_only(tmp_path):
+    import json
+
+    from dsanalyzer.measure import recorder
+
+    rec = recorder.RunRecorder(HookConfig("real", result_dir=str(tmp_path), iters=3, warmup=2))
+    handed = {"remote_items": 0.0}
+    rec.counters = lambda: dict(handed)
+    with pytest.raises(recorder.RunComplete):
+        for i in range(10):  # batches 0-1 warm up, 2-4 measured; every other one "remote"
+            rec.next_batch(lambda i=i: handed.__setitem__("remote_items", handed["remote_items"] + 32 * (i % 2)) or [0] * 32, len)  # fmt: skip
+    rec.write_result("stopped", {})
+    result = json.loads(next(tmp_path.glob("result-*.json")).read_text())
+    assert result["loader_counters"] == {"remote_items": 32.0}  # batch 3 of 2, 3, 4 (batch 1: warm-up)
+    # a count that went back (the script reset the loader's stats): unknown, not negative
+    rec2 = recorder.RunRecorder(HookConfig("real", result_dir=str(tmp_path / "b"), iters=1, warmup=0))
+    counts = iter([5.0, 0.0])
+    rec2.counters = lambda: {"remote_items": next(counts)}
+    with pytest.raises(recorder.RunComplete):
+        for _ in range(3):
+            rec2.next_batch(lambda: [0], len)
+    assert rec2._counters_section() is None

@@ -242,3 +242,19 @@ def test_cli_verify_baseline_runs_the_profiled_job_beside_the_changed_one(tmp_pa
     assert len(v["baseline"]["runs_samples_per_s"]) == 2 and v["baseline"]["samples_per_s"] > 0
     assert sorted(p.name for p in (out / "logs").glob("baseline*.log")) == ["baseline-2.log", "baseline.log"]
     assert list((out / "logs" / "baseline").glob("result-*.json"))  # the profiled job's own result
+
+
+def test_verify_splits_a_remote_run_between_its_actors_and_its_workers():
+    rep = with_real_run(base(prep_scaling={"workers": [1, 2], "samples_per_s": [5000.0, 9000.0]}), 1000.0)
+    rep["loader"] = {**(rep.get("loader") or {}), "remote_wire_bytes": 150528.0}
+    run = fake_run(1200.0, {"num_workers": 1, "remote_cpus": 1, "remote_wire_bytes": 150528.0}, iters=10)
+    run["loader_counters"] = {"remote_items": 6 * 32 * 0.5}  # half of the 6 measured batches (4 warm up)
+    v = verify_result(rep, [run], warmup=4, command=["x"])
+    split = v["remote_split"]
+    assert v["change"]["remote_cpus"] == 1
+    assert split["remote_share"] == pytest.approx(0.5)
+    assert split["measured_remote_samples_per_s"] == pytest.approx(600.0)
+    assert split["predicted_remote_samples_per_s"] > 0 and split["predicted_local_samples_per_s"] >= 0
+    assert "remote CPUs: 600.0 samples/s (predicted" in verify_text(v)
+    del run["loader_counters"]  # an older hook: no split, nothing claimed
+    assert verify_result(rep, [run], warmup=4, command=["x"])["remote_split"] is None
