@@ -88,8 +88,9 @@ def test_remote_cpu_what_if_is_verified_on_a_cluster(tmp_path):
     assert 0.2 < split["remote_share"] < 0.9, split
     # the remote core adds (the profile's own real run is the local-only rate)
     assert v["measured_samples_per_s"] >= 1.2 * report["rates_per_s"]["observed"], v
-    # issue 49 asks 10%. Measured on the Intel VM (2026-11-28): -8.5%, -11.0%, -6.7% (before the epoch's
-    # end, the node's send and coordl's end rule: -19.4% to -32.4%); the runs themselves move 10% between
-    # fresh clusters. What is left: the remote core idles 12-16% of each 1,000-item epoch where the model
-    # charges 9% (docs/whatif.md). Asserted at 20% until that is found.
+    # issue 49 asks 10%, judged on the machine of these minutes (verify --baseline). Measured on the Intel
+    # VM (2026-11-28): -3.3%, -9.8%, -3.1%, -3.3% (against the profile's minutes: -8.4%, -11.3%, -6.5%,
+    # -8.1%; the profiled job itself ran 1.6-5.3% slower beside them than in its profile). The raw error
+    # keeps a looser bound: a machine that moved more than that is not what this test checks.
+    assert abs(v["baseline"]["error"]) <= 0.10, v
     assert abs(v["error"]) <= 0.20, v
