@@ -14,7 +14,14 @@ import argparse
 import math
 
 from dsanalyzer.model.rates import Prediction
-from dsanalyzer.model.remote_prep import RemoteSetup, epoch_drain_s, receive_cpu_s, remote_rate, with_remote
+from dsanalyzer.model.remote_prep import (
+    RemoteSetup,
+    epoch_drain_s,
+    receive_cpu_s,
+    remote_rate,
+    with_remote,
+    worker_cpu_s,
+)
 from dsanalyzer.model.whatif import Model
 
 __all__ = ["add_remote_args", "remote_point", "check_remote_args"]
@@ -71,8 +78,9 @@ def remote_point(
     setup = RemoteSetup(args.remote_cpus, wire, link, args.remote_ship)
     point = with_remote(model, local, setup, cpus, model.compute_rate(gpu_speedup))
     print(
-        f"\nremote prep: {setup.cpus} remote CPU(s) at {model.prep.rate(1):.1f} samples/s each "
-        f"(the profiled worker's), {remote_rate(model, setup):.1f} samples/s back with sending"
+        f"\nremote prep: {setup.cpus} remote CPU(s) at {1 / worker_cpu_s(model):.1f} samples/s each "
+        f"(the profiled worker's CPU per sample, {worker_cpu_s(model) * 1e3:.2f} ms), "
+        f"{remote_rate(model, setup):.1f} samples/s back with sending"
         + (f" over {args.remote_link_gbps:g} Gbit/s" if args.remote_link_gbps else "")
         + f"; each costs the trainer {receive_cpu_s(model, setup) * 1e3:.2f} ms of CPU, leaving "
         f"{point.stage_rates['local_with_remote']:.1f} samples/s of local prep (alone: {local.steady:.1f})"

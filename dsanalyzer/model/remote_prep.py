@@ -1,13 +1,17 @@
 """What N remote CPUs add to a job (coordl's ``remote_prep=``, prep on a Ray cluster's CPUs).
 
-A remote CPU preps as one local worker does, ``P(1)`` samples/s (the job's own fitted prep curve), and
-sends back what it made: ``wire_bytes`` per sample (the uint8 crop when the recipe ends in ToTensor +
-Normalize, which then run in the trainer: :mod:`coordl.remote.compact`), plus the raw bytes the trainer
-ships when the remote nodes cannot read the dataset. Sending costs its node ``s_r = SEND_S_PER_BYTE *
-wire_bytes`` a sample (Ray's task, the result into the node's object store, the push to the trainer's).
-So the remote side gives
+A remote CPU does a local worker's work on a core of its own: ``c_w`` CPU seconds a sample, the
+profile's loader-alone CPU per sample less the main process's receive (``prep_cpu_s - batch_overhead_s /
+B``; ``1 / P(1)`` where not measured). Not ``1 / P(1)`` itself: the worker measured for ``P(1)`` shares
+its core with the main process, which the remote CPU does not (2-core Intel VM, 2026-11-28: ``P(1)`` 823
+samples/s, ``c_w`` 1.09 ms, the actor's prep alone on the other core 1.04 ms). It sends back what it
+made: ``wire_bytes`` per sample (the uint8 crop when the recipe ends in ToTensor + Normalize, which then
+run in the trainer: :mod:`coordl.remote.compact`), plus the raw bytes the trainer ships when the remote
+nodes cannot read the dataset. Sending costs its node ``s_r = SEND_S_PER_BYTE * wire_bytes`` a sample
+(Ray's task, the result into the node's object store, the push to the trainer's). So the remote side
+gives
 
-    X_r = min(N / (1 / P(1) + s_r), link / (wire_bytes + shipped_bytes))
+    X_r = min(N / (c_w + s_r), link / (wire_bytes + shipped_bytes))
 
 and costs the trainer's cores ``u_r`` per remote sample: receiving it (Ray's transfer into the node's
 object store and out of it), finishing it (the tail's float output, 4x the wire bytes) and handing it
@@ -56,6 +60,7 @@ __all__ = [
     "receive_cpu_s",
     "remote_rate",
     "remedy",
+    "worker_cpu_s",
     "with_remote",
 ]
 
@@ -68,11 +73,13 @@ __all__ = [
 # Not scaled by the profile's memory bandwidth: that measurement moved from 7.5 to 12.5 GB/s between
 # profiles on one host (2026-11-28), and the prediction with it by 20%, while the runs held.
 RECEIVE_S_PER_BYTE = 0.465e-3 / 150_528
-# The prep node's CPU per byte it sends back, beyond the prep itself: on the AMD EPYC VM 48.2 ms of the
-# node's CPU per remote batch of 32 crops against 47.0 ms to prep it in one process (0.04 ms a sample); on
-# the Intel Xeon VM (2026-11-28) 44.5 ms against the profiles' P(1) of 768-800 samples/s (40-42 ms a
-# batch: 0.09-0.14 ms a sample; remote only ran at 716-752 samples/s). The middle, 0.08 ms per 150,528 B.
-SEND_S_PER_BYTE = 0.08e-3 / 150_528
+# The prep node's CPU per byte it sends back, beyond the prep itself: on the Intel Xeon VM (2026-11-28,
+# remote prep only, the node 99% busy, three runs) 39.8-40.5 ms of the node's CPU per remote batch (31.25
+# crops of 224 px on average: 1.28 ms a sample) against 1.04 ms a sample for the actor's own prep alone
+# on the same core (coordl.remote.actor.prep_batch, the uint8 recipe, its reads included): 0.24 ms a
+# sample, 0.24 ms per 150,528 B. (The AMD EPYC VM's 0.04 ms of 2026-11-27 set the node's cost against the
+# float recipe's prep and collate in one process, which the node does not run: not comparable.)
+SEND_S_PER_BYTE = 0.24e-3 / 150_528
 _INDEX_BYTES = 16  # an index and its seed, sent per item
 
 
@@ -87,11 +94,20 @@ class RemoteSetup:
     ship: bool = False
 
 
+def worker_cpu_s(job: JobParams) -> float:
+    """``c_w``: a worker's CPU seconds per sample on a core of its own (the module docstring)."""
+    if job.prep_cpu_s:
+        own = job.prep_cpu_s - job.batch_overhead_s / max(1, job.batch_size)
+        if own > 0:
+            return own
+    return 1.0 / job.prep.rate(1)
+
+
 def remote_rate(job: JobParams, setup: RemoteSetup) -> float:
     """``X_r``: samples/s the remote CPUs send back (their prep, capped by the link)."""
     if setup.cpus <= 0:
         return 0.0
-    prep = setup.cpus / (1.0 / job.prep.rate(1) + SEND_S_PER_BYTE * setup.wire_bytes)
+    prep = setup.cpus / (worker_cpu_s(job) + SEND_S_PER_BYTE * setup.wire_bytes)
     moved = setup.wire_bytes + _INDEX_BYTES + (job.avg_item_bytes if setup.ship else 0.0)
     link = setup.link_bytes_per_s / moved if moved > 0 else math.inf
     return min(prep, link)

@@ -67,7 +67,7 @@ def test_remote_cpu_what_if_is_verified_on_a_cluster(tmp_path):
         _run([*core0, *job, "--epochs", "3"])
         # --baseline: the profiled job beside each run (the same job measured 1,035 and 1,127 samples/s
         # half an hour apart on the 2-core VM: the prediction is judged on the machine of these minutes)
-        _run([*core0, *DSANALYZER, "verify", "--runs", "2", "--baseline", "--iters", "60", "--min-seconds", "3",
+        _run([*core0, *DSANALYZER, "verify", "--runs", "3", "--baseline", "--iters", "60", "--min-seconds", "6",
               "--quiet", str(out), "--", *job])  # fmt: skip
     finally:
         import ray

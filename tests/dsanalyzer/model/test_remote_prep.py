@@ -15,6 +15,7 @@ from dsanalyzer.model.remote_prep import (
     receive_cpu_s,
     remote_rate,
     with_remote,
+    worker_cpu_s,
 )
 from dsanalyzer.model.whatif import Model
 from tests.dsanalyzer.judge.test_verdict import FAST_STORAGE, base
@@ -37,8 +38,8 @@ def _point(model: Model, setup: RemoteSetup):
 def test_remote_cpus_add_their_prep_less_what_receiving_costs_the_trainer(model):
     model = dataclasses.replace(model, dataset_items=10**12, epoch_items=None)  # no epoch's end to speak of
     local, p = _point(model, RemoteSetup(2, CROP))
-    x_r = 2 / (1 / model.prep.rate(1) + SEND_S_PER_BYTE * CROP)  # each CPU's prep and send
-    assert x_r < 2 * model.prep.rate(1)
+    x_r = 2 / (worker_cpu_s(model) + SEND_S_PER_BYTE * CROP)  # each CPU's prep and send
+    assert x_r < 2 / worker_cpu_s(model)
     assert remote_rate(model, RemoteSetup(2, CROP)) == pytest.approx(x_r)
     u_r = receive_cpu_s(model, RemoteSetup(2, CROP))
     assert u_r == pytest.approx(RECEIVE_S_PER_BYTE * CROP)  # 0.465 ms a 224 px crop
@@ -97,3 +98,19 @@ def test_the_epoch_end_idles_the_remote_cpus_while_the_workers_drain_their_queue
         dataclasses.replace(model, dataset_items=10**9), local, setup, model.cpus, model.compute_rate()
     )
     assert local.steady < p.samples_per_s < long.samples_per_s
+
+
+def test_a_remote_cpu_costs_the_workers_own_cpu_not_its_rate_on_a_shared_core(model):
+    # the profile's worker shared its core with the main process: P(1) is below 1 / its own CPU
+    measured = dataclasses.replace(model, prep_cpu_s=1.1e-3, batch_overhead_s=1.6e-3, batch_size=32)
+    assert worker_cpu_s(measured) == pytest.approx(1.1e-3 - 0.05e-3)
+    assert remote_rate(measured, RemoteSetup(1, CROP)) == pytest.approx(
+        1 / (1.05e-3 + SEND_S_PER_BYTE * CROP)
+    )
+    # not measured (an older report): the prep curve's one worker
+    older = dataclasses.replace(model, prep_cpu_s=None)
+    assert worker_cpu_s(older) == pytest.approx(1 / model.prep.rate(1))
+    # a receive that would leave nothing (a hand-written report) falls back the same way
+    assert worker_cpu_s(dataclasses.replace(measured, batch_overhead_s=1.0)) == pytest.approx(
+        1 / model.prep.rate(1)
+    )
