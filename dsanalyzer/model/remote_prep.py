@@ -18,9 +18,10 @@ object store and out of it), finishing it (the tail's float output, 4x the wire 
 out, ``RECEIVE_S_PER_BYTE`` per wire byte (measured on two hosts), plus the step's own CPU per sample. The trainer's cores first spend what the local job leaves idle; beyond that every
 core-second spent on a remote sample is one the local workers lose:
 
-    X_local = L - max(0, X_r * u_r - spare) / u,  spare = max(0, a*c - L*u)
+    X_local = L - max(0, X_r * u_r + d - spare) / u,  spare = max(0, a*c - L*u)
 
-with ``L`` the local-only rate at the asked point, ``u`` the job's CPU per sample and ``a*c`` the cores
+with ``d = RAY_NODE_CORES`` what Ray's daemons on the trainer's node and the driver's own threads take
+even idle (the profile ran without them), ``L`` the local-only rate at the asked point, ``u`` the job's CPU per sample and ``a*c`` the cores
 it gets. The job runs at ``min(compute, X_local + X_r, F)``: batches are shared demand-driven (the
 faster side gets more), so the sum holds while neither side's share is capped; the remote CPUs read the
 same storage (or get the trainer's reads), so the fetch stage ``F`` still holds.
@@ -53,6 +54,7 @@ from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.remedy import Remedy
 
 __all__ = [
+    "RAY_NODE_CORES",
     "RECEIVE_S_PER_BYTE",
     "SEND_S_PER_BYTE",
     "RemoteSetup",
@@ -80,6 +82,10 @@ RECEIVE_S_PER_BYTE = 0.465e-3 / 150_528
 # sample, 0.24 ms per 150,528 B. (The AMD EPYC VM's 0.04 ms of 2026-11-27 set the node's cost against the
 # float recipe's prep and collate in one process, which the node does not run: not comparable.)
 SEND_S_PER_BYTE = 0.24e-3 / 150_528
+# Cores a Ray node's daemons (raylet, GCS and agents on a head) and the driver's own Ray threads take on
+# the trainer's node with nothing running: on the Intel Xeon VM (2026-11-28, 10 s idle, the test cluster)
+# the head's processes 0.019 and the trainer's Ray threads 0.004; the prep node alone 0.013.
+RAY_NODE_CORES = 0.02
 _INDEX_BYTES = 16  # an index and its seed, sent per item
 
 
@@ -150,7 +156,7 @@ def with_remote(
     for _ in range(50):  # the busy share depends on the epoch's length, which depends on the rate
         busy = max(0.0, 1.0 - drain * rate / items) if items else 1.0
         x_r = x_full * busy
-        x_local = max(0.0, rate_local - max(0.0, x_r * u_r - spare) / u)
+        x_local = max(0.0, rate_local - max(0.0, x_r * u_r + RAY_NODE_CORES - spare) / u)
         rate, before = min(compute, x_local + x_r, fetch), rate
         if abs(rate - before) <= 1e-9 * rate:
             break
