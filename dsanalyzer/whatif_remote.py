@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from dsanalyzer.model.cores import worker_cpu_s
 from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.remote_prep import (
     RemoteSetup,
@@ -20,7 +21,6 @@ from dsanalyzer.model.remote_prep import (
     receive_cpu_s,
     remote_rate,
     with_remote,
-    worker_cpu_s,
 )
 from dsanalyzer.model.whatif import Model
 

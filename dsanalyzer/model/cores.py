@@ -51,6 +51,7 @@ import math
 from dsanalyzer.model.params import JobParams
 
 __all__ = [
+    "worker_cpu_s",
     "intra_op_threads",
     "spin_cores",
     "solve_cpu_rate",
@@ -183,3 +184,15 @@ def job_cpu_rate(
     most, runnable = _most(job, cpus, workers), runnable_s_per_batch(job)
     rate, _ = solve_cpu_rate(job.cpu_share * cpus, per_sample, most, runnable, job.batch_size)
     return rate
+
+
+def worker_cpu_s(job: JobParams) -> float:
+    """A worker's CPU seconds per sample on a core of its own: the loader alone's CPU per sample less the
+    main process's receive (``prep_cpu_s - batch_overhead_s / B``, at least 5% of it); ``1 / P(1)`` where not
+    measured. What a sample cache's hit saves from (:mod:`~dsanalyzer.model.sample_cache`) and what a remote
+    CPU spends (:mod:`~dsanalyzer.model.remote_prep`); not ``1 / P(1)`` when measured, because the worker
+    measured for ``P(1)`` shares its core with the main process (2-core Intel VM, 2026-11-28: ``P(1)`` 823
+    samples/s where this gives 1.09 ms, and the same prep alone on a core of its own took 1.04 ms)."""
+    if job.prep_cpu_s:
+        return max(job.prep_cpu_s - job.batch_overhead_s / max(1, job.batch_size), job.prep_cpu_s * 0.05)
+    return 1.0 / job.prep.rate(1)

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dsanalyzer.model.cores import job_cpu_per_sample
+from dsanalyzer.model.cores import job_cpu_per_sample, worker_cpu_s
 from dsanalyzer.model.params import JobParams
 from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.remedy import Remedy
@@ -62,7 +62,6 @@ __all__ = [
     "receive_cpu_s",
     "remote_rate",
     "remedy",
-    "worker_cpu_s",
     "with_remote",
 ]
 
@@ -98,15 +97,6 @@ class RemoteSetup:
     wire_bytes: float
     link_bytes_per_s: float = math.inf
     ship: bool = False
-
-
-def worker_cpu_s(job: JobParams) -> float:
-    """``c_w``: a worker's CPU seconds per sample on a core of its own (the module docstring)."""
-    if job.prep_cpu_s:
-        own = job.prep_cpu_s - job.batch_overhead_s / max(1, job.batch_size)
-        if own > 0:
-            return own
-    return 1.0 / job.prep.rate(1)
 
 
 def remote_rate(job: JobParams, setup: RemoteSetup) -> float:

@@ -55,13 +55,6 @@ def cached_share(job: JobParams, cache_bytes: float) -> tuple[int, float]:
     return items, items / job.dataset_items
 
 
-def _worker_cpu_s(job: JobParams) -> float:
-    """A worker's CPU per sample as profiled: the data path's less the main process's receiving."""
-    if job.prep_cpu_s:
-        return max(job.prep_cpu_s - job.batch_overhead_s / job.batch_size, job.prep_cpu_s * 0.05)
-    return 1.0 / job.prep.rate(1)
-
-
 def sample_cached(job: JobParams, cache_bytes: float, point: stages.Point | None = None) -> SampleCached:
     """The job with a sample cache of ``cache_bytes`` at ``point`` (default: as measured)."""
     if job.det_cpu_s is None or not job.cached_sample_bytes:
@@ -74,7 +67,7 @@ def sample_cached(job: JobParams, cache_bytes: float, point: stages.Point | None
     c, g, w = p.cpus, p.gpu_speedup, p.workers
     items, hs = cached_share(job, cache_bytes)
     saved = hs * max(0.0, job.det_cpu_s - (job.cache_read_s or 0.0))
-    t_w = _worker_cpu_s(job)
+    t_w = cores.worker_cpu_s(job)
     keep = max(t_w - saved, t_w * 0.02) / t_w
     h = stages.cache_hit_ratio(job, p.policy, p.cache_bytes)
     raw = stages.fetch_costs(job, p, h)
