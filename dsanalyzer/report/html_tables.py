@@ -131,7 +131,7 @@ def _runs_note(v: dict) -> str:
     return f" (median of {len(runs)} runs: {spread[0]:,.0f}-{spread[1]:,.0f})"
 
 
-def _baseline_rows(base: dict | None) -> list[tuple[str, str]]:
+def _baseline_rows(base: dict | None, verdict: str) -> list[tuple[str, str]]:
     """The profiled job run beside the changed one (``verify --baseline``), and the error judged on it."""
     if not isinstance(base, dict):
         return []
@@ -144,7 +144,7 @@ def _baseline_rows(base: dict | None) -> list[tuple[str, str]]:
         (
             "Error, machine as now",
             f"{base['error']:+.1%} (predicted {base['predicted_samples_per_s']:,.1f} samples/s scaled by the drift; "
-            f"{'within' if abs(base['error']) <= 0.1 else 'outside'} the target)",
+            f"{verdict} the target)",
         ),
     ]
 
@@ -166,7 +166,7 @@ def verify_block(report: dict) -> str:
         ("Predicted", f"{v['predicted_samples_per_s']:,.1f} samples/s ({v.get('predicted_bound')}-bound)"),
         ("Measured", f"{v['measured_samples_per_s']:,.1f} samples/s{_runs_note(v)}"),
         ("Error", f"{v['error']:+.1%} ({judged})"),
-        *_baseline_rows(v.get("baseline")),
+        *_baseline_rows(v.get("baseline"), verdict),
         ("Iterations", f"{v.get('iters')} measured after {v.get('warmup_iters')} warm-up"),
     ]
     step, then = v.get("step_s_measured"), v.get("step_s_profile")

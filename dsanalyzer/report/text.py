@@ -127,10 +127,13 @@ def verify_text(v: dict) -> str:
     mark = "within" if v["within_target"] else "outside"
     n = len(v.get("runs") or [None])
     how = f"median of {n} runs, " if n > 1 else ""
+    judged = f"{mark} the ±{v['target_error']:.0%} target"
+    if v.get("baseline"):  # verify --baseline: the target is judged on the baseline line below
+        judged = "against the machine of the profile"
     text = (
         f"verify ({change}): predicted {v['predicted_samples_per_s']:,.1f} samples/s "
         f"({v['predicted_bound']}-bound) | measured {v['measured_samples_per_s']:,.1f} samples/s | "
-        f"error {v['error']:+.1%} ({mark} the ±{v['target_error']:.0%} target; "
+        f"error {v['error']:+.1%} ({judged}; "
         f"{how}{v['iters']} iterations after {v['warmup_iters']} warm-up)"
     )
     split = v.get("remote_split")

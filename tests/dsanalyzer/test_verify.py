@@ -64,6 +64,7 @@ def test_verify_baseline_judges_the_prediction_on_the_machine_as_it_is_now():
     assert b["error"] == pytest.approx(0.8 / 0.85 - 1) and v["within_target"]
     assert "baseline: the profiled job ran 850.0 samples/s" in verify_text(v) and "-15.0%" in verify_text(v)
     assert "Profiled job now" in verify_block({"verify": v})
+    assert "-20.0% (against the machine of the profile;" in verify_text(v)  # the raw error is not judged
     # the same runs without the baseline: outside
     assert not verify_result(rep, changed, warmup=0, command=["x"])["within_target"]
     # a machine that got faster does not excuse a prediction that was low
