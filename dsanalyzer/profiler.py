@@ -158,7 +158,8 @@ def assemble_report(
         "real_cold": results["real"].get("cold", {}),
         **{k: scal_res[k] for k in ("peer", "gpu_prep") if k in scal_res},  # the remedies' probes
     }
-    start = epoch_start(results["real"].get("wait_s", []), results["real"].get("epoch_starts") or [], warmup)
+    real = results["real"]
+    start = epoch_start(real.get("wait_s", []), real.get("epoch_starts") or [], warmup, workers)
     if start is not None:
         report["epoch_start"] = start
     report["runs"] = _runs_section(results, summaries)

@@ -229,10 +229,12 @@ def model_fields(report: dict) -> dict:
     compute = positive(field(report, "rates_per_s", "compute"), "rates_per_s.compute")
     prep = PrepScaling.fit(ks, rates, physical_cores=cpus)
     start = _number(field(report, "epoch_start", "s_per_epoch", required=False))
+    start_round = _number(field(report, "epoch_start", "first_round", required=False))
     return {
         "dataset_items": items,
         "epoch_items": _epoch_items(report, items, batch),
         "epoch_start_s": start or 0.0,
+        "epoch_start_round": max(1, int(start_round or 1)),
         "avg_item_bytes": avg,
         "batch_size": batch,
         "compute_per_s": compute,

@@ -54,8 +54,9 @@ class JobParams:
     )
     epoch_items: int | None = None  # samples one process reads per epoch (a DistributedSampler's share)
     epoch_start_s: float = (
-        0.0  # what starting an epoch costs beyond a steady batch (measured in the real run)
+        0.0  # what starting an epoch costs beyond steady batches (measured in the real run)
     )
+    epoch_start_round: int = 1  # batches the measured start counted as its first round (1: old reports)
     store: StoreModel | None = None  # an object store's fitted rates (None: files; see model/store.py)
     fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
     items_per_request: float = 1.0  # items one store request brings (a shard's items; 1 for loose files)
@@ -99,6 +100,7 @@ def params_json(job: JobParams) -> dict:
         "dataset_items": job.dataset_items,
         "epoch_items": job.epoch_items,
         "epoch_start_s": job.epoch_start_s,
+        "epoch_start_round": job.epoch_start_round,
         "avg_item_bytes": job.avg_item_bytes,
         "batch_size": job.batch_size,
         "compute_samples_per_s": job.compute_per_s,

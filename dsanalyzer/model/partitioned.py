@@ -132,15 +132,6 @@ class PeerCosts(ItemCosts):
         )
 
 
-def _profiled_fill_s(job: JobParams) -> float:
-    """One worker's batch at the profiled operating point: the part of the epoch start that rescales."""
-    if job.epoch_start_s <= 0:
-        return 0.0
-    point = stages.Point(job.cache_bytes, job.cpus, job.storage_bytes_per_s, 1.0, job.cache_policy,
-                         job.workers)  # fmt: skip
-    return epoch_start.fill_s(job, stages.steady(job, point), job.workers)
-
-
 def predict_nodes(
     job: JobParams,
     nodes: int,
@@ -179,7 +170,7 @@ def predict_nodes(
         dataset_items=epoch,
         cpu_per_s=job_cpu_rate(job, p.cpus, w, g, "minio", sh.held),
     )
-    start = epoch_start.epoch_start_at(job, steady, w, _profiled_fill_s(job))
+    start = epoch_start.epoch_start_at(job, steady, w)
     return steady.with_epoch_start(start, epoch)
 
 

@@ -116,15 +116,12 @@ class Model(JobParams):
     def epoch_start_at(self, steady: Prediction, workers: int) -> float:
         """The epoch start at ``steady``'s operating point, from the one measured at the profiled one
         (:func:`~dsanalyzer.model.epoch_start.epoch_start_at`)."""
-        fill_then = self._profiled_fill_s if self.epoch_start_s > 0 else 0.0
-        return epoch_start.epoch_start_at(self, steady, workers, fill_then)
+        return epoch_start.epoch_start_at(self, steady, workers, self._start_split)
 
     @cached_property
-    def _profiled_fill_s(self) -> float:
-        """:meth:`fill_s` at the profiled operating point (once: every what-if's start scales from it)."""
-        point = stages.Point(self.cache_bytes, self.cpus, self.storage_bytes_per_s, 1.0, self.cache_policy,
-                             self.workers)  # fmt: skip
-        return self.fill_s(stages.steady(self, point), self.workers)
+    def _start_split(self) -> epoch_start.Split:
+        """The measured epoch start's fixed part and fill (once: every what-if scales from it)."""
+        return epoch_start.split(self)
 
     def predict_measured(self) -> Prediction:
         """The prediction at the configuration that was measured (a self-check against ``observed``)."""

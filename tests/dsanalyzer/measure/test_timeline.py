@@ -69,6 +69,25 @@ def test_epoch_start_is_the_first_batches_excess_over_a_steady_wait():
     assert bursty["typical_wait_s"] == pytest.approx(0.39) and bursty["s_per_epoch"] == pytest.approx(0.40)
 
 
+def test_an_epochs_first_round_is_one_batch_per_worker():
+    # Two workers in step: every second batch waits ~1 ms; an epoch's first round waits 97 + 1 ms where
+    # two steady batches wait 64 + 1 ms. The first batch's excess alone (65 ms) counted the fill twice.
+    epoch = [0.097, 0.001] + [0.064, 0.001] * 15
+    waits = epoch * 3
+    firsts = [0, 32, 64]
+    alone = epoch_start(waits, firsts, warmup=2, workers=1)
+    pair = epoch_start(waits, firsts, warmup=2, workers=2)
+    assert alone["s_per_epoch"] == pytest.approx(0.097 - 0.0325, abs=2e-3)
+    assert pair["first_round"] == 2 and pair["typical_wait_s"] == pytest.approx(0.0325)
+    assert pair["s_per_epoch"] == pytest.approx(0.098 - 2 * 0.0325)  # 33 ms
+    assert pair["first_round_wait_s"] == pytest.approx(0.098) and pair["first_wait_s"] == pytest.approx(0.097)
+    # a round stops at the next epoch's first batch (epochs shorter than the workers) and at the end
+    short = epoch_start([0.1, 0.2, 0.3, 0.5, 0.05, 0.3, 0.05], [0, 3, 5], warmup=1, workers=4)
+    assert short["epochs"] == 2 and short["typical_wait_s"] == pytest.approx(0.25)  # batches 1 and 2 left
+    assert short["first_round_wait_s"] == pytest.approx((0.55 + 0.35) / 2)  # rounds of 2: 3-4 and 5-6
+    assert short["s_per_epoch"] == 0.0  # (0.05 - 0.15) / 2: never negative
+
+
 def test_sync_is_called_before_each_boundary_timestamp():
     calls = []
     tl = Timeline(sync=lambda: calls.append(1))
