@@ -87,6 +87,17 @@ def _runs_section(results: dict[str, dict], summaries: dict) -> dict:
     return runs
 
 
+FETCH_KEYS = (
+    "bytes_per_s",
+    "items_per_s",
+    "threads",
+    "method",
+    "error",
+    "cold_read_cpu_s",
+    "warm_read_cpu_s",
+)
+
+
 def assemble_report(
     results: dict[str, dict],
     *,
@@ -143,7 +154,7 @@ def assemble_report(
         },
         "prep_scaling": scaling,
         "main_process": main_process_section(results, warmup, workers, scaling),
-        "fetch": {k: fetch.get(k) for k in ("bytes_per_s", "items_per_s", "threads", "method", "error")},
+        "fetch": {k: fetch.get(k) for k in FETCH_KEYS},
         **diff,
         "per_epoch_s": per_epoch(per_iter, n_items, batch, loader.get("batches_per_epoch")),
         "bound": bound_of(per_iter),

@@ -194,6 +194,21 @@ def _prep_points(report: dict) -> tuple[list, list]:
     return list(ks), list(rates)
 
 
+def _real_read_hit_ratio(report: dict, epoch_items: int, batch: int) -> float | None:
+    """The share of the real run's measured reads that found their item cached: it began with the dataset
+    evicted (``real_cold``), so only what stayed resident and what it read a second time (past one epoch)
+    was. None when it did not begin cold (nothing evicted) or its length is not in the report."""
+    cold = report.get("real_cold") or {}
+    resident = _number(cold.get("resident_fraction_after"))
+    iters = _number(field(report, "runs", "real", "iters", required=False))
+    warmup = _number(report.get("warmup_iters")) or 0.0
+    if not cold.get("evicted") or resident is None or not iters or iters <= warmup or epoch_items <= 0:
+        return None
+    first, last = warmup * batch, iters * batch  # the samples the CPU was measured over
+    again = max(0.0, last - max(first, float(epoch_items))) / (last - first)
+    return min(1.0, resident + (1.0 - resident) * again)
+
+
 def _epoch_items(report: dict, items: int, batch: int) -> int | None:
     """Samples this process reads per epoch: ``len(loader)`` batches (under a DistributedSampler each
     rank's share) when the loader knew it, at most the dataset; None: the whole dataset."""
@@ -235,6 +250,10 @@ def model_fields(report: dict) -> dict:
         "epoch_items": _epoch_items(report, items, batch),
         "epoch_start_s": start or 0.0,
         "epoch_start_round": max(1, int(start_round or 1)),
+        "warm_read_cpu_s": _number(field(report, "fetch", "warm_read_cpu_s", required=False)),
+        "real_read_hit_ratio": _real_read_hit_ratio(
+            report, _epoch_items(report, items, batch) or items, batch
+        ),
         "avg_item_bytes": avg,
         "batch_size": batch,
         "compute_per_s": compute,

@@ -57,6 +57,10 @@ class JobParams:
         0.0  # what starting an epoch costs beyond steady batches (measured in the real run)
     )
     epoch_start_round: int = 1  # batches the measured start counted as its first round (1: old reports)
+    warm_read_cpu_s: float | None = None  # CPU of reading an item again from the page cache (fetch probe)
+    real_read_hit_ratio: float | None = (
+        None  # the real run's reads of items already cached (it began evicted)
+    )
     store: StoreModel | None = None  # an object store's fitted rates (None: files; see model/store.py)
     fetch_ahead: int = 0  # read-ahead threads per worker (coordl's fetch_ahead): the store's concurrency
     items_per_request: float = 1.0  # items one store request brings (a shard's items; 1 for loose files)
@@ -101,6 +105,8 @@ def params_json(job: JobParams) -> dict:
         "epoch_items": job.epoch_items,
         "epoch_start_s": job.epoch_start_s,
         "epoch_start_round": job.epoch_start_round,
+        "warm_read_cpu_s": job.warm_read_cpu_s,
+        "real_read_hit_ratio": job.real_read_hit_ratio,
         "avg_item_bytes": job.avg_item_bytes,
         "batch_size": job.batch_size,
         "compute_samples_per_s": job.compute_per_s,

@@ -51,6 +51,7 @@ class Point:
     workers: int = 1  # loader workers (0: loading in the main process)
     fetch_ahead: int | None = None  # read-ahead threads per worker (a bucket's concurrency)
     items_per_request: float | None = None  # items one store request brings
+    read_hit_ratio: float | None = None  # reads charged a cached read's CPU (None: the cache's hit ratio)
 
 
 def compute_rate(job: JobParams, gpu_speedup: float = 1.0) -> float:
@@ -118,7 +119,9 @@ def steady(job: JobParams, point: Point) -> Prediction:
         workers=w,
         batch_size=job.batch_size,
         dataset_items=job.epoch_items or job.dataset_items,
-        cpu_per_s=job_cpu_rate(job, point.cpus, w, g, point.policy, h),
+        cpu_per_s=job_cpu_rate(
+            job, point.cpus, w, g, point.policy, h if point.read_hit_ratio is None else point.read_hit_ratio
+        ),
     )
 
 

@@ -106,8 +106,13 @@ class Model(JobParams):
             raise ValueError(f"workers must be >= 0, got {w}")
         point = stages.Point(cache_bytes, cpus, storage_bytes_per_s, gpu_speedup, policy, w, fetch_ahead,
                              items_per_request)  # fmt: skip
+        return self._at(point)
+
+    def _at(self, point: stages.Point) -> Prediction:
         steady = stages.steady(self, point)
-        return steady.with_epoch_start(self.epoch_start_at(steady, w), self.epoch_items or self.dataset_items)
+        return steady.with_epoch_start(
+            self.epoch_start_at(steady, point.workers), self.epoch_items or self.dataset_items
+        )
 
     def fill_s(self, steady: Prediction, workers: int) -> float:
         """Seconds one worker takes to make one batch at ``steady``'s operating point (the epoch's fill)."""
@@ -124,14 +129,11 @@ class Model(JobParams):
         return epoch_start.split(self)
 
     def predict_measured(self) -> Prediction:
-        """The prediction at the configuration that was measured (a self-check against ``observed``)."""
-        return self.predict(
-            self.cache_bytes,
-            self.cpus,
-            self.storage_bytes_per_s,
-            policy=self.cache_policy,
-            workers=self.workers,
-        )
+        """The prediction at the configuration that was measured (a self-check against ``observed``): its
+        reads charged the CPU they cost in the real run, which began with the dataset evicted."""
+        point = stages.Point(self.cache_bytes, self.cpus, self.storage_bytes_per_s, 1.0, self.cache_policy,
+                             self.workers, read_hit_ratio=self.real_read_hit_ratio)  # fmt: skip
+        return self._at(point)
 
 
 def format_bytes(n: float | None) -> str:

@@ -124,3 +124,46 @@ def test_a_host_that_spins_briefly_leaves_more_of_the_cores_to_the_workers():
     assert brief.cpu_rate(2, 2) > long_.cpu_rate(2, 2) == pytest.approx(unknown.cpu_rate(2, 2))
     # one thread: nothing spins whatever the host
     assert brief.spin_cores(1, 1) == 0
+
+
+def _cold_profile(items: int, real_iters: int, warm: float | None = 0.04e-3) -> Model:
+    """The README job's shape: 1.30 ms a sample in a real run that began with the dataset evicted, 1.10
+    ms with items in memory, a cached read measured at ``warm`` (None: an older report without it)."""
+    rep = one_cpu_prep_bound_report()
+    rep["main_process"].update(
+        job_cpu_s_per_sample=1.3e-3, in_memory_job_cpu_s_per_sample=1.1e-3, torch_threads=1
+    )
+    rep["dataset"]["items"] = items
+    rep["runs"]["real"]["iters"], rep["warmup_iters"] = real_iters, 5
+    rep["real_cold"] = {"files": items, "evicted": items, "resident_fraction_after": 0.0}
+    if warm is not None:
+        rep["fetch"]["warm_read_cpu_s"] = warm
+    return Model.from_report(rep)
+
+
+def test_a_page_cache_what_if_charges_cached_reads_a_cached_reads_cpu():
+    # the real run read 1,440 of 2,000 items, every one cold: its 0.2 ms of reads a sample are cold reads;
+    # at 2 cores the dataset is cached, and each read costs the probe's 0.04 ms
+    m = _cold_profile(items=2000, real_iters=45)
+    assert m.real_read_hit_ratio == 0.0
+    assert m.cpu_per_sample(policy="pagecache", hit_ratio=1.0) == pytest.approx(1.14e-3)
+    assert m.cpu_per_sample(policy="pagecache", hit_ratio=0.0) == pytest.approx(1.3e-3)
+    # the measured configuration is judged as it ran: cold
+    measured, cached = (
+        m.predict_measured(),
+        m.predict(m.cache_bytes, 1, m.storage_bytes_per_s, policy="pagecache", workers=1),
+    )
+    assert measured.stage_rates["cpu"] < cached.stage_rates["cpu"]
+    # an older report (no cached read measured) charges every read the real run's
+    old = _cold_profile(items=2000, real_iters=45, warm=None)
+    assert old.cpu_per_sample(policy="pagecache", hit_ratio=1.0) == pytest.approx(1.3e-3)
+
+
+def test_a_real_run_past_one_epoch_read_part_of_its_items_cached():
+    # 1,000 items, samples 160..3,200 measured: the 2,200 past the first epoch found their item cached
+    m = _cold_profile(items=1000, real_iters=100)
+    assert m.real_read_hit_ratio == pytest.approx(2200 / 3040)
+    # the cold reads' cost follows from what the run measured: at its own mix the CPU is as measured
+    assert m.cpu_per_sample(policy="pagecache", hit_ratio=m.real_read_hit_ratio) == pytest.approx(1.3e-3)
+    assert m.cpu_per_sample(policy="pagecache", hit_ratio=1.0) == pytest.approx(1.14e-3)
+    assert m.cpu_per_sample(policy="pagecache", hit_ratio=0.0) > 1.3e-3
