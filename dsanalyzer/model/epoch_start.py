@@ -10,12 +10,15 @@ steady waits (``epoch_start_s``: :func:`dsanalyzer.measure.stalls.epoch_start`).
 
 on top of the fixed part: all of ``F`` for a compute-bound job (the step idles while the pipeline fills),
 about ``w`` steps for a data-bound one (the round hands the fill back; only the last round's steps run
-after the workers are done). The fixed part is the measured start less the fill lost where it was
-measured; at any other point the start is that part plus the fill lost there (:func:`epoch_start_at`).
+after the workers are done). The measured start is split (:func:`split`) into the fill lost where it was
+measured (as modelled, at most the whole start) and a fixed rest; at any other point the start is the
+fixed rest plus that fill scaled by the ratio of the fill lost there to the fill lost then
+(:func:`epoch_start_at`), so an error in the modelled ``F`` cancels.
 
-The demo's fetch-bound profile (two workers, 81 samples/s) waits 0.79 s for its first batch and about
-as long for every second one: it lost 50 ms an epoch, and its cached fix, compute-bound on an H200,
-loses its own 25 ms fill. Charging the fix the first batch's 0.41 s excess predicted it 59% low.
+The demo's fetch-bound profile on an H200 (two workers, 81 samples/s) waited 0.79 s for an epoch's first
+batch and 0.03 s for its second: the round cost 50 ms, not the first batch's 0.41 s excess. Its cached fix
+is prep-bound there and hands its fill back too, so it is charged the same 50 ms; charged the 0.41 s
+unscaled, the fix was predicted 59% low.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def lost_fill_s(job: JobParams, steady: Prediction, workers: int, rounds: int | 
 def profiled(job: JobParams) -> Prediction:
     """The steady prediction at the operating point the profile measured (where the start was measured)."""
     point = stages.Point(job.cache_bytes, job.cpus, job.storage_bytes_per_s, 1.0, job.cache_policy,
-                         job.workers)  # fmt: skip
+                         job.workers, read_hit_ratio=job.real_read_hit_ratio)  # fmt: skip
     return stages.steady(job, point)
 
 

@@ -30,7 +30,8 @@ __all__ = ["Model", "format_bytes"]
 FORMULA = (
     "min(1/(1/(G*gpu_speedup) + batch_overhead_s/(a*B)), 1/(h*s/membw + (1-h)*s/storage_bw), "
     "w/(t_fetch + w/P(min(w,c))), (a*c - spin(c, w))/job_cpu_s(gpu_speedup)); "
-    "over an epoch of E samples: E/(E/rate + start), start = epoch_start_s, its fill w*B/W scaled to here"
+    "over an epoch of E samples: E/(E/rate + start), start = epoch_start_s, its lost fill max(0, w*B/W - w*T) "
+    "scaled to here"
 )
 
 
