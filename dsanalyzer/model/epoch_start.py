@@ -72,9 +72,7 @@ def lost_fill_s(job: JobParams, steady: Prediction, workers: int, rounds: int | 
 
 def profiled(job: JobParams) -> Prediction:
     """The steady prediction at the operating point the profile measured (where the start was measured)."""
-    point = stages.Point(job.cache_bytes, job.cpus, job.storage_bytes_per_s, 1.0, job.cache_policy,
-                         job.workers, read_hit_ratio=job.real_read_hit_ratio)  # fmt: skip
-    return stages.steady(job, point)
+    return stages.steady(job, stages.measured_point(job))
 
 
 @dataclass(frozen=True)

@@ -245,15 +245,14 @@ def model_fields(report: dict) -> dict:
     prep = PrepScaling.fit(ks, rates, physical_cores=cpus)
     start = _number(field(report, "epoch_start", "s_per_epoch", required=False))
     start_round = _number(field(report, "epoch_start", "first_round", required=False))
+    epoch_items = _epoch_items(report, items, batch)
     return {
         "dataset_items": items,
-        "epoch_items": _epoch_items(report, items, batch),
+        "epoch_items": epoch_items,
         "epoch_start_s": start or 0.0,
         "epoch_start_round": max(1, int(start_round or 1)),
         "warm_read_cpu_s": _number(field(report, "fetch", "warm_read_cpu_s", required=False)),
-        "real_read_hit_ratio": _real_read_hit_ratio(
-            report, _epoch_items(report, items, batch) or items, batch
-        ),
+        "real_read_hit_ratio": _real_read_hit_ratio(report, epoch_items or items, batch),
         "avg_item_bytes": avg,
         "batch_size": batch,
         "compute_per_s": compute,

@@ -18,7 +18,7 @@ that :func:`steady` asks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dsanalyzer.model.cache import hit_ratio
 from dsanalyzer.model.cores import job_cpu_rate
@@ -36,6 +36,7 @@ __all__ = [
     "cores_for_rate",
     "steady",
     "point_at",
+    "measured_point",
 ]
 
 
@@ -123,6 +124,11 @@ def steady(job: JobParams, point: Point) -> Prediction:
             job, point.cpus, w, g, point.policy, h if point.read_hit_ratio is None else point.read_hit_ratio
         ),
     )
+
+
+def measured_point(job: JobParams) -> Point:
+    """The point the profile measured, its reads charged as the real run read them (it began evicted)."""
+    return replace(point_at(job), read_hit_ratio=job.real_read_hit_ratio)
 
 
 def point_at(

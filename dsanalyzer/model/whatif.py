@@ -115,10 +115,6 @@ class Model(JobParams):
             self.epoch_start_at(steady, point.workers), self.epoch_items or self.dataset_items
         )
 
-    def fill_s(self, steady: Prediction, workers: int) -> float:
-        """Seconds one worker takes to make one batch at ``steady``'s operating point (the epoch's fill)."""
-        return epoch_start.fill_s(self, steady, workers)
-
     def epoch_start_at(self, steady: Prediction, workers: int) -> float:
         """The epoch start at ``steady``'s operating point, from the one measured at the profiled one
         (:func:`~dsanalyzer.model.epoch_start.epoch_start_at`)."""
@@ -132,9 +128,7 @@ class Model(JobParams):
     def predict_measured(self) -> Prediction:
         """The prediction at the configuration that was measured (a self-check against ``observed``): its
         reads charged the CPU they cost in the real run, which began with the dataset evicted."""
-        point = stages.Point(self.cache_bytes, self.cpus, self.storage_bytes_per_s, 1.0, self.cache_policy,
-                             self.workers, read_hit_ratio=self.real_read_hit_ratio)  # fmt: skip
-        return self._at(point)
+        return self._at(stages.measured_point(self))
 
 
 def format_bytes(n: float | None) -> str:

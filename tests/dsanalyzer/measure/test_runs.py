@@ -36,7 +36,7 @@ def test_epoch_starts_and_ends_are_left_out_of_the_steady_rate():
     # 9 batches: warm-up 1, the epoch's 3 more, a start (2 batches of fill), 2 steady, and a start that
     # is still filling when the window closes: counted in, it read 4 x 5 / 0.37 s = 54 samples/s
     rate = loader_alone_rate(loader, lambda: iter(loader), iters=8, warmup=1, tick=lambda: None)
-    assert 280 < rate < 420  # 4 samples every 10 ms (and two 2 ms ends): 370/s, less the loop's own time
+    assert 150 < rate < 420  # 4 samples every 10 ms (two 2 ms ends): 370/s less the loop and late sleeps
 
 
 def test_a_cpu_meter_counts_a_worker_that_exited_between_readings():
