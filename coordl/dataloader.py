@@ -45,6 +45,7 @@ from coordl.resume import Resume, torch_iterator
 from coordl.resume.face import ResumableLoader
 from coordl.ring.reader import BatchRing
 from coordl.sharding import unsharded_warning
+from coordl.shutdown import stop_workers
 from coordl.workers.start import forks_workers, start_workers
 from shmem.counters import SharedCounters
 
@@ -228,9 +229,7 @@ class _LoaderParts(LoaderStats):
 
     def _free(self) -> None:
         """Stop the workers, then free every part built so far (also after a failed ``__init__``)."""
-        iterator = getattr(self._torch, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        stop_workers(getattr(self._torch, "_iterator", None))
         if self._torch is not None:
             self._torch._iterator = None
         owner = self._view is None or self._view.owner() is self  # else a loader took over the fetch side
@@ -274,8 +273,7 @@ class _LoaderParts(LoaderStats):
         siblings included), then stall whichever later allocation makes the collector shut them down.
         """
         torch_iter = torch_iterator(torch_iter)
-        if hasattr(torch_iter, "_shutdown_workers"):
-            torch_iter._shutdown_workers()
+        stop_workers(torch_iter)
         if self._torch is not None and getattr(self._torch, "_iterator", None) is torch_iter:
             self._torch._iterator = None
 

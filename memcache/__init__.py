@@ -26,6 +26,6 @@ IS_COORDL_MEMCACHE = True
 __getattr__, __dir__, __all__ = lazy_exports(
     "memcache",
     globals(),
-    {"RedisStore": "memcache.redis_store"},
+    {"RedisStore": "memcache.redis_store", "TLS": "memcache.tls"},
     eager=["LocalStore", "KeySpace", "sample_key", "IS_COORDL_MEMCACHE"],
 )

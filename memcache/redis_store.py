@@ -10,6 +10,10 @@ A node that is unreachable or dies: its keys become misses (the loader fetches a
 usual), one warning is logged per node, the ``errors``/``node_failures`` stats count it, and the node is
 retried after ``retry_after_s``. Training never sees an exception from the cache.
 
+Over TLS (``tls=``, a ``rediss://`` node, or ``MEMCACHE_TLS_*`` set; see :mod:`memcache.tls`): every
+connection verifies the server's certificate against the CA and presents this client's; the password
+and the samples then never cross the network in clear.
+
 Picklable for DataLoader workers: only the configuration travels; each process opens its own
 connections on first use (a socket is never shared across ``fork``).
 """
@@ -28,6 +32,7 @@ from redis.retry import Retry
 
 from memcache.codec import CodecError, decode, encode
 from memcache.hashring import HashRing
+from memcache.tls import TLS, resolve, split_url
 
 __all__ = ["RedisStore"]
 
@@ -47,8 +52,12 @@ class RedisStore:
     """Sample cache spread over one Redis server per node.
 
     Args:
-        nodes: ``["host:port", ...]``, the same list (any order) in every process of the job.
+        nodes: ``["host:port", ...]``, the same list (any order) in every process of the job;
+            ``rediss://host:port`` asks for TLS (all nodes alike).
         password: the servers' ``requirepass`` (default: ``$MEMCACHE_PASSWORD`` when set).
+        tls: a :class:`memcache.TLS` (CA, this client's certificate and key), True (the files in
+            ``MEMCACHE_TLS_CA``/``_CERT``/``_KEY``), False (plain text), or None: TLS when those
+            variables are set or the nodes say ``rediss://``.
         timeout_s: socket connect/read timeout; a node slower than this counts as down.
         retry_after_s: how long a failed node is skipped before it is tried again.
         batch_keys: keys per MGET (bounds the size of one reply).
@@ -62,10 +71,16 @@ class RedisStore:
         timeout_s: float = 2.0,
         retry_after_s: float = 30.0,
         batch_keys: int = 256,
+        tls: TLS | bool | None = None,
     ) -> None:
-        self.nodes = [str(n) for n in nodes]
+        split = [split_url(str(n)) for n in nodes]
+        schemes = {said for _, said in split}
+        if len(schemes) > 1:
+            raise ValueError(f"RedisStore nodes mix redis://, rediss:// and bare addresses: {list(nodes)}")
+        self.nodes = [n for n, _ in split]
         for n in self.nodes:
             _parse_node(n)
+        self.tls = resolve(tls, schemes.pop() if schemes else None, "RedisStore")
         self.password = password if password is not None else os.environ.get("MEMCACHE_PASSWORD") or None
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
@@ -99,6 +114,7 @@ class RedisStore:
                 # No client-side retries with backoff: a cache miss is cheaper than waiting; the node
                 # is skipped for retry_after_s instead.
                 retry=Retry(NoBackoff(), 0),
+                **(self.tls.client_kwargs() if self.tls is not None else {}),
             )
             self._clients[node] = c
         return c
@@ -218,7 +234,7 @@ class RedisStore:
 
     def __getstate__(self) -> dict:
         keep = ("nodes", "password", "timeout_s", "retry_after_s", "batch_keys")
-        return {k: getattr(self, k) for k in keep}
+        return {**{k: getattr(self, k) for k in keep}, "tls": self.tls or False}
 
     def __setstate__(self, state: dict) -> None:
         nodes = state.pop("nodes")
@@ -226,4 +242,5 @@ class RedisStore:
         type(self).__init__(self, nodes, password, **state)
 
     def __repr__(self) -> str:
-        return f"RedisStore(nodes={self.nodes!r}, password={'***' if self.password else None})"
+        tls = ", tls=True" if self.tls is not None else ""
+        return f"RedisStore(nodes={self.nodes!r}, password={'***' if self.password else None}{tls})"

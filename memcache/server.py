@@ -4,9 +4,10 @@ Shared by ``memcache serve``/``memcache stop``, the partitioned cache of ``coord
 starts its node's Redis with it when the user runs none) and the tests. Settings: no persistence (``save ""``,
 ``appendonly no``: the cache is rebuilt from the dataset, writing it to disk would only cost I/O),
 ``maxmemory`` + ``maxmemory-policy noeviction`` (MinIO semantics: fill, then refuse writes, never evict),
-bound to one chosen interface, optional ``requirepass``. The configuration (with the password) is
-written to a 0600 file in the server's working directory, never on the command line where ``ps``
-would show it.
+bound to one chosen interface, optional ``requirepass``, optional TLS (:class:`memcache.tls.TLS`: the
+TLS port only, plain text off, client certificates of the CA required). The configuration (with the
+password) is written to a 0600 file in the server's working directory, never on the command line where
+``ps`` would show it; the password is left out of :class:`RedisServer`'s repr.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-__all__ = ["RedisServer", "start_redis", "free_port", "stop_pid"]
+from memcache.tls import TLS
+
+__all__ = ["RedisServer", "start_redis", "free_port", "stop_pid", "client_for"]
 
 _START_TIMEOUT_S = 15.0
 _STOP_TIMEOUT_S = 10.0
@@ -44,9 +48,10 @@ class RedisServer:
     port: int
     pid: int
     workdir: str
-    password: str | None = None
-    _proc: subprocess.Popen | None = None
-    _own_workdir: bool = False
+    password: str | None = field(default=None, repr=False)  # never in a repr, a log or an error
+    tls: TLS | None = None
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+    _own_workdir: bool = field(default=False, repr=False)
 
     @property
     def address(self) -> str:
@@ -74,10 +79,12 @@ class RedisServer:
             self._proc.wait(_STOP_TIMEOUT_S)
 
 
-def _config(host: str, port: int, maxmemory_bytes: int, workdir: str, password: str | None) -> str:
+def _config(
+    host: str, port: int, maxmemory_bytes: int, workdir: str, password: str | None, tls: TLS | None
+) -> str:
     lines = [
         f"bind {host}",
-        f"port {port}",
+        *(tls.server_lines(port) if tls is not None else [f"port {port}"]),
         'save ""',
         "appendonly no",
         f"maxmemory {int(maxmemory_bytes)}",
@@ -101,13 +108,26 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
-def _ping(host: str, port: int, password: str | None) -> bool:
+def client_for(server: RedisServer, **kwargs: Any) -> Any:
+    """A ``redis.Redis`` to ``server`` as its starter talks to it (its own certificate when TLS is on;
+    the CA is checked, not the name: the server may listen on a wildcard address)."""
     import redis
 
+    extra: dict[str, Any] = {} if server.tls is None else replace(server.tls, check_hostname=False).client_kwargs()
+    host = "127.0.0.1" if server.host in ("0.0.0.0", "") else server.host
+    return redis.Redis(host=host, port=server.port, password=server.password, **extra, **kwargs)
+
+
+def _ping(server: RedisServer) -> bool:
+    import redis
+
+    client = client_for(server, socket_timeout=1)
     try:
-        return bool(redis.Redis(host=host, port=port, password=password, socket_timeout=1).ping())
-    except redis.RedisError:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
         return False
+    finally:
+        client.close()
 
 
 def start_redis(
@@ -120,6 +140,7 @@ def start_redis(
     detach: bool = False,
     die_with_parent: bool = False,
     executable: str = "redis-server",
+    tls: TLS | None = None,
 ) -> RedisServer:
     """Start ``redis-server`` on ``host:port`` (a free port when ``port`` is None) and wait until it answers.
 
@@ -131,6 +152,7 @@ def start_redis(
         detach: start in a new session so the server outlives this process (``memcache serve``).
         die_with_parent: the kernel kills the server when the thread that started it exits (Linux
             ``PR_SET_PDEATHSIG``): a job's own server never outlives the job, even when it is SIGKILLed.
+        tls: serve TLS only on ``port`` (plain text off), requiring client certificates of ``tls.ca``.
 
     Raises:
         FileNotFoundError: ``redis-server`` is not installed (run scripts/setup.sh).
@@ -149,7 +171,7 @@ def start_redis(
         conf = os.path.join(wd, "redis.conf")
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(_config(host, p, maxmemory_bytes, wd, password))
+            f.write(_config(host, p, maxmemory_bytes, wd, password, tls))
         log = os.path.join(wd, "redis.log")
         if os.path.exists(log):
             os.unlink(log)
@@ -161,10 +183,11 @@ def start_redis(
             start_new_session=detach,
             preexec_fn=_die_with_parent if die_with_parent else None,
         )
+        server = RedisServer(host, p, proc.pid, wd, password, tls, proc, own)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:
-            if _ping(host, p, password):
-                return RedisServer(host, p, proc.pid, wd, password, proc, own)
+            if _ping(server):
+                return server
             time.sleep(0.05)
         if proc.poll() is None:
             proc.kill()

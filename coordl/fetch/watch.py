@@ -18,13 +18,14 @@ import numpy as np
 
 from coordl.datasets.source import describe_item
 from coordl.errors import CoordlTimeoutError, WorkerDiedError
+from coordl.shutdown import WORKER_PIDS_RE, is_worker_death
 from shmem.forklock import PID
 from shmem.segment import DEFAULT_DIR, Segment
 
 __all__ = ["WorkerWatch", "is_worker_death", "translate_torch_error", "worker_died_error"]
 
 _IDLE = -1
-_PIDS_RE = re.compile(r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\)")
+_PIDS_RE = WORKER_PIDS_RE
 
 
 _MIN_ROWS = 64
@@ -81,15 +82,6 @@ class WorkerWatch:
         self.num_workers = state["num_workers"]
         self._segment = state["segment"]
         self._attach()
-
-
-def is_worker_death(error: BaseException) -> bool:
-    """True for the RuntimeErrors torch raises when a worker process dies."""
-    return (
-        isinstance(error, RuntimeError)
-        and _PIDS_RE.search(str(error)) is not None
-        and ("exited unexpectedly" in str(error) or "killed by signal" in str(error))
-    )
 
 
 def worker_died_error(

@@ -39,9 +39,10 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.connection import Connection
+from redis.connection import Connection, SSLConnection
 from redis.retry import Retry
 
+from memcache.tls import TLS
 from shmem import codec
 
 __all__ = ["RedisPeerClient", "PEER_COUNTERS", "key_prefix", "encode_item", "MGET_KEYS"]
@@ -87,6 +88,8 @@ class RedisPeerClient:
         timeout_s: socket read timeout (connect: at most :data:`CONNECT_TIMEOUT_S`): a frozen node costs
             one such wait, then ``backoff_s``.
         backoff_s: after an error a node is not asked again for this long (per process).
+        tls: connect over TLS with these files (:mod:`coordl.partitioned.peer_tls`): the server's
+            certificate must chain to ``tls.ca`` and name the node's address; None: plain text.
     """
 
     def __init__(
@@ -99,7 +102,9 @@ class RedisPeerClient:
         item_size: Callable[[int], int] | None = None,
         timeout_s: float = 10.0,
         backoff_s: float = 30.0,
+        tls: TLS | None = None,
     ) -> None:
+        self.tls = tls
         self.addresses = [tuple(a) if a is not None else None for a in addresses]
         self.password = password
         self.prefix = prefix
@@ -140,9 +145,13 @@ class RedisPeerClient:
         conns = self._conns()
         c = conns.get(node)
         if c is None:
-            c = Connection(
+            kind, extra = (
+                (Connection, {}) if self.tls is None else (SSLConnection, self.tls.connection_kwargs())
+            )
+            c = kind(
                 host=addr[0], port=addr[1], password=self.password, socket_timeout=self.timeout_s,
                 socket_connect_timeout=min(CONNECT_TIMEOUT_S, self.timeout_s), retry=Retry(NoBackoff(), 0),
+                **extra,
             )  # fmt: skip
             conns[node] = c
         return c
@@ -303,7 +312,7 @@ class RedisPeerClient:
         conns.clear()
 
     def __getstate__(self) -> dict:
-        keep = ("addresses", "password", "prefix", "counters", "item_size", "timeout_s", "backoff_s")
+        keep = ("addresses", "password", "prefix", "counters", "item_size", "timeout_s", "backoff_s", "tls")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:

@@ -134,6 +134,7 @@ class Agreement:
     weights: list[int]  # each node's cache budget
     secret: bytes  # the job's secret
     shared: bool  # the nodes' Redis are the users' own (``memcache serve``), not started by the job
+    tls: bool = False  # the nodes' Redis speak TLS only
 
 
 def exchange(
@@ -143,13 +144,14 @@ def exchange(
     num_items: int,
     cache_bytes: int,
     seed: int,
+    tls: bool = False,
 ) -> Agreement:
     """Every node's Redis address and budget, and the job's secret, through one all_gather.
 
     ``redis`` is this node leader's ``(host, port, shared, status)`` (None on other ranks), ``status``
     ``ok`` or why its Redis cannot be used (a key of :data:`_STATUS`). A record: ``node host port cache_bytes num_items
-    seed fingerprint secret shared status``, where ``secret`` is the hex secret rank 0 made when the user
-    gave none ("-" otherwise, or from other ranks).
+    seed fingerprint secret shared status tls``, where ``secret`` is the hex secret rank 0 made when the user
+    gave none ("-" otherwise, or from other ranks) and ``tls`` 1 when its Redis speaks TLS only.
     """
     from coordl.errors import CoordlError
 
@@ -162,7 +164,7 @@ def exchange(
         fp = fingerprint(key) if key else "-"
         record = (
             f"{topo.node} {host} {port} {int(cache_bytes)} {num_items} {seed} {fp} "
-            f"{made.hex() if made else '-'} {int(shared)} {status}"
+            f"{made.hex() if made else '-'} {int(shared)} {status} {int(tls)}"
         )
     records = [r.split() for r in _all_gather_text(world, record) if r]
     nodes: dict[int, list[str]] = {int(r[0]): r for r in records}
@@ -181,6 +183,12 @@ def exchange(
         raise CoordlError(
             "some nodes use their own 'memcache serve' Redis (COORDL_PEER_REDIS) and others not: "
             "set it on every node or on none"
+        )
+    if {r[10] for r in records} != {str(int(tls))}:
+        plain = [r[0] for r in records if r[10] == "0"]
+        raise CoordlError(
+            f"node(s) {', '.join(plain) or 'none'} run their Redis in plain text and others with TLS "
+            "(COORDL_PEER_TLS, or a rediss:// COORDL_PEER_REDIS): set the same on every rank"
         )
     # Rank 0 (always a node leader, so records[0]) either sends the secret it made or holds the user's:
     # its fingerprint is the job's. Every leader checks the same records, so all fail together.
@@ -202,4 +210,4 @@ def exchange(
         raise CoordlError(f"this rank's peer secret ({SECRET_ENV} or secret=) differs from rank 0's")
     addresses = [(nodes[k][1], int(nodes[k][2])) for k in range(num_nodes)]
     weights = [int(nodes[k][3]) for k in range(num_nodes)]
-    return Agreement(addresses, weights, job_secret, records[0][8] == "1")
+    return Agreement(addresses, weights, job_secret, records[0][8] == "1", tls)

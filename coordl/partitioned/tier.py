@@ -9,15 +9,19 @@ with it. Then the records go through one ``all_gather`` (:mod:`coordl.partitione
 self-started Redis takes the job's secret as its password, and a barrier ends the set-up. Who owns item
 ``i`` follows from a shared seed and the budgets (:class:`~coordl.partitioned.ownership.OwnerMap`): no
 metadata service. The fetch tier itself is :class:`coordl.partitioned.fetch.PartitionedTier`.
+With ``COORDL_PEER_TLS=1`` (or ``tls=``) every node's Redis speaks TLS only, client certificates
+required (:mod:`coordl.partitioned.peer_tls`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
+from coordl.partitioned import peer_tls
 from coordl.partitioned.fetch import PartitionedTier
 from coordl.partitioned.ownership import NodeTopology, OwnerMap
 from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
@@ -29,6 +33,7 @@ from coordl.partitioned.rendezvous import (
     new_secret,
     secret_from_env,
 )
+from memcache.tls import TLS, split_url
 from shmem.counters import SharedCounters
 
 __all__ = ["PartitionedTier", "build_partitioned_tier", "REDIS_ENV", "redis_maxmemory"]
@@ -70,6 +75,7 @@ def build_partitioned_tier(
     bind_host: str | None = None,
     redis: str | None = None,
     identity: str | None = None,
+    tls: TLS | bool | None = None,
 ) -> PartitionedTier:
     """Make this process's :class:`PartitionedTier`: node Redis ready, addresses and secret exchanged.
 
@@ -91,13 +97,24 @@ def build_partitioned_tier(
             ``memcache serve``; its password is ``MEMCACHE_PASSWORD``. None: the node leader starts one.
         identity: names the dataset (``coordl.fetch.node_cache.data_identity``): the keys' prefix, so a
             shared Redis never serves another dataset's item. None: the job's own prefix.
+        tls: True: the nodes' Redis speak TLS only (certificates of a CA derived from the job's secret,
+            or ``MEMCACHE_TLS_*`` files when set); a :class:`memcache.TLS`: those files; False: plain
+            text; None (default): ``COORDL_PEER_TLS``, or what a ``rediss://`` ``redis`` address says.
     """
     topo = topology or NodeTopology.from_env()
     if topo.is_node_leader != (local_cache is not None):
         raise ValueError("build_partitioned_tier: the node leader, and only it, passes its local_cache")
     user_secret = check_secret(secret, "secret=") if secret is not None else secret_from_env()
     external = redis if redis is not None else os.environ.get(REDIS_ENV) or None
+    client_tls: TLS | None = None
+    if external:
+        external, url_says = split_url(external)
+        client_tls = peer_tls.external_tls(tls, url_says)
+        want: TLS | bool = client_tls or False
+    else:
+        want = peer_tls.wanted(tls)
     server = None
+    boot_dir = None
     if topo.world_size == 1:  # one node: its MinIO cache is the whole partitioned cache, no Redis
         addresses: list[Any] = [None]
         weights, job_secret, shared = [int(cache_bytes)], user_secret or new_secret(), False
@@ -105,11 +122,16 @@ def build_partitioned_tier(
         mine = None
         if topo.is_node_leader:
             if external:
-                mine = (*_parse_address(external), True, _check_external(external))
+                mine = (*_parse_address(external), True, _check_external(external, client_tls))
             else:
                 advertised = advertise_address()
+                server_tls = want if isinstance(want, TLS) else None
+                if (
+                    want is True
+                ):  # the job's certificates once the secret is agreed; a throw-away CA till then
+                    server_tls, boot_dir = peer_tls.boot_tls()
                 server = _start_node_redis(
-                    bind_host or os.environ.get("COORDL_PEER_BIND") or advertised, cache_bytes
+                    bind_host or os.environ.get("COORDL_PEER_BIND") or advertised, cache_bytes, server_tls
                 )
                 wildcard = server.host in (
                     "0.0.0.0",
@@ -118,12 +140,15 @@ def build_partitioned_tier(
                 )  # listening everywhere: peers use the advertised one
                 mine = (advertised if wildcard else server.host, server.port, False, "ok")
         try:
-            agreed = exchange(topo, mine, user_secret, num_items, cache_bytes, seed)
+            agreed = exchange(topo, mine, user_secret, num_items, cache_bytes, seed, tls=bool(want))
             if server is not None:
-                _set_password(server, agreed.secret.hex())
+                hosts = [mine[0]] if mine is not None else []
+                peer_tls.switch_server(server, agreed.secret, hosts, agreed.secret.hex(), boot_dir)
         except BaseException:
             if server is not None:
                 server.stop()
+            if boot_dir is not None:
+                shutil.rmtree(boot_dir, ignore_errors=True)
             raise
         addresses, weights, job_secret, shared = (
             agreed.addresses,
@@ -134,18 +159,21 @@ def build_partitioned_tier(
         _barrier(server)  # every node's Redis takes the job's password before any rank fetches or pushes
     owners = OwnerMap(num_items, weights, seed=seed)
     password = (os.environ.get(PASSWORD_ENV) or None) if shared else job_secret.hex()
+    if topo.world_size > 1 and not external and want:
+        client_tls = want if isinstance(want, TLS) else peer_tls.client_tls(job_secret)
     prefix = key_prefix(f"{identity or 'job:' + fingerprint(job_secret)}|{num_items}")
     client = RedisPeerClient(
         addresses, password=password, prefix=prefix, item_size=item_size, timeout_s=timeout_s,
-        backoff_s=backoff_s,
+        backoff_s=backoff_s, tls=client_tls,
     )  # fmt: skip
     tier = PartitionedTier(
         owners, topo.node, client, counters, local_cache=local_cache, push=push, server=server,
         mirror_local=topo.world_size > 1,
     )  # fmt: skip
     log.info(
-        "coordl: partitioned cache: node %d of %d owns %d of %d items; Redis %s",
+        "coordl: partitioned cache: node %d of %d owns %d of %d items; Redis %s%s",
         topo.node, topo.num_nodes, owners.counts()[topo.node], num_items, addresses,
+        " over TLS" if client_tls is not None else "",
     )  # fmt: skip
     return tier
 
@@ -157,15 +185,16 @@ def _parse_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _check_external(address: str) -> str:
+def _check_external(address: str, tls: TLS | None) -> str:
     """``ok``, or one word saying why this node's own Redis cannot be used (``wrongpass``, ``unreachable``,
     ``error``), sent in the exchange so that every rank raises the same error."""
     import redis
 
     host, port = _parse_address(address)
     try:
+        extra = tls.client_kwargs() if tls is not None else {}
         redis.Redis(
-            host=host, port=port, password=os.environ.get(PASSWORD_ENV) or None, socket_timeout=5
+            host=host, port=port, password=os.environ.get(PASSWORD_ENV) or None, socket_timeout=5, **extra
         ).ping()
     except redis.AuthenticationError:
         return "wrongpass"
@@ -176,7 +205,7 @@ def _check_external(address: str) -> str:
     return "ok"
 
 
-def _start_node_redis(host: str, cache_bytes: int) -> Any:
+def _start_node_redis(host: str, cache_bytes: int, tls: TLS | None) -> Any:
     """This node's redis-server, as ``memcache serve`` starts one, that dies with this process.
 
     It starts with a throw-away password (the job's secret is known only after the exchange).
@@ -184,16 +213,5 @@ def _start_node_redis(host: str, cache_bytes: int) -> Any:
     from memcache.server import start_redis
 
     return start_redis(
-        redis_maxmemory(cache_bytes), host=host, password=new_secret().hex(), die_with_parent=True
+        redis_maxmemory(cache_bytes), host=host, password=new_secret().hex(), die_with_parent=True, tls=tls
     )
-
-
-def _set_password(server: Any, password: str) -> None:
-    import redis
-
-    r = redis.Redis(host=server.host, port=server.port, password=server.password, socket_timeout=10)
-    try:
-        r.config_set("requirepass", password)
-    finally:
-        r.close()
-    server.password = password

@@ -34,6 +34,7 @@ from coordl.resume.state import (
 )
 from coordl.resume.tracker import PassProgress, PassTracker
 from coordl.resume.workers import DatasetState, ResumableStream, TaggingCollate, WorkerRestore
+from coordl.shutdown import stop_workers
 
 __all__ = ["Resume"]
 
@@ -179,8 +180,7 @@ class Resume(ResumeRestore, PassProgress):
         placed = self._worker_plan(plan, workers)
         live = getattr(torch_loader, "_iterator", None)
         if live is not None and (self._restart or placed):
-            if hasattr(live, "_shutdown_workers"):
-                live._shutdown_workers()  # persistent workers hold other states: start new ones
+            stop_workers(live)  # persistent workers hold other states: start new ones
             torch_loader._iterator = live = None
         self._restart = False
         saved = (torch_loader.worker_init_fn, torch_loader.generator)

@@ -4,11 +4,13 @@ the fork (:mod:`coordl.workers.stuck`)."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 import mmap
 import multiprocessing
 import os
 import struct
+import sys
 from typing import Any
 
 # torch's worker loop imports both at every worker's start (to seed NumPy, and to seed datapipes):
@@ -60,8 +62,36 @@ def start_workers(torch_loader: torch.utils.data.DataLoader) -> Any:
         torch_loader.worker_init_fn, torch_loader.multiprocessing_context = user_init, user_context
 
 
+class _SpawnedWorker(multiprocessing.context.SpawnProcess):
+    """A spawned worker that ends as a forked one does: its exit handlers run, then ``os._exit``.
+
+    A spawned child ends with ``sys.exit``, so the interpreter finalizes, and a daemon thread that asks for
+    the GIL after that point is ended with ``pthread_exit``. torch's worker leaves one such thread behind
+    at every shutdown: its data queue's feeder (torch cancels its join), which may be sharing a batch's
+    tensors in torch's C++ code right then. Unwinding out of that code aborts the process ("terminate
+    called without an active exception", then torch's "killed by signal: Aborted" in the main process;
+    tests/coordl/workers/test_worker_exit.py). A forked or forkserver child never finalizes (multiprocessing
+    ends it with ``os._exit``): this one now ends the same way, after the ``atexit`` handlers that the
+    worker's own objects registered (shared segments, caches), which a finalizing interpreter would run.
+    """
+
+    def _bootstrap(self, *args: Any, **kwargs: Any) -> int:
+        code = super()._bootstrap(*args, **kwargs)  # run(), then multiprocessing's own exit steps
+        try:
+            atexit._run_exitfuncs()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (AttributeError, OSError, ValueError):
+                    pass
+            os._exit(code)
+
+
 # SharedFlag has Event's methods (set, is_set, clear, wait) without being one: what torch calls.
 class _SpawnContext(multiprocessing.context.SpawnContext):
+    Process = _SpawnedWorker
+
     def Event(self) -> SharedFlag:  # type: ignore[override]  # noqa: N802 - multiprocessing's name
         return SharedFlag(self)
 

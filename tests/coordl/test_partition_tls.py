@@ -1,0 +1,170 @@
+"""The partitioned cache's Redis over TLS, two real ranks (gloo on loopback): items cross nodes over TLS;
+plain text, a client without a certificate, one of another CA, and one that derived its CA from
+another secret are all refused; the job's password is on no command line, in no log; a node in plain
+text beside one with TLS is one clear error; a shared ``rediss://`` Redis with your own files works."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memcache import certs
+from memcache.server import start_redis
+
+pytestmark = pytest.mark.redis
+
+RANK_SCRIPT = r"""
+import datetime, json, logging, io, os, sys, tempfile
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+import torch.distributed as dist
+import coordl.partitioned.ownership as own
+import coordl.partitioned.tier as part
+from coordl.errors import CoordlError
+from coordl.fetch.minio import MinioCache
+from memcache import certs
+from shmem.counters import SharedCounters
+
+logs = io.StringIO()
+logging.basicConfig(stream=logs, level=logging.DEBUG)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank = dist.get_rank()
+n = 40
+try:
+    tier = part.build_partitioned_tier(n, 1 << 20, SharedCounters(["cache_hits", "cache_misses"]),
+                                       MinioCache(1 << 20, n), seed=3, identity="tls-test")
+except CoordlError as exc:
+    print("ERROR", exc, flush=True)
+    sys.exit(3)
+theirs = [i for i in range(n) if tier.owners.owner(i) == 1 - rank]
+for i in theirs:
+    tier.offer(i, bytes([i]) * 100)
+tier.flush()
+dist.barrier()
+got = tier.client.fetch({1 - rank: theirs})  # read back from the other node's Redis, over TLS
+out = {"pushed": len(theirs), "read": sum(bytes(got[i]) == bytes([i]) * 100 for i in got),
+       "tls": tier.client.tls is not None}
+if rank == 0 and tier.server is not None:
+    host, port = tier.client.addresses[1]
+    password = tier.client.password
+
+    def refused(**kw):
+        c = redis.Redis(host=host, port=port, password=password, socket_timeout=3, retry=Retry(NoBackoff(), 0), **kw)
+        try:
+            c.ping()
+            return "accepted"
+        except (redis.RedisError, OSError) as exc:
+            return str(exc)
+        finally:
+            c.close()
+
+    own_tls = tier.client.tls
+    d = tempfile.mkdtemp()
+    stranger = certs.node_tls(*certs.make_ca(d + "/ca"), d + "/s", "client")
+    k, c = certs.ca_from_secret(b"another job secret, 32 bytes long")
+    other_job = certs.node_tls(k, c, d + "/o", "client")
+    out["probe"] = {
+        "ours": refused(**own_tls.client_kwargs()),
+        "plain": refused(),
+        "no_cert": refused(ssl=True, ssl_ca_certs=own_tls.ca, ssl_cert_reqs="required"),
+        "other_ca_cert": refused(**dict(stranger.client_kwargs(), ssl_ca_certs=own_tls.ca)),
+        "other_secret": refused(**other_job.client_kwargs()),
+    }
+    srv = tier.server
+    out["password_in"] = {
+        "cmdline": password.encode() in open(f"/proc/{srv.pid}/cmdline", "rb").read(),
+        "redis_log": password in open(os.path.join(srv.workdir, "redis.log")).read(),
+        "repr": password in repr(srv) or password in repr(tier.client.tls),
+    }
+dist.barrier()
+tier.close()
+dist.destroy_process_group()
+out["password_in_logs"] = tier.client.password in logs.getvalue() if tier.client.password else False
+out["logs_say_tls"] = "over TLS" in logs.getvalue()
+print("RESULT", json.dumps(out), flush=True)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(tmp_path: Path, envs: list[dict]) -> list[tuple[int, str, str]]:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("COORDL_PEER", "MEMCACHE_"))}
+        env.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), COORDL_PEER_ADDR="127.0.0.1", **envs[rank],
+        )  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=180) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
+def _results(results: list[tuple[int, str, str]]) -> list[dict]:
+    found = []
+    for rc, out, err in results:
+        assert rc == 0, err[-3000:]
+        found.append(json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT"))[7:]))
+    return found
+
+
+def test_job_certificates_carry_items_and_refuse_strangers(tmp_path: Path) -> None:
+    r0, r1 = _results(_run(tmp_path, [{"COORDL_PEER_TLS": "1"}, {"COORDL_PEER_TLS": "1"}]))
+    for r in (r0, r1):
+        assert r["tls"] and r["logs_say_tls"] and r["pushed"] > 0
+        assert r["read"] == r["pushed"]  # every item pushed over TLS read back over TLS, bytes equal
+        assert r["password_in_logs"] is False
+    probe = r0["probe"]
+    assert probe["ours"] == "accepted"
+    assert probe["plain"] != "accepted" and probe["no_cert"] != "accepted"
+    assert probe["other_ca_cert"] != "accepted"
+    assert "certificate verify failed" in probe["other_secret"]  # the client refuses the server's cert
+    assert r0["password_in"] == {"cmdline": False, "redis_log": False, "repr": False}
+
+
+def test_plain_node_beside_a_tls_node_is_one_clear_error(tmp_path: Path) -> None:
+    results = _run(tmp_path, [{"COORDL_PEER_TLS": "1"}, {}])
+    for rc, out, err in results:
+        assert rc == 3, err[-2000:]
+        assert "node(s) 1 run their Redis in plain text" in out and "Traceback" not in err
+
+
+def test_shared_rediss_redis_with_your_own_files(tmp_path: Path) -> None:
+    """``memcache serve --tls``-style servers, ``COORDL_PEER_REDIS=rediss://...`` and MEMCACHE_TLS_*."""
+    ca_key, ca_cert = certs.make_ca(tmp_path / "pki")
+    node = certs.node_tls(ca_key, ca_cert, tmp_path / "pki", "127.0.0.1", ["127.0.0.1"])
+    password = "shared-tls-redis-0123456789"
+    servers = [start_redis(64 << 20, password=password, tls=node) for _ in range(2)]
+    files = {"MEMCACHE_TLS_CA": node.ca, "MEMCACHE_TLS_CERT": node.cert, "MEMCACHE_TLS_KEY": node.key}
+    try:
+        envs = [
+            {"COORDL_PEER_REDIS": f"rediss://{s.address}", "MEMCACHE_PASSWORD": password, **files}
+            for s in servers
+        ]
+        r0, r1 = _results(_run(tmp_path, envs))
+    finally:
+        for s in servers:
+            s.stop()
+    assert r0["tls"] and r1["tls"] and r0["read"] == r0["pushed"] > 0 and r1["read"] == r1["pushed"] > 0
