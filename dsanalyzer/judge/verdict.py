@@ -9,8 +9,10 @@
    read, while the model's steady state counts cache hits), other processes' CPU time (the system
    monitor's ``other_cpu_cores``), too few iterations (a spread wider than 15%). When none of them
    shows, the report says so rather than guessing.
-3. **Fix.** The smallest change that makes the job compute-bound on this machine, as the arguments
-   to change (``num_workers``, ``cache_bytes``) and the samples/s the model predicts with them.
+3. **Fix.** The top of the ranked remedies (:mod:`dsanalyzer.judge.remedies`): the cheapest change that
+   makes the job compute-bound (else the one that gains most), as the arguments or the line to change
+   (``torch.set_num_threads(1)``, ``num_workers``, ``cache_bytes``...) and the samples/s the model predicts
+   with it. The sentence names that remedy and the list begins with it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from dsanalyzer.judge.epochs import epoch_start_note
-from dsanalyzer.judge.remedies import ranked, ranked_text
+from dsanalyzer.judge.loadercode import is_dali, workers_noun
+from dsanalyzer.judge.remedies import ranked, ranked_text, top_fix
 from dsanalyzer.model import search
 from dsanalyzer.model.measured import other_cpu_cores
 from dsanalyzer.model.rates import Prediction
@@ -148,33 +151,6 @@ PARTIAL_MINIO_NOTE = (
 )
 
 
-def is_dali(report: dict) -> bool:
-    """Whether the profiled loader is a DALI iterator or ``coordl.dali.DALILoader`` (prep on DALI threads)."""
-    loader = report.get("loader") or {}
-    return bool(loader.get("pipelines")) or ".dali." in str(loader.get("class", ""))
-
-
-def workers_noun(report: dict) -> str:
-    """What the job's prep parallelism is called, with the argument that sets it: ``num_workers`` of a
-    DataLoader, ``num_threads`` of a DALI pipeline."""
-    return "DALI CPU threads (num_threads)" if is_dali(report) else "loader workers (num_workers)"
-
-
-def _change_text(change: dict, report: dict) -> str:
-    """The change as code; ``change`` keeps the key ``num_workers`` (what verify reads), a DALI job
-    is told its own argument, ``num_threads``."""
-    if is_dali(report):
-        args = ", ".join(f"{'num_threads' if k == 'num_workers' else k}={v}" for k, v in change.items())
-        plain = not str((report.get("loader") or {}).get("class", "")).startswith("coordl.")
-        if plain and "cache_bytes" not in change:
-            return f"Pipeline(..., {args})"
-        return f"coordl.dali.DALILoader(..., {args})"
-    args = ", ".join(f"{k}={v}" for k, v in change.items())
-    if "cache_bytes" in change or "fetch_ahead" in change:
-        return f"coordl.DataLoader(..., {args})"
-    return f"DataLoader(..., {args})"
-
-
 def verdict(report: dict) -> dict:
     """Bound, check against the measured run, causes and fix, as JSON-ready fields.
 
@@ -199,7 +175,8 @@ def verdict(report: dict) -> dict:
     # (a cold cache, other processes) explains why; otherwise the model's steady state is.
     follow_stalls = measured in _BOUNDS and measured != pred.bound and disagrees and not causes
     stated = measured if follow_stalls else pred.bound
-    fix = recommend(model)
+    remedies = ranked(model, report, recommend(model))
+    fix = top_fix(remedies, model)
     out = {
         "bound": stated,
         "model_bound": pred.bound,
@@ -214,8 +191,8 @@ def verdict(report: dict) -> dict:
         "overhead": _overhead(model),
         "epoch_start": epoch_start_note(report, model, pred),
         "more_cores": _more_cores(report, model, pred),
-        "fix": None if fix is None else {**fix, "code": _change_text(fix["change"], report)},
-        "remedies": [r.as_json() for r in ranked(model, report, fix)],
+        "fix": fix,
+        "remedies": [r.as_json() for r in remedies],
     }
     if measured in _BOUNDS and measured != pred.bound:
         out["bound_note"] = _bound_note(report, model, pred, stated)
@@ -345,7 +322,7 @@ def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
         parts.append(_no_fix_text(model, bound, noun))
     if more["note"] and more["rises"] and bound != "compute":
         parts.append(more["note"])
-    if len(v["remedies"]) > 1:  # one is the fix above
+    if len(v["remedies"]) > 1 or (v["remedies"] and fix is None):  # the first is the fix above
         parts.append(ranked_text([Remedy(**r) for r in v["remedies"]], model.compute_rate()))
     return "; ".join(parts) + "."
 

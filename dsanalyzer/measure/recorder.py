@@ -88,16 +88,19 @@ class RunRecorder:
             pass
 
     def progress_counts(self) -> tuple[int, int]:
-        """(iterations done, iterations expected): past ``iters`` when ``min_seconds`` keeps measuring,
-        the expected total is what the measured pace reaches in ``min_seconds`` (so a bar keeps moving)."""
+        """(progress, total) with a fixed total, warm-up + ``iters``: a bar whose total moved (157 to 411
+        iterations when ``min_seconds`` kept a verify run measuring) looked like a run that grew. Past
+        warm-up, progress is the measured part's share done, the lesser of iterations over ``iters`` and
+        seconds over ``min_seconds`` (the run stops when both are reached), so it reaches the total as
+        the run ends."""
         total = self.cfg.warmup + self.cfg.iters
-        done = total - self.remaining
+        done = total - self.remaining  # past total when min_seconds keeps the run going
         if self.cfg.min_seconds > 0 and self.measure_from is not None:
+            measured = max(0, done - self.cfg.warmup)
             elapsed = time.monotonic() - self.measure_from
-            measured = done - self.cfg.warmup
-            if 0 < elapsed < self.cfg.min_seconds and measured > 0:
-                total = max(total, self.cfg.warmup + math.ceil(measured * self.cfg.min_seconds / elapsed))
-        return done, max(done, total)
+            share = min(1.0, measured / max(1, self.cfg.iters), elapsed / self.cfg.min_seconds)
+            done = self.cfg.warmup + math.floor(self.cfg.iters * share)
+        return min(done, total), total
 
     def _job_cpu_section(self) -> dict | None:
         """What the measured batches cost the job in CPU: the main process (all its threads) per batch,
@@ -149,7 +152,7 @@ class RunRecorder:
         """Write ``result-<pid>.json``: the recorded run, ``info`` (what preparing the run found) after it."""
         if self.cfg.mode != "prep_scaling":  # its progress counts the scaling iterations, already final
             done, total = self.progress_counts()  # a run that reached its target ends full
-            self.progress(done, done if self.remaining <= 0 else total, force=True)
+            self.progress(total if self.remaining <= 0 else done, total, force=True)
         tl = self.timeline
         result = {
             "format": RESULT_FORMAT,

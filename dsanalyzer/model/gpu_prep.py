@@ -83,13 +83,17 @@ def gpu_prep_remedy(job: JobParams, point: stages.Point | None = None) -> Remedy
         args["cache_bytes"] = int(point.cache_bytes)
     pred = predict_gpu_prep(job, point)
     if pred is None or not job.gpu_prep_per_s:
-        return Remedy("gpu_prep", None, cost={"gpus": 0}, loader_args=args, why_unknown=unknown_reason(job))
+        return Remedy("gpu_prep", None, loader_args=args, why_unknown=unknown_reason(job))
     share = pred.samples_per_s / job.gpu_prep_per_s  # of the GPU's time, spent on prep
     return Remedy(
         name="gpu_prep",
         samples_per_s=pred.samples_per_s,
         bound=pred.bound,
-        cost={"gpus": 0, "gpu_prep_share": share, "memory_bytes": float(args.get("cache_bytes", 0))},
+        # the job's own GPU, no new one: the share of its time prep takes (and the cache's memory, if any)
+        cost={
+            "gpu_prep_share": share,
+            **({"memory_bytes": float(args["cache_bytes"])} if "cache_bytes" in args else {}),
+        },
         loader_args=args,
         note=(
             f"decode + augment on the job's own GPU at {job.gpu_prep_per_s:.0f} samples/s (probed); the step "

@@ -195,7 +195,7 @@ def nodes_remedy(
         name="nodes",
         samples_per_s=pred.samples_per_s,
         bound=pred.bound,
-        cost={"nodes": nodes, "memory_bytes": float(point.cache_bytes), "gpus": 0},
+        cost={"nodes": nodes, "memory_bytes": float(point.cache_bytes)},  # memory: per node
         loader_args={"cache_bytes": int(point.cache_bytes), "partitioned": True},
         note=(
             f"per node, {nodes} nodes (aggregate {nodes * pred.samples_per_s:.1f} samples/s), each caching "

@@ -1,7 +1,7 @@
 """One remedy's prediction (:class:`Remedy`): what a coordl remedy would give a job, and what it costs.
 
-Every remedy the what-if knows (more workers, a MinIO cache, coordinated prep for K jobs, the partitioned
-cache over N nodes, the sample cache, GPU prep, remote CPUs) answers in this one shape, so that the
+Every remedy the what-if knows (one intra-op thread in the trainer, more workers, a MinIO cache,
+coordinated prep for K jobs, the partitioned cache over N nodes, the sample cache, GPU prep, remote CPUs) answers in this one shape, so that the
 verdict can rank them (:func:`rank`) and ``verify`` can apply the one it names. Each remedy's rate is a
 pure function of the job's measured parameters in a module named for it (:mod:`~dsanalyzer.model.stages`
 for workers and cache); this module only holds the shape and the order.
@@ -17,6 +17,7 @@ __all__ = ["Remedy", "rank", "COST_ORDER"]
 # other jobs' cooperation, GPU time, other machines' cores and whole nodes cost more. rank() breaks ties
 # between remedies that remove the stall by this order, then by the memory they hold.
 COST_ORDER = (
+    "threads",
     "workers",
     "fetch_ahead",
     "cache",
@@ -36,7 +37,10 @@ class Remedy:
     predicted here (GPU prep without a GPU: ``why_unknown`` says so). ``cost`` holds plain numbers
     (``memory_bytes``, ``cores``, ``nodes``, ``jobs``, ``remote_cpus``, ``gpus``), ``loader_args`` the exact
     ``coordl.DataLoader`` keyword arguments (as source text where a value is an object, e.g.
-    ``"coordl.Coordinate('job-group', jobs=4)"``).
+    ``"coordl.Coordinate('job-group', jobs=4)"``). ``cost`` lists only what is not zero. ``code`` is the
+    exact call or line that applies it; ``switch_to`` the loader class its arguments need when the job's
+    loader is another (``"coordl.DataLoader"`` for a torch loader); ``torch_threads`` the main process's
+    intra-op threads it sets (``torch.set_num_threads``), None when it leaves them.
     """
 
     name: str
@@ -46,6 +50,9 @@ class Remedy:
     loader_args: dict = field(default_factory=dict)
     note: str = ""
     why_unknown: str = ""
+    code: str = ""
+    switch_to: str = ""
+    torch_threads: int | None = None
 
     def removes_stall(self, compute_rate: float, tol: float = 1e-6) -> bool:
         """Whether this remedy makes the job compute-bound (within ``tol``)."""
@@ -60,6 +67,9 @@ class Remedy:
             "loader_args": dict(self.loader_args),
             "note": self.note,
             "why_unknown": self.why_unknown,
+            "code": self.code,
+            "switch_to": self.switch_to,
+            "torch_threads": self.torch_threads,
         }
 
 

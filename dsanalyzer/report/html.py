@@ -27,6 +27,7 @@ from dsanalyzer.judge.verdict import workers_noun  # noqa: E402
 from dsanalyzer.model.whatif import Model, format_bytes  # noqa: E402
 from dsanalyzer.report.files import atomic_write_text  # noqa: E402
 from dsanalyzer.report.html_tables import summary_table, verdict_block, verify_block  # noqa: E402
+from dsanalyzer.report.remedies import remedies_html  # noqa: E402
 
 __all__ = ["write_html", "render_html"]
 
@@ -222,7 +223,7 @@ def render_html(report: dict) -> str:
         advice=html.escape(str(advice)),
         verify=verify_block(report),
         summary=summary_table(report),
-        verdict=verdict_block(report),
+        verdict=verdict_block(report) + remedies_html(report),
         figures="\n".join(figures),
     )
 

@@ -5,6 +5,8 @@ Both read only the report (a dict): what they print is in report.json too.
 
 from __future__ import annotations
 
+from dsanalyzer.report.remedies import remedies_lines
+
 __all__ = ["summary_text", "verify_text", "source_line"]
 
 
@@ -67,6 +69,7 @@ def summary_text(report: dict) -> str:
         )
     lines.append(f"stalls as measured: {report['bound']}-bound")
     lines.append(f"verdict: {report.get('advice', '')}".rstrip())
+    lines += remedies_lines(report)
     return "\n".join(lines)
 
 

@@ -46,7 +46,12 @@ def test_a_prep_bound_job_gets_a_ranked_list_and_the_cheapest_fix_first(provider
     names = [r["name"] for r in v["remedies"]]
     assert names == ["sample_cache", "nodes", "coordinate", "gpu_prep"]
     text = v["sentence"]
-    assert "remedies, best first: 1. sample_cache (sample_cache=memcache.Local(...))" in text
+    assert (
+        "remedies, best first: 1. sample_cache (coordl.DataLoader(..., sample_cache=memcache.Local(...)))"
+        in text
+    )
+    # the sentence's fix is the top of the list
+    assert v["fix"]["name"] == "sample_cache" and "fix: coordl.DataLoader(..., sample_cache=" in text
     assert (
         "(removes the stall), costs 2.0 GB memory" in text
         and "4. gpu_prep: unknown (no GPU on this machine)" in text
