@@ -98,9 +98,9 @@ def _write_range(
     return written
 
 
-def _check_root(root: Path, params: dict) -> bool:
+def _check_root(root: Path, params: dict, marker_name: str = MARKER) -> bool:
     """True when ``root`` already holds this dataset; raises if it holds something else."""
-    marker = root / MARKER
+    marker = root / marker_name
     if marker.exists():
         try:
             old = json.loads(marker.read_text())
@@ -197,7 +197,11 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    width, height = args.size
+    if args.photos:
+        from coordl.datasets import photos
+
+        return photos.run_cli(args)
+    width, height = args.size or (500, 375)
     start = time.perf_counter()
     try:
         root = make_dataset(
@@ -206,7 +210,7 @@ def _run(args: argparse.Namespace) -> int:
             args.classes,
             width,
             height,
-            args.quality,
+            args.quality or 90,
             args.seed,
             args.workers,
             progress=True,
@@ -233,10 +237,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("root", help="output directory (root/class_XXX/XXXXXX.jpg)")
     p.add_argument("--n", type=positive_int, default=1000, help="number of images (default 1000)")
     p.add_argument("--classes", type=positive_int, default=10, help="number of classes (default 10)")
-    p.add_argument("--size", type=_parse_size, default=(500, 375), help="WIDTHxHEIGHT (default 500x375)")
+    p.add_argument("--size", type=_parse_size, default=None, help="WIDTHxHEIGHT (default 500x375)")
     p.add_argument(
-        "--quality", type=int_between(1, 100), default=90, help="JPEG quality, 1..100 (default 90)"
+        "--quality", type=int_between(1, 100), default=None, help="JPEG quality, 1..100 (default 90)"
     )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--workers", type=positive_int, default=None, help="processes (default: all cores)")
+    p.add_argument(
+        "--photos",
+        action="store_true",
+        help="crops of real photographs with ImageNet's sizes, qualities and odd files (docs/datasets.md)",
+    )
     p.set_defaults(func=_run)
