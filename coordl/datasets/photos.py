@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from coordl.datasets.marker import check_root
 from coordl.datasets.photo_specs import ImageSpec, draw_spec, odd_positions
-from coordl.datasets.synth import _check_root
 
 __all__ = ["SOURCES", "SourcePhoto", "make_dataset", "image_path", "source_paths", "summary", "run_cli"]
 
@@ -213,7 +213,7 @@ def make_dataset(
         raise ValueError(f"photographic dataset: n and classes must be positive ({n}, {classes})")
     root = Path(root)
     params = {"format": _FORMAT_VERSION, "kind": "photos", "n": n, "classes": classes, "seed": seed}
-    if _check_root(root, params, MARKER):
+    if check_root(root, params, MARKER):
         return root
     paths = source_paths(system_root)
     for c in range(min(classes, n)):

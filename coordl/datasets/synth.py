@@ -28,6 +28,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageDraw
 
+from coordl.datasets.marker import check_root
+
 __all__ = ["make_dataset", "make_image", "image_path", "add_parser"]
 
 MARKER = ".coordl_synth.json"
@@ -98,31 +100,6 @@ def _write_range(
     return written
 
 
-def _check_root(root: Path, params: dict, marker_name: str = MARKER) -> bool:
-    """True when ``root`` already holds this dataset; raises if it holds something else."""
-    marker = root / marker_name
-    if marker.exists():
-        try:
-            old = json.loads(marker.read_text())
-        except ValueError:
-            old = None
-        if old == params:
-            return True
-        raise FileExistsError(
-            f"{root} holds a synthetic dataset with other parameters ({old}); "
-            f"asked for {params}. Remove it or pick another root."
-        )
-    if root.exists() and not root.is_dir():
-        raise NotADirectoryError(f"{root} is a file, not a directory: pick a new or empty directory")
-    if root.exists():
-        foreign = [p.name for p in root.iterdir() if not p.name.startswith("class_")]
-        if foreign:
-            raise FileExistsError(
-                f"{root} is not empty and not a coordl synthetic dataset (has {foreign[:3]})"
-            )
-    return False
-
-
 def make_dataset(
     root: str | os.PathLike,
     n: int,
@@ -157,7 +134,7 @@ def make_dataset(
         "quality": quality,
         "seed": seed,
     }
-    if _check_root(root, params):
+    if check_root(root, params, MARKER):
         return root
     for c in range(min(classes, n)):
         (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
