@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 
 # gcc, python3-dev and libjpeg62-turbo-dev build coordl's crop decoder and native read-ahead (setup.py; optional:
 # without them coordl decodes whole images and reads ahead in Python threads).
+# plasma-workspace-wallpapers and mate-backgrounds ship the free-licensed photographs `coordl synth --photos` cuts
+# into an ImageNet-like dataset (coordl/datasets/photos.py lists them; ~140 MB download).
 APT_PACKAGES=(redis-server nfs-ganesha nfs-ganesha-vfs libnfs-dev libnfs-utils rpcbind iproute2 chromium
-              gcc python3-dev libjpeg62-turbo-dev)
+              gcc python3-dev libjpeg62-turbo-dev plasma-workspace-wallpapers mate-backgrounds)
 EXTRAS="${COORDL_EXTRAS:-dev,nfs}"
 TORCH_VERSION=2.13.0
 
