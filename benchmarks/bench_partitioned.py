@@ -12,12 +12,16 @@ Per rank the same process runs, one after the other, ``--epochs`` epochs of:
 * ``torch``: ``torch.utils.data.DataLoader`` + ``DistributedSampler`` (no cache);
 * ``minio``: ``coordl.DataLoader(cache_bytes=budget)`` + ``DistributedSampler``: each node caches what
   it reads, alone;
-* ``partitioned``: ``coordl.DataLoader(cache_bytes=budget, partitioned=True)``.
+* ``partitioned``: ``coordl.DataLoader(cache_bytes=budget, partitioned=True)``;
+* ``partitioned-tls``: the same with ``COORDL_PEER_TLS=1``: every node's Redis TLS only, client
+  certificates of the job's CA (``--tls`` runs ``partitioned`` and this, in alternating order per run,
+  and prints the TLS / plain-text ratio).
 
 Reported per mode (median over ``--reps`` runs): epoch-1 and steady-state (median of epochs 2..E)
 samples/s of the whole job (a barrier ends each epoch), and storage MB read per epoch by all nodes.
 
-Run (root, about 4 minutes on 2 cores): ``.venv/bin/python benchmarks/bench_partitioned.py``
+Run (root, about 4 minutes on 2 cores): ``.venv/bin/python benchmarks/bench_partitioned.py``;
+the cost of TLS: ``.venv/bin/python benchmarks/bench_partitioned.py --nodes 2 --tls --reps 6``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.support
 
-MODES = ("torch", "minio", "partitioned")
+MODES = ("torch", "minio", "partitioned", "partitioned-tls")
 
 STORAGE = r"""
 import os, sys, time
@@ -107,6 +111,7 @@ for mode in modes:
     elif mode == "minio":
         loader = coordl.DataLoader(src, sampler=dss(), cache_bytes=budget, **kw)
     else:
+        os.environ["COORDL_PEER_TLS"] = "1" if mode == "partitioned-tls" else "0"  # read at construction
         loader = coordl.DataLoader(src, shuffle=True, cache_bytes=budget, partitioned=True, **kw)
     for epoch in range(epochs):
         loader.sampler.set_epoch(epoch)
@@ -129,7 +134,7 @@ dist.destroy_process_group()
 """
 
 
-def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
+def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path, modes: list[str]) -> list[dict]:
     from tests.support.netns import VirtualNetwork
 
     (tmp / "storage.py").write_text(STORAGE)
@@ -149,7 +154,7 @@ def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path) -> list[dict]:
         storage_port = int(server.stdout.readline())
         master_port = net.hosts[0].free_port()
         argv = [sys.executable, str(tmp / "rank.py"), store.ip, str(storage_port), str(args.items), str(item_bytes),
-                str(args.epochs), str(args.workers), ",".join(args.modes), str(args.prep_ms)]  # fmt: skip
+                str(args.epochs), str(args.workers), ",".join(modes), str(args.prep_ms)]  # fmt: skip
         procs = [
             net.hosts[r].popen(
                 argv,
@@ -199,13 +204,14 @@ def summarize(runs: list[list[dict]], n_items: int, epochs: int, modes: list[str
 
 
 def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace) -> None:
-    base = summary.get("torch", next(iter(summary.values())))["steady_sps"]
+    base_mode = "torch" if "torch" in summary else next(iter(summary))
+    base = summary[base_mode]["steady_sps"]
     print(
         f"\n{n_nodes} nodes, {args.items} items x {args.item_kb} KiB, storage link {args.storage_mbit} Mbit/s, "
         f"node links {args.node_mbit} Mbit/s, cache per node 1/{n_nodes} + 10%, prep {args.prep_ms} ms/item, "
         "one Redis per node"
     )
-    head = ("mode", "epoch-1 samples/s", "steady samples/s", "vs torch", "storage MB ep1", "storage MB/epoch after",
+    head = ("mode", "epoch-1 samples/s", "steady samples/s", f"vs {base_mode}", "storage MB ep1", "storage MB/epoch after",
             "peer MB/epoch after")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -214,6 +220,28 @@ def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace
             f"| {mode} | {s['epoch1_sps']:.0f} | {s['steady_sps']:.0f} | {s['steady_sps'] / base:.2f}x | "
             f"{s['storage_mb_epoch1']:.1f} | {s['storage_mb_steady']:.1f} | {s['peer_mb_per_epoch']:.1f} |"
         )
+
+
+def print_tls(runs: list[list[dict]], n_items: int, epochs: int) -> None:
+    """Per run, steady samples/s plain and TLS (measured in the same run, order alternating), the ratio."""
+    print("\n| run | first | plain steady samples/s | TLS steady samples/s | TLS / plain |")
+    print("|---|---|---|---|---|")
+    ratios = []
+    for k, recs in enumerate(runs):
+        rate = {}
+        for mode in ("partitioned", "partitioned-tls"):
+            ep = [r for r in recs if r["mode"] == mode and "epoch" in r]
+            secs = [max(r["secs"] for r in ep if r["epoch"] == e) for e in range(1, epochs)]
+            rate[mode] = statistics.median(n_items / s for s in secs)
+        first = next(r["mode"] for r in recs if "epoch" in r)
+        ratios.append(rate["partitioned-tls"] / rate["partitioned"])
+        print(
+            f"| {k + 1} | {first} | {rate['partitioned']:.0f} | {rate['partitioned-tls']:.0f} | {ratios[-1]:.2f} |"
+        )
+    print(
+        f"TLS / plain steady samples/s: median {statistics.median(ratios):.2f}, "
+        f"min {min(ratios):.2f}, max {max(ratios):.2f} over {len(ratios)} runs"
+    )
 
 
 def main() -> int:
@@ -228,6 +256,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--prep-ms", type=float, default=0.0, help="CPU-seconds of simulated prep per item, in ms")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument(
+        "--tls", action="store_true", help="partitioned plain vs TLS only, alternated, with ratios"
+    )
     p.add_argument("--timeout-s", type=float, default=600)
     p.add_argument("--json", help="also write the summaries here")
     args = p.parse_args()
@@ -237,19 +268,24 @@ def main() -> int:
     if reason:
         print(f"cannot run: {reason}", file=sys.stderr)
         return 2
+    if args.tls:
+        args.modes = ["partitioned", "partitioned-tls"]
     results = {}
     for n_nodes in args.nodes:
         runs = []
         for rep in range(args.reps):
             t0 = time.perf_counter()
+            modes = args.modes[::-1] if args.tls and rep % 2 else args.modes  # alternate which goes first
             with tempfile.TemporaryDirectory() as tmp:
-                runs.append(run_once(args, n_nodes, Path(tmp)))
+                runs.append(run_once(args, n_nodes, Path(tmp), modes))
             print(
                 f"[{n_nodes} nodes, run {rep + 1}/{args.reps}: {time.perf_counter() - t0:.0f} s]",
                 file=sys.stderr,
             )
         results[n_nodes] = summarize(runs, args.items, args.epochs, args.modes)
         print_table(n_nodes, results[n_nodes], args)
+        if args.tls:
+            print_tls(runs, args.items, args.epochs)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
