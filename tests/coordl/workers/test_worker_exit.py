@@ -13,8 +13,10 @@ torch's own spawn context the worker aborts in most tries; coordl's spawned work
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -104,3 +106,41 @@ def test_the_cause_torch_spawned_workers_abort_so_and_coordls_do_not(tmp_path: P
         tries = int(os.environ["COORDL_STRESS_RUNS"])
     assert _aborts_with(_FLAGGED[multiprocessing.context.SpawnContext], tmp_path, tries) == 0
     assert _aborts_with("spawn", tmp_path, tries) > 0
+
+
+def _abort_at_exit(worker_id: int) -> None:
+    atexit.register(os.abort)  # a worker that dies on its way out, after its last batch
+
+
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_dying_as_a_resumed_loader_stops_it_is_no_error_of_the_pass(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Persistent spawn workers that abort as they exit: loading a state stops them (and close() stops
+    the next ones); each death is reported by torch meanwhile, and the resumed pass still gives every
+    batch after the state, as the uninterrupted run did."""
+    loader = coordl.DataLoader(
+        Numbers(), batch_size=2, num_workers=2, persistent_workers=True, multiprocessing_context="spawn",
+        worker_init_fn=_abort_at_exit,
+    )  # fmt: skip
+    try:
+        it = iter(loader)
+        first = [next(it).tolist() for _ in range(3)]
+        state = loader.state_dict()
+        rest = [b.tolist() for b in it]
+        workers = list(loader._torch._iterator._workers)
+        loader.load_state_dict(state)
+        assert [b.tolist() for b in loader] == rest  # the old workers aborted while they were stopped
+        assert all(w.exitcode == -signal.SIGABRT for w in workers)  # (they did die so)
+        assert "killed by signal" in caplog.text  # and torch reported it during the stop
+        assert first + rest == [[i, i + 1] for i in range(0, 16, 2)]
+    finally:
+        loader.close()  # the resumed pass's workers abort too, as close() stops them
