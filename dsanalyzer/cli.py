@@ -1,6 +1,7 @@
-"""The ``dsanalyzer`` command: ``profile``, ``whatif``, ``demo``.
+"""The ``dsanalyzer`` command: ``profile``, ``whatif``, ``verify``, ``fix``, ``demo``.
 
 dsanalyzer profile --iters 100 -- python train.py --data /data/train -b 64
+dsanalyzer fix -- python train.py --data /data/train -b 64
 dsanalyzer whatif reports/runs/<run>/report.json --cache-gb 32 --cpus 16 --storage-mbps 500
 dsanalyzer demo
 """
@@ -157,6 +158,66 @@ def add_verify_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_verify, command=[])
 
 
+def _run_fix(args: argparse.Namespace) -> int:
+    import json
+
+    from dsanalyzer.fix import fix_command
+    from dsanalyzer.report.fixtext import fix_text
+
+    command = list(args.command)
+    if not command:
+        print("dsanalyzer fix: give the training command after `--`, e.g. dsanalyzer fix -- python train.py",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    force = None
+    if args.force_step:
+        try:
+            force = json.loads(args.force_step)
+        except ValueError as e:
+            print(f"dsanalyzer fix: error: --force-step is not JSON: {e}", file=sys.stderr)
+            return 2
+    result = fix_command(
+        command, out_dir=args.out, report_path=args.report, profile_iters=args.profile_iters, iters=args.iters,
+        warmup=args.warmup, runs=args.runs, min_seconds=args.min_seconds, rounds=args.rounds,
+        timeout_s=args.timeout, show_progress=not args.quiet, dry_run=args.dry_run, force_step=force,
+    )  # fmt: skip
+    print(fix_text(result))
+    print(f"fix: {result['path']}")
+    return 0
+
+
+def add_fix_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fix",
+        usage="dsanalyzer fix [options] -- COMMAND ...",
+        help="profile, apply the remedy that removes the stall to the unmodified script, measure, repeat",
+        description="Profiles the command, then runs it with the cheapest remedy that removes the stall on this "
+        "machine (the trainer's intra-op threads, num_workers, coordl.DataLoader's cache or read-ahead) applied "
+        "through the import hook, measured beside your own configuration; keeps it only if it measured faster, "
+        "then takes the next step while another bound binds. Prints one table and the change to keep as a patch.",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan without running it")
+    p.add_argument("--rounds", type=_positive_int, default=3, help="most changes to try (default 3)")
+    p.add_argument("--report", help="an existing profile (report.json or its directory) instead of profiling")
+    p.add_argument("--out", help="output directory of the profile (default reports/runs/<time>-<script>)")
+    p.add_argument("--profile-iters", type=_positive_int, default=100,
+                   help="measured iterations per profile run (default 100)")  # fmt: skip
+    p.add_argument(
+        "--iters", type=_positive_int, default=60, help="measured iterations per fix run (default 60)"
+    )
+    p.add_argument("--warmup", type=_non_negative_int,
+                   help="iterations dropped first in each fix run (default: one epoch + the profile's warm-up)")  # fmt: skip
+    p.add_argument("--runs", type=_positive_int, default=1,
+                   help="runs of each configuration, compared by their median (default 1; 3 on a shared machine)")  # fmt: skip
+    p.add_argument(
+        "--timeout", type=_positive_float, default=600.0, help="seconds allowed per run (default 600)"
+    )
+    p.add_argument("--force-step", help=argparse.SUPPRESS)  # test-only: round 1 runs this change (JSON)
+    _add_min_seconds(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_run_fix, command=[])
+
+
 def _add_min_seconds(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--min-seconds",
@@ -270,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_whatif_parser(sub)
     add_verify_parser(sub)
+    add_fix_parser(sub)
     add_demo_parser(sub)
     return parser
 

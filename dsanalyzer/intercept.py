@@ -28,7 +28,7 @@ from functools import partial, wraps
 from typing import Any
 
 from dsanalyzer.jobs import comm
-from dsanalyzer.measure import threads
+from dsanalyzer.measure import apply, threads
 from dsanalyzer.measure.hookconfig import ENV_MODE, HookConfig
 from dsanalyzer.measure.plan import MODES
 from dsanalyzer.measure.recorder import RunComplete, RunRecorder
@@ -267,10 +267,13 @@ def _patch_module(module: Any) -> None:
     names = vars(module)  # not getattr: a module's lazy __getattr__ must not import anything here
     if module.__name__ == "torch":  # imported whole (its docs attached): the script has not run a line
         threads.watch(module)
+        apply.on_torch(module)  # a fix's intra-op threads (dsanalyzer.measure.apply)
         return
     for name in _LOADER_CLASSES:
         if isinstance(names.get(name), type):
             patch_loader_class(names[name])
+            # where the script builds it (the fix's patch), and a fix's arguments applied there
+            apply.patch_construction(names[name], module.__name__ == "torch.utils.data.dataloader")
     dali = names.get("DALIGenericIterator")
     if isinstance(dali, type) and dali.__module__ == module.__name__:
         patch_dali_iterator_class(dali)
@@ -309,6 +312,7 @@ def install_from_env() -> bool:
     if not os.environ.get(ENV_MODE) or _STATE is not None:
         return False
     cfg = HookConfig.from_env()
+    apply.install(apply.Change.from_env())
     _STATE = ProbeState(cfg)
     comm.set_recorder(_STATE.comm)
     for name in _TARGET_MODULES:

@@ -23,7 +23,7 @@ from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.measure.sysmon import SysMonitor
 from dsanalyzer.report.schema import load_report, write_report
 
-__all__ = ["verify_command"]
+__all__ = ["verify_command", "run_once"]
 
 
 def verify_command(
@@ -62,27 +62,34 @@ def verify_command(
         if baseline:
             cfg = HookConfig("real", base_iters, base_warm, result_dir=str(logs / f"baseline{name}"))
             before.append(
-                _run(
+                run_once(
                     profiled, cfg, logs / f"baseline{name}.log", timeout_s, "baseline" + label, show_progress
                 )
             )
         cfg = HookConfig("real", iters, warm, result_dir=str(logs / f"verify{name}"), min_seconds=min_seconds)
         results.append(
-            _run(command, cfg, logs / f"verify{name}.log", timeout_s, "verify" + label, show_progress)
+            run_once(command, cfg, logs / f"verify{name}.log", timeout_s, "verify" + label, show_progress)
         )
     report["verify"] = verify_result(report, results, warm, command, baseline=before or None)
     write_report(report, out)
     return report["verify"]
 
 
-def _run(
-    command: list[str], cfg: HookConfig, log: Path, timeout_s: float, label: str, progress: bool
+def run_once(
+    command: list[str],
+    cfg: HookConfig,
+    log: Path,
+    timeout_s: float,
+    label: str,
+    progress: bool,
+    extra_env: dict[str, str] | None = None,
 ) -> dict:
-    """One run of ``command`` under the hook, with the cores other processes used beside it."""
+    """One run of ``command`` under the hook, with the cores other processes used beside it (``extra_env``:
+    a change for the hook to apply, as ``dsanalyzer fix`` gives it)."""
     bar = ProgressBar(f"{label:>12}", progress)
     with SysMonitor() as mon:
         try:
-            result = run_child(command, cfg, log, timeout_s, bar.update)
+            result = run_child(command, cfg, log, timeout_s, bar.update, extra_env)
         finally:
             bar.close()
     others = [v for v in mon.series()["other_cpu_cores"] if v is not None]

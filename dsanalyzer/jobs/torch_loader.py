@@ -19,7 +19,7 @@ from typing import Any
 
 from dsanalyzer.jobs import item_source
 from dsanalyzer.jobs.coordl_loader import fetch_ahead, is_coordl_loader, remedy_probes, remote_facts
-from dsanalyzer.measure import fetchrate, gpu_prep, itemsize, objectstore, peer, runs
+from dsanalyzer.measure import apply, callsite, fetchrate, gpu_prep, itemsize, objectstore, peer, runs
 from dsanalyzer.measure.plan import MODES, Prepared, RunPlan
 from dsanalyzer.model.store import loader_concurrency
 
@@ -39,6 +39,8 @@ def loader_facts(loader: Any) -> dict:
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "batches_per_epoch": _batches_per_epoch(loader),
         "torch_threads": _torch_threads(),
+        "site": callsite.site_of(loader),  # the script's line that built it (the fix's patch goes there)
+        "applied": apply.applied(),  # what a fix's change did in this run (dsanalyzer.measure.apply)
         **remote_facts(loader),
     }
 

@@ -39,7 +39,7 @@ from dsanalyzer.model.measured import other_cpu_cores
 from dsanalyzer.model.remote_prep import RemoteSetup, with_remote
 from dsanalyzer.model.whatif import Model
 
-__all__ = ["verify_result", "fill_epochs", "rebased", "warmup_for", "TARGET_ERROR", "PAUSE_FACTOR"]
+__all__ = ["verify_result", "run_rate", "fill_epochs", "rebased", "warmup_for", "TARGET_ERROR", "PAUSE_FACTOR"]
 
 TARGET_ERROR = 0.10  # the what-if model's accuracy goal for a verified change
 PAUSE_FACTOR = 5.0  # a step this many times the median (and 0.1 s over it): the process paused
@@ -107,6 +107,11 @@ def _measured(run: dict, warmup: int) -> dict:
         "pause_share": sum(extra) / total_s if total_s > 0 else 0.0,
         "samples_per_s_without_pauses": items / kept_s if kept_s > 0 else summary.samples_per_s,
     }
+
+
+def run_rate(run: dict, warmup: int) -> dict:
+    """One run's measured samples/s (after ``warmup`` iterations), step, wait and pauses (:func:`_measured`)."""
+    return _measured(run, warmup)
 
 
 def _profile_step_s(report: dict) -> float | None:

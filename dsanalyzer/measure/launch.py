@@ -92,10 +92,14 @@ def run_child(
     log_path: Path,
     timeout_s: float,
     progress: Callable[[int, int], None] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict:
-    """Run ``command`` once under the hook in mode ``cfg.mode``; return its result dict."""
+    """Run ``command`` once under the hook in mode ``cfg.mode``; return its result dict. ``extra_env``:
+    more for the hook (a fix's change, :mod:`dsanalyzer.measure.apply`)."""
     env = dict(os.environ)
+    env.pop("DSANALYZER_APPLY", None)  # a change is this run's to give, never inherited
     env.update(cfg.to_env())
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_HOOK_DIR, _PKG_PARENT, env.get("PYTHONPATH")) if p)
     Path(cfg.result_dir).mkdir(parents=True, exist_ok=True)
     for pattern in ("result-*.json", "progress-*.txt"):  # an earlier run's files in this directory

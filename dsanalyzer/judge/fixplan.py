@@ -1,0 +1,123 @@
+"""What ``dsanalyzer fix`` runs: the next step from the ranked remedies, for the job as it now stands.
+
+A step is one remedy the import hook can apply to the unmodified script (:mod:`dsanalyzer.measure.apply`):
+the trainer's intra-op threads, the loader's ``num_workers``, coordl's read-ahead and MinIO cache (a torch
+loader switched to ``coordl.DataLoader``). :func:`next_step` asks the ranked remedies
+(:mod:`dsanalyzer.judge.remedies`) of the profiled model *with the changes kept so far applied*
+(:func:`applied_model`), so that when a change moves the bound (one thread frees a core, then prep binds)
+the next step is the remedy of the new bound: those that remove the stall cheapest first, then the one that
+gains most, within this machine's cores and the memory budget. Remedies that need more than this machine
+(nodes, remote CPUs, GPU prep) or a probe the profile did not make are left to the verdict's list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from dsanalyzer.judge.loadercode import is_dali
+from dsanalyzer.judge.remedies import GAIN, current, ranked
+from dsanalyzer.judge.verdict import recommend
+from dsanalyzer.model.whatif import Model
+
+__all__ = ["Config", "Step", "APPLIED", "applied_model", "next_step", "plan"]
+
+APPLIED = ("threads", "workers", "fetch_ahead", "cache")  # the remedies the hook applies to the script
+
+
+@dataclass(frozen=True)
+class Config:
+    """The changes in force, all rounds' together (empty: the script as written)."""
+
+    torch_threads: int | None = None
+    loader_args: dict = field(default_factory=dict)
+    switch_to: str = ""
+
+    def with_step(self, step: Step) -> Config:
+        return Config(
+            step.torch_threads if step.torch_threads is not None else self.torch_threads,
+            {**self.loader_args, **step.loader_args},
+            step.switch_to or self.switch_to,
+        )
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One round's change and what the model predicts for the job with it (and the earlier ones)."""
+
+    name: str
+    code: str
+    predicted_samples_per_s: float
+    bound: str | None
+    torch_threads: int | None = None
+    loader_args: dict = field(default_factory=dict)
+    switch_to: str = ""
+    removes_stall: bool = False
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def applied_model(model: Model, config: Config) -> Model:
+    """The profiled model with ``config`` in force: one intra-op thread, its workers, cache and read-ahead."""
+    kw: dict = {}
+    if config.torch_threads is not None:
+        kw.update(torch_threads=config.torch_threads, threads_follow_cores=False)
+    args = config.loader_args
+    if "num_workers" in args:
+        kw["workers"] = int(args["num_workers"])
+    if "cache_bytes" in args:
+        kw.update(cache_bytes=float(args["cache_bytes"]), cache_policy="minio")
+    if "fetch_ahead" in args:
+        kw["fetch_ahead"] = int(args["fetch_ahead"])
+    return replace(model, **kw) if kw else model
+
+
+def _report_after(report: dict, config: Config) -> dict:
+    """``report`` as the remedies read it once ``config`` switched the loader to coordl's."""
+    if not config.switch_to:
+        return report
+    return {**report, "loader": {**(report.get("loader") or {}), "class": "coordl.dataloader.DataLoader"}}
+
+
+def next_step(
+    report: dict, kept: Config, memory_budget_bytes: float, excluded: frozenset[str] = frozenset()
+) -> Step | None:
+    """The next change on top of ``kept``: the first applicable remedy of the ranked list that gains
+    more than :data:`~dsanalyzer.judge.remedies.GAIN` and fits the cores and ``memory_budget_bytes``
+    (``excluded``: remedies already tried and reverted); None when none does (the job is compute-bound,
+    or nothing here helps)."""
+    if is_dali(report):
+        return None  # a built DALI pipeline's threads cannot be changed through the loader call
+    model = applied_model(Model.from_report(report), kept)
+    now = current(model).samples_per_s
+    after = _report_after(report, kept)
+    for r in ranked(model, after, recommend(model)):
+        if r.name not in APPLIED or r.name in excluded or r.samples_per_s is None:
+            continue
+        if r.samples_per_s <= now * (1 + GAIN):
+            continue
+        if float(r.cost.get("memory_bytes") or 0.0) > memory_budget_bytes:
+            continue
+        if int(r.loader_args.get("num_workers") or 0) > model.cpus:
+            continue
+        return Step(r.name, r.code, r.samples_per_s, r.bound, r.torch_threads, dict(r.loader_args),
+                    r.switch_to, r.removes_stall(model.compute_rate()))  # fmt: skip
+    return None
+
+
+def plan(report: dict, rounds: int, memory_budget_bytes: float) -> list[Step]:
+    """The steps ``fix`` would take if each measured as predicted (what ``--dry-run`` prints)."""
+    steps: list[Step] = []
+    kept = Config()
+    for _ in range(rounds):
+        step = next_step(report, kept, memory_budget_bytes)
+        if step is None:
+            break
+        steps.append(step)
+        kept = kept.with_step(step)
+        if step.removes_stall:
+            break
+    return steps

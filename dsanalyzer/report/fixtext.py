@@ -1,0 +1,75 @@
+"""``dsanalyzer fix``'s terminal output: the rounds as one table, the speedup, and the change to keep.
+
+Reads only the result ``fix`` returns (what ``fix.json`` holds).
+"""
+
+from __future__ import annotations
+
+__all__ = ["fix_text"]
+
+_HEAD = ("round", "change", "predicted", "measured", "vs yours", "result")
+
+
+def _table(rows: list[tuple[str, str, str, str, str, str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(_HEAD)]
+    right = {0, 2, 3, 4}
+
+    def line(cells: tuple[str, str, str, str, str, str]) -> str:
+        padded = (
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+        return "  ".join(padded).rstrip()
+
+    return [line(_HEAD), *(line(r) for r in rows)]
+
+
+def _plan_lines(result: dict) -> list[str]:
+    lines = [f"plan (each step predicted for the job with the ones before it; {result['cpus']} cpus):"]
+    for n, s in enumerate(result["plan"], 1):
+        lines.append(
+            f"  {n}. {s['code']}: predicted {s['predicted_samples_per_s']:,.0f} samples/s ({s['bound']}-bound)"
+        )
+    return lines
+
+
+def _nothing(result: dict) -> str:
+    return (
+        f"dsanalyzer fix: the job is {result.get('bound')}-bound at {result['predicted_samples_per_s']:,.0f} "
+        f"samples/s and no change the hook can make on this machine ({result['cpus']} cpus) is predicted to "
+        "speed it up: nothing changed (the verdict's remedies in the report name what would need more than this machine)"
+    )
+
+
+def fix_text(result: dict) -> str:
+    """The plan (``--dry-run``), or the rounds' table, the speedup and the patch."""
+    if not result["plan"]:
+        return _nothing(result)
+    if result["dry_run"]:
+        return "\n".join(
+            [*_plan_lines(result), "dry run: nothing was run (drop --dry-run to apply and measure it)"]
+        )
+    base = result["base_samples_per_s"]
+    rows = [
+        ("0", "your configuration", f"{result['predicted_samples_per_s']:,.0f}", f"{base:,.0f}", "1.00x", "")
+    ]
+    for r in result["rounds"]:
+        rows.append((str(r["round"]), r["change"], f"{r['predicted_samples_per_s']:,.0f}",
+                     f"{r['measured_samples_per_s']:,.0f}", f"{r['speedup']:.2f}x", r["status"]))  # fmt: skip
+    runs = result["runs"]
+    lines = [
+        f"dsanalyzer fix: {len(result['rounds'])} round(s) on {result['cpus']} cpus; samples/s, "
+        f"{'median of ' + str(runs) + ' runs' if runs > 1 else 'one run'} each, {result['iters']} iterations "
+        f"after {result['warmup_iters']} warm-up; each round keeps the changes kept before it",
+        *_table(rows),
+        f"final: {result['speedup']:.2f}x your configuration ({result['final_samples_per_s']:,.0f} vs {base:,.0f} samples/s)",
+    ]
+    if "patch" not in result:
+        lines.append("no change measured faster than your configuration: keep the script as it is")
+        return "\n".join(lines)
+    if result["patch"]:
+        lines += ["the change to keep:", result["patch"].rstrip("\n")]
+    else:
+        lines += ["the change to keep (the loader's call site was not found in a readable script):"]
+        lines += [f"  {line}" for line in result["lines_to_add"]]
+    return "\n".join(lines)
