@@ -92,15 +92,44 @@ print("RESULT", json.dumps(out), flush=True)
 """
 
 
+LOADER_SCRIPT = r"""
+import datetime, json, os
+import torch.distributed as dist
+import coordl
+
+class Items:
+    def __len__(self): return 96
+    def fetch(self, i): return (i.to_bytes(4, "little") * 2500)[: 5000 + i]
+    def prep(self, raw, i):
+        assert raw == self.fetch(i), i
+        return i
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+loader = coordl.DataLoader(Items(), batch_size=8, shuffle=True, num_workers=1, cache_bytes=600_000,
+                           partitioned=True)
+reads, seen = [], []
+for epoch in range(2):
+    loader.sampler.set_epoch(epoch)
+    seen.append(sorted(int(i) for b in loader for i in b))
+    dist.barrier()
+    reads.append(loader.epoch_stats()[-1]["storage_items_read"])
+st = loader.stats()
+print("RESULT", json.dumps({"reads": reads, "seen": seen, "remote_hits": st["remote_hits"],
+                            "remote_errors": st["remote_errors"]}), flush=True)
+loader.close()
+dist.destroy_process_group()
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _run(tmp_path: Path, envs: list[dict]) -> list[tuple[int, str, str]]:
+def _run(tmp_path: Path, envs: list[dict], text: str = RANK_SCRIPT) -> list[tuple[int, str, str]]:
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT)
+    script.write_text(text)
     port = _free_port()
     procs = []
     for rank in range(2):
@@ -168,3 +197,13 @@ def test_shared_rediss_redis_with_your_own_files(tmp_path: Path) -> None:
         for s in servers:
             s.stop()
     assert r0["tls"] and r1["tls"] and r0["read"] == r0["pushed"] > 0 and r1["read"] == r1["pushed"] > 0
+
+
+def test_dataloader_with_workers_over_tls(tmp_path: Path) -> None:
+    """coordl.DataLoader(partitioned=True) with COORDL_PEER_TLS=1: its workers (copies of the client)
+    read peers over TLS; storage is read in epoch 1 only."""
+    r0, r1 = _results(_run(tmp_path, [{"COORDL_PEER_TLS": "1"}] * 2, LOADER_SCRIPT))
+    for e in range(2):
+        assert sorted(r0["seen"][e] + r1["seen"][e]) == list(range(96))
+    assert r0["reads"][1] + r1["reads"][1] == 0 and r0["reads"][0] + r1["reads"][0] == 96
+    assert r0["remote_hits"] + r1["remote_hits"] > 0 and r0["remote_errors"] == r1["remote_errors"] == 0
