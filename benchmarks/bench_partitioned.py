@@ -59,6 +59,7 @@ import datetime, json, os, sys, time
 import torch, torch.distributed as dist
 import coordl
 from shmem.counters import SharedCounters
+import psutil
 import redis
 
 storage_ip, storage_port, n_items, item_bytes, epochs, workers = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:7])
@@ -98,6 +99,18 @@ class TorchDataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return self.src.prep(self.src.fetch(i), i)
 
+def node_cpu_s():
+    # CPU seconds of this rank, its loader workers and the node's Redis (its child): what TLS would add to.
+    total = 0.0
+    me = psutil.Process()
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 rank, world = dist.get_rank(), dist.get_world_size()
 budget = int(n_items * item_bytes / world * 1.1) + (1 << 20)
@@ -117,11 +130,12 @@ for mode in modes:
         loader.sampler.set_epoch(epoch)
         dist.barrier()
         before = counters.snapshot()["storage_bytes"]
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), node_cpu_s()
         n = sum(len(b) for b in loader)
+        cpu_s = node_cpu_s() - cpu0
         dist.barrier()
         secs = time.perf_counter() - t0
-        print(json.dumps({"mode": mode, "epoch": epoch, "secs": secs, "n": n,
+        print(json.dumps({"mode": mode, "epoch": epoch, "secs": secs, "n": n, "cpu_s": cpu_s,
                           "storage_bytes": counters.snapshot()["storage_bytes"] - before}), flush=True)
     if mode != "torch":
         st = loader.stats()
