@@ -11,5 +11,7 @@ One primitive per idea, none of which imports anything else of the project:
 * :mod:`shmem.codec`: the one frame format for values crossing processes, caches and sockets (a tree of
   arrays, bytes and scalars behind a checked header, CRC-32s, a key tag; never pickle);
 * :mod:`shmem.counters`: integer counters shared by a process and its workers;
+* :mod:`shmem.strings`: many strings as one blob and one offsets array, read by forked workers without
+  copying pages (a dataset's file list);
 * :mod:`shmem.lazy`: lazy package exports, so ``import pkg`` stays cheap.
 """

@@ -15,13 +15,13 @@ with a deterministic prefix (decode, resize), the dataset also exposes ``prep_de
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from coordl.datasets.filelist import FileList, IndexedView, ItemView, Targets
 from coordl.errors import CorruptItemError
 from coordl.fileread.read import read_file
 from coordl.prep.transforms import Compose, Decode
@@ -61,8 +61,24 @@ class _FileSource:
         ``bytes``: when the transform says it reads buffers (coordl's ``Decode`` first)."""
         return getattr(self.transform, "reads_buffers", False) is True
 
-    # Subclasses provide these.
-    items: list[tuple[str, Any]]
+    # The file list, flat (coordl.datasets.filelist): set by the subclasses that list files.
+    _files: FileList
+
+    @property
+    def items(self) -> ItemView:
+        """``[(name, target)]`` as a read-only list view (the dataset holds flat arrays, not the pairs)."""
+        return self._files.view()
+
+    @items.setter
+    def items(self, pairs: Sequence[tuple[str, Any]]) -> None:
+        """Replace the file list (e.g. keep a subset: ``ds.items = ds.items[:1000]``)."""
+        self._files = FileList.from_pairs(pairs)
+
+    @property
+    def targets(self) -> Targets:
+        """Every item's target (class index; None in a FileListDataset without ``targets=``), a read-only list
+        view (``np.asarray(ds.targets)`` copies one array)."""
+        return self._files.targets
 
     def _read(self, index: int) -> bytes:
         raise NotImplementedError
@@ -72,7 +88,7 @@ class _FileSource:
         raise NotImplementedError
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self._files)
 
     def fetch(self, index: int) -> bytes:
         """The stored bytes of item ``index`` (no decoding, nothing counted)."""
@@ -80,7 +96,7 @@ class _FileSource:
 
     def target(self, index: int) -> Any:
         """Item ``index``'s label after ``target_transform``, without reading or decoding the file."""
-        target = self.items[index][1]
+        target = self._files.target(index)
         return self.target_transform(target) if self.target_transform is not None else target
 
     def _wrap_corrupt(self, e: CorruptItemError, index: int) -> CorruptItemError:
@@ -138,10 +154,7 @@ class _FileSource:
         return repr(self._det)
 
     def _list_digest(self) -> str:
-        h = hashlib.sha256()
-        for name, target in self.items:
-            h.update(f"{name}\t{target}\n".encode())
-        return h.hexdigest()[:16]
+        return self._files.digest()
 
 
 class FileListDataset(_FileSource):
@@ -162,18 +175,20 @@ class FileListDataset(_FileSource):
         super().__init__(transform, target_transform)
         if targets is not None and len(targets) != len(paths):
             raise ValueError(f"FileListDataset: {len(paths)} paths but {len(targets)} targets")
-        self.paths = [os.fspath(p) for p in paths]
+        self._files = FileList((os.fspath(p) for p in paths), targets)
         # s3:// entries are read through coordl.objectstore (one GET each); other entries are local files.
         self._urls = _url_reader(storage_options) if any(_is_s3(p) for p in self.paths) else None
         if self._urls is None and storage_options is not None:
             raise ValueError("FileListDataset: storage_options= is for s3:// paths, and no path is one")
         self.has_targets = targets is not None
-        self.items = list(
-            zip(self.paths, targets if targets is not None else [None] * len(self.paths), strict=True)
-        )
+
+    @property
+    def paths(self) -> Sequence[str]:
+        """Every item's path or URL (a read-only list of ``str``, held flat)."""
+        return self._files.names
 
     def _read(self, index: int, cached: bool = True) -> bytes:
-        path = self.paths[index]
+        path = self._files.name(index)
         if self._urls is not None and _is_s3(path):
             return self._urls.read(path)
         return read_file(path, cached=cached)
@@ -186,13 +201,13 @@ class FileListDataset(_FileSource):
     def local_file(self, index: int) -> str | None:
         """The local file :meth:`fetch` reads whole for ``index``, or None (an s3:// path, or a subclass
         reading its own way): a loader's read-ahead reads it (:class:`coordl.fileread.read.ReadAhead`)."""
-        path = self.paths[index]
+        path = self._files.name(index)
         if (self._urls is not None and _is_s3(path)) or _reads_its_own_way(self, FileListDataset):
             return None
         return path
 
     def describe(self, index: int) -> str:
-        return self.paths[index]
+        return self._files.name(index)
 
     def stats(self) -> dict[str, int]:
         """Object-store counters (``store_requests``, ``store_bytes``, ``store_retries``) for s3:// paths."""
@@ -307,7 +322,9 @@ class ImageFolder(_FileSource):
             )
         self.classes = sorted({p.split("/", 1)[0] for p in relpaths})
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        self.items = [(p, self.class_to_idx[p.split("/", 1)[0]]) for p in sorted(relpaths)]
+        relpaths.sort()
+        labels = [self.class_to_idx[p.split("/", 1)[0]] for p in relpaths]
+        self._files = FileList(relpaths, labels)
 
     def _keep(self, relpath: str) -> bool:
         """An item: inside a class folder, with an image extension, nothing hidden on its path."""
@@ -330,16 +347,17 @@ class ImageFolder(_FileSource):
         return out
 
     @property
-    def samples(self) -> list[tuple[str, int]]:
-        """[(path, class_index)] as in torchvision (URL-joined for a staged source)."""
-        return [(self.describe(i), t) for i, (_, t) in enumerate(self.items)]
+    def samples(self) -> IndexedView:
+        """[(path, class_index)] as in torchvision (URL-joined for a staged source), a read-only list view."""
+        return IndexedView(len(self._files), self._sample)
 
-    @property
-    def targets(self) -> list[int]:
-        return [t for _, t in self.items]
+    imgs = samples  # torchvision's older name
+
+    def _sample(self, index: int) -> tuple[str, int]:
+        return self.describe(index), self._files.target(index)
 
     def _read(self, index: int, cached: bool = True) -> bytes:
-        rel = self.items[index][0]
+        rel = self._files.name(index)
         if self._staged is not None:
             return self._staged.read(rel)
         if self._bucket is not None:
@@ -357,10 +375,10 @@ class ImageFolder(_FileSource):
         subclass reading its own way): a loader's read-ahead reads it (:class:`coordl.fileread.read.ReadAhead`)."""
         if self._staged is not None or self._bucket is not None or _reads_its_own_way(self, ImageFolder):
             return None
-        return os.path.join(self.root, self.items[index][0])
+        return os.path.join(self.root, self._files.name(index))
 
     def describe(self, index: int) -> str:
-        rel = self.items[index][0]
+        rel = self._files.name(index)
         if self._staged is not None:
             return str(self._staged.describe(rel))
         if self._bucket is not None:
