@@ -19,18 +19,10 @@ import os
 import threading
 import urllib.parse
 import zlib
-from dataclasses import dataclass
+
+from nfs_cache.entries import Entry, StagedEntries
 
 __all__ = ["Entry", "Manifest"]
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A staged file: its size, the source's mtime when it was copied, and the CRC32 of its bytes."""
-
-    size: int
-    mtime_ns: int
-    crc32: int
 
 
 def _encode(body: str) -> bytes:
@@ -60,8 +52,7 @@ class Manifest:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.entries: dict[str, Entry] = {}
-        self.total_bytes = 0
+        self.entries = StagedEntries()  # held flat: see nfs_cache.entries
         self._offset = 0
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -90,14 +81,15 @@ class Manifest:
                     self._apply(*rec)
             # A torn last line (crash mid-write) stays unparsed here: the next append starts on a fresh line.
             self._offset += end
+            self.entries.settle()
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every staged file."""
+        return self.entries.total_bytes
 
     def _apply(self, op: str, relpath: str, entry: Entry | None) -> None:
-        old = self.entries.pop(relpath, None)
-        if old is not None:
-            self.total_bytes -= old.size
-        if op == "+" and entry is not None:
-            self.entries[relpath] = entry
-            self.total_bytes += entry.size
+        self.entries.apply(relpath, entry if op == "+" else None)
 
     def _append(self, body: str) -> None:
         fd = self._file()

@@ -7,6 +7,9 @@ workers get the listing with the dataset (pickled or forked), never re-listing; 
 includes a digest of the listing (keys, sizes, ETags), so a changed object is a new dataset to every cache.
 
 The file is JSON (never pickle), written to a temporary name and renamed, so a reader never sees half of one.
+In memory a listing is a :class:`Listing`: flat columns (keys and ETags in :class:`shmem.strings.StringArray`,
+sizes and mtimes in int64 arrays) that read as a list of :class:`ObjectInfo`, so a million objects cost no
+per-object Python objects in the dataset every loader worker inherits or unpickles.
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ import json
 import os
 import tempfile
 import time
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, SupportsIndex
+
+import numpy as np
 
 from coordl.objectstore.client import ObjectInfo, ObjectStore
+from shmem.strings import StringArray
 
-__all__ = ["cached_listing", "listing_digest", "default_cache_dir", "DEFAULT_MAX_AGE_S"]
+__all__ = ["Listing", "cached_listing", "listing_digest", "default_cache_dir", "DEFAULT_MAX_AGE_S"]
 
 DEFAULT_MAX_AGE_S = 24 * 3600.0
 _VERSION = 1
@@ -32,7 +39,47 @@ def default_cache_dir() -> str:
     return os.path.join(base, "listings")
 
 
-def listing_digest(objects: list[ObjectInfo]) -> str:
+class Listing(Sequence[ObjectInfo]):
+    """The objects of a listing as flat columns; item ``i`` is built as an :class:`ObjectInfo` when read."""
+
+    def __init__(self, objects: Iterable[ObjectInfo | Sequence[Any]] = ()) -> None:
+        keys: list[str] = []
+        etags: list[str] = []
+        numbers: list[tuple[int, int]] = []
+        for o in objects:
+            key, size, mtime_ns, etag = (
+                (o.key, o.size, o.mtime_ns, o.etag) if isinstance(o, ObjectInfo) else o
+            )
+            keys.append(str(key))
+            etags.append(str(etag))
+            numbers.append((int(size), int(mtime_ns)))
+        self.keys, self.etags = StringArray(keys), StringArray(etags)
+        self.sizes_mtimes = np.array(numbers, dtype=np.int64).reshape(-1, 2)  # size, mtime_ns of each key
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, index: SupportsIndex | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        size, mtime_ns = self.sizes_mtimes[index].tolist()
+        return ObjectInfo(self.keys[index], size, mtime_ns, self.etags[index])
+
+    def __iter__(self) -> Iterator[ObjectInfo]:
+        rows = iter(self.sizes_mtimes.tolist())
+        for key, etag in zip(self.keys, self.etags, strict=True):
+            size, mtime_ns = next(rows)
+            yield ObjectInfo(key, size, mtime_ns, etag)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+
+def listing_digest(objects: Iterable[ObjectInfo]) -> str:
     """16 hex digits over every (key, size, ETag): equal listings, equal digests."""
     h = hashlib.sha256()
     for o in objects:
@@ -46,7 +93,7 @@ def _cache_path(store: ObjectStore, cache_dir: str) -> str:
     return os.path.join(cache_dir, hashlib.sha256(ident.encode()).hexdigest()[:24] + ".json")
 
 
-def _load(path: str, max_age_s: float) -> list[ObjectInfo] | None:
+def _load(path: str, max_age_s: float) -> Listing | None:
     try:
         with open(path, encoding="utf-8") as f:
             doc: dict[str, Any] = json.load(f)
@@ -54,10 +101,13 @@ def _load(path: str, max_age_s: float) -> list[ObjectInfo] | None:
         return None
     if doc.get("version") != _VERSION or time.time() - float(doc.get("listed_at", 0)) > max_age_s:
         return None
-    return [ObjectInfo(k, int(s), int(m), str(e)) for k, s, m, e in doc["objects"]]
+    try:
+        return Listing(doc["objects"])
+    except (KeyError, TypeError, ValueError):  # a damaged file is listed again, not trusted
+        return None
 
 
-def _save(path: str, store: ObjectStore, objects: list[ObjectInfo]) -> None:
+def _save(path: str, store: ObjectStore, objects: Listing) -> None:
     doc = {
         "version": _VERSION, "url": store.url, "endpoint": store.endpoint, "listed_at": time.time(),
         "objects": [[o.key, o.size, o.mtime_ns, o.etag] for o in objects],
@@ -80,7 +130,7 @@ def cached_listing(
     cache_dir: str | os.PathLike | None = None,
     max_age_s: float = DEFAULT_MAX_AGE_S,
     refresh: bool = False,
-) -> list[ObjectInfo]:
+) -> Listing:
     """The objects under the store's prefix: from ``cache_dir`` when fresh, else listed (and saved there).
 
     ``cache_dir=False``-like empty string disables the disk cache (always lists). ``refresh=True`` lists
@@ -93,7 +143,7 @@ def cached_listing(
         found = _load(path, max_age_s)
         if found is not None:
             return found
-    objects = store.list()
+    objects = Listing(store.list())
     if path:
         try:
             _save(path, store, objects)

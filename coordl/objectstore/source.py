@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from coordl.objectstore.client import ObjectInfo, ObjectStore
-from coordl.objectstore.listing import DEFAULT_MAX_AGE_S, cached_listing, listing_digest
+from coordl.objectstore.client import ObjectStore
+from coordl.objectstore.listing import DEFAULT_MAX_AGE_S, Listing, cached_listing, listing_digest
 from coordl.objectstore.options import SCHEMES
 from nfs_cache.sources import RemoteFile, Source, _check_relpath, register_scheme
 
@@ -51,10 +51,11 @@ class S3Source(Source):
         self.listing_cache_dir = listing_cache_dir
         self.listing_max_age_s = listing_max_age_s
         self.refresh_listing = refresh_listing
-        self._objects: list[ObjectInfo] | None = None
+        self._objects: Listing | None = None
 
-    def objects(self) -> list[ObjectInfo]:
-        """The listing (done once per instance; from the disk cache when fresh)."""
+    def objects(self) -> Listing:
+        """The listing (done once per instance; from the disk cache when fresh), a read-only list of
+        :class:`~coordl.objectstore.client.ObjectInfo` held in flat arrays."""
         if self._objects is None:
             self._objects = cached_listing(
                 self.store, cache_dir=self.listing_cache_dir, max_age_s=self.listing_max_age_s,
