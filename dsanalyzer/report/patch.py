@@ -123,8 +123,9 @@ def script_patch(
         lines.insert(after, text)
     old = path.read_text().splitlines(keepends=True)
     rel = os.path.relpath(path)
-    name = str(path) if rel.startswith("..") else rel  # `git apply` / `patch -p1` from here
-    diff = difflib.unified_diff(old, lines, fromfile=f"a/{name}", tofile=f"b/{name}")
+    # under this directory: a/ and b/ paths (`git apply`, `patch -p1` from here); elsewhere the path itself (`patch -p0`)
+    old_name, new_name = (str(path), str(path)) if rel.startswith("..") else (f"a/{rel}", f"b/{rel}")
+    diff = difflib.unified_diff(old, lines, fromfile=old_name, tofile=new_name)
     return "".join(diff)
 
 

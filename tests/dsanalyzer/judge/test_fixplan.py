@@ -1,0 +1,69 @@
+"""``dsanalyzer fix``'s plan: the next step is the ranked list's first applicable remedy for the job with the
+changes kept so far, so a change that moves the bound is followed by the remedy of the new bound."""
+
+from __future__ import annotations
+
+from dsanalyzer.fix import forced_step
+from dsanalyzer.judge.fixplan import Config, next_step, plan
+from dsanalyzer.judge.verdict import verdict
+from tests.dsanalyzer.judge.test_remedy_list import compute_bound, fetch_bound_torch, spinning
+from tests.dsanalyzer.judge.test_verdict import FAST_STORAGE, at_model_rate, base
+
+_MACHINE = {"cpus": 4, "memory_bytes": 24e9, "mem_bandwidth_bytes_per_s": 10e9}
+_MP = {"torch_threads": 4, "threads_follow_cores": True, "step_device": "cpu", "step_cpu_s_per_batch": 0.02}
+_PS = {"workers": [1, 2, 3, 4], "samples_per_s": [300.0, 600.0, 900.0, 1150.0], "cpu_s_per_sample": [0.0025] * 4,
+       "cpu_share": [1.0] * 4, "cores": 4}  # fmt: skip
+
+
+def one_worker_spinning_threads() -> dict:
+    """4 cores, 1 worker, torch's 4 threads in a CPU step: more workers first, then the threads bind."""
+    rates = {"compute": 1000.0, "prep": 300.0, "fetch": 5000.0, "observed": 280.0}
+    return at_model_rate(
+        base(
+            machine=_MACHINE,
+            main_process=_MP,
+            prep_scaling=_PS,
+            fetch=FAST_STORAGE,
+            cache_bytes=1e9,
+            workers=1,
+            rates_per_s=rates,
+        )  # fmt: skip
+    )
+
+
+def test_a_change_that_moves_the_bound_is_followed_by_the_remedy_of_the_new_bound():
+    rep = one_worker_spinning_threads()
+    steps = plan(rep, 3, 8e9)
+    assert [s.name for s in steps] == ["workers", "threads"]
+    assert steps[0].loader_args == {"num_workers": 4} and not steps[0].removes_stall
+    # the second is predicted for the job with 4 workers: one thread gives the workers their cores back
+    assert steps[1].torch_threads == 1 and steps[1].removes_stall
+    assert steps[1].predicted_samples_per_s > steps[0].predicted_samples_per_s * 1.2
+    # the first step is the verdict's fix: fix and verdict agree
+    assert verdict(rep)["fix"]["code"] == steps[0].code
+
+
+def test_a_reverted_remedy_is_not_tried_again_and_the_next_one_is():
+    rep = one_worker_spinning_threads()
+    assert next_step(rep, Config(), 8e9, frozenset({"workers"})) is None  # threads alone gain nothing here
+    after = Config().with_step(plan(rep, 1, 8e9)[0])
+    assert next_step(rep, after, 8e9, frozenset({"threads"})) is None
+
+
+def test_the_plan_keeps_to_this_machines_memory():
+    rep = fetch_bound_torch()
+    steps = plan(rep, 3, 8e9)
+    assert steps[0].name == "cache" and steps[0].switch_to == "coordl.DataLoader"
+    assert all(s.name != "cache" for s in plan(rep, 3, 1e6))  # a cache over the budget is not run
+
+
+def test_nothing_to_do_for_a_compute_bound_job_and_one_step_for_a_spinning_one():
+    assert plan(compute_bound(), 3, 8e9) == []
+    assert [s.code for s in plan(spinning(), 3, 8e9)] == ["torch.set_num_threads(1)"]
+
+
+def test_a_forced_step_is_predicted_like_any_other():
+    rep = one_worker_spinning_threads()
+    step = forced_step(rep, {"num_workers": 0})
+    assert step.name == "forced" and step.code == "DataLoader(..., num_workers=0)"
+    assert step.predicted_samples_per_s < verdict(rep)["predicted_samples_per_s"]

@@ -1,0 +1,67 @@
+"""``dsanalyzer fix`` end to end on small jobs of known shape (tests/dsanalyzer/fix_job.py, whose prep and
+step are sleeps: the same on a loaded host): a fix that helps (too few workers), a change that measured
+worse and was reverted (forced with the test-only ``--force-step``), and a compute-bound job where nothing
+helps. Each profile and run lasts seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ["tests/dsanalyzer/fix_job.py"]
+FAST = ["--profile-iters", "30", "--iters", "30", "--quiet"]
+
+
+def _fix(*args: str, job: list[str]) -> tuple[str, dict]:
+    cmd = [sys.executable, "-m", "dsanalyzer.cli", "fix", *args, "--", sys.executable, *JOB, *job]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    path = proc.stdout.strip().splitlines()[-1].removeprefix("fix: ")
+    return proc.stdout, json.loads(Path(path).read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.exclusive
+def test_too_few_workers_are_fixed_measured_and_patched(tmp_path):
+    out = str(tmp_path / "prof")
+    text, plan = _fix("--dry-run", "--out", out, *FAST, job=["--workers", "1"])
+    assert plan["plan"][0]["loader_args"] == {"num_workers": 2} and plan["rounds"] == []
+    assert "1. DataLoader(..., num_workers=2): predicted" in text and "dry run: nothing was run" in text
+    text, result = _fix("--report", out, *FAST, job=["--workers", "1"])  # the same profile, now run
+    first = result["rounds"][0]
+    assert first["status"] == "kept" and first["change"] == "DataLoader(..., num_workers=2)"
+    # 2 workers of sleeping prep against 1: about twice the samples/s; generous for a loaded host
+    assert result["speedup"] > 1.3, text
+    assert "-    loader = DataLoader(data, batch_size=a.batch, shuffle=True, num_workers=a.workers)" in text
+    assert "+    loader = DataLoader(data, batch_size=a.batch, shuffle=True, num_workers=2)" in text
+    assert f"final: {result['speedup']:.2f}x your configuration" in text
+
+
+@pytest.mark.slow
+@pytest.mark.exclusive
+def test_a_change_that_measured_worse_is_reverted_and_nothing_is_kept(tmp_path):
+    force = json.dumps({"num_workers": 0})  # prep in series with the step: slower, whatever the model says
+    text, result = _fix("--out", str(tmp_path / "prof"), "--rounds", "1", "--force-step", force, *FAST,
+                        job=["--workers", "2"])  # fmt: skip
+    first = result["rounds"][0]
+    assert first["status"] == "reverted" and first["measured_samples_per_s"] < result["base_samples_per_s"]
+    assert result["speedup"] == 1.0 and result["kept"] == {
+        "torch_threads": None,
+        "loader_args": {},
+        "switch_to": "",
+    }
+    assert "reverted" in text and "keep the script as it is" in text and "+++" not in text
+
+
+@pytest.mark.slow
+def test_a_compute_bound_job_is_left_as_it_is(tmp_path):
+    text, result = _fix("--out", str(tmp_path / "prof"), *FAST,
+                        job=["--workers", "2", "--prep-ms", "0.1", "--step-ms", "40"])  # fmt: skip
+    assert result["bound"] == "compute" and result["plan"] == [] and result["rounds"] == []
+    assert "nothing changed" in text and "patch" not in result
+    assert not list((tmp_path / "prof" / "logs").glob("fix-*"))  # no run beyond the profile
