@@ -77,7 +77,7 @@ def gpu_prep_remedy(job: JobParams, point: stages.Point | None = None) -> Remedy
         point = stages.Point(job.cache_bytes, job.cpus, job.storage_bytes_per_s, policy=job.cache_policy,
                              workers=job.workers)  # fmt: skip
     size = job.gpu_prep_size or "SIZE"
-    args: dict = {"loader": "coordl.dali.DALILoader", "device": "gpu",
+    args: dict = {"loader": "coordl.dali.DALILoader", "device": "'gpu'",  # source text, as every value
             "transform": f"coordl.dali.train_pipeline({size})"}  # fmt: skip
     if point.cache_bytes > 0 and point.policy == "minio":
         args["cache_bytes"] = int(point.cache_bytes)

@@ -29,7 +29,7 @@ def test_without_a_gpu_measurement_gpu_prep_is_unknown_and_says_why():
         assert predict_gpu_prep(m, point(m)) is None
         r = gpu_prep_remedy(m)
         assert r.samples_per_s is None and r.why_unknown.startswith("unknown without a GPU")
-        assert r.loader_args["device"] == "gpu" and not r.removes_stall(800.0)
+        assert r.loader_args["device"] == "'gpu'" and not r.removes_stall(800.0)
     assert "torch.cuda.is_available() is False" in gpu_prep_remedy(prep_bound(NO_GPU)).why_unknown
 
 
