@@ -237,25 +237,33 @@ def print_table(n_nodes: int, summary: dict[str, dict], args: argparse.Namespace
 
 
 def print_tls(runs: list[list[dict]], n_items: int, epochs: int) -> None:
-    """Per run, steady samples/s plain and TLS (measured in the same run, order alternating), the ratio."""
-    print("\n| run | first | plain steady samples/s | TLS steady samples/s | TLS / plain |")
-    print("|---|---|---|---|---|")
-    ratios = []
+    """Per run, steady samples/s and CPU per item (all nodes' ranks, workers and Redis) plain and TLS,
+    measured in the same run (order alternating), and the ratios."""
+    print(
+        "\n| run | first | plain samples/s | TLS samples/s | TLS / plain | plain CPU ms/item | TLS CPU ms/item "
+        "| TLS / plain CPU |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    ratios, cpu_ratios = [], []
     for k, recs in enumerate(runs):
-        rate = {}
+        rate, cpu = {}, {}
         for mode in ("partitioned", "partitioned-tls"):
             ep = [r for r in recs if r["mode"] == mode and "epoch" in r]
             secs = [max(r["secs"] for r in ep if r["epoch"] == e) for e in range(1, epochs)]
             rate[mode] = statistics.median(n_items / s for s in secs)
+            cpus = [sum(r["cpu_s"] for r in ep if r["epoch"] == e) for e in range(1, epochs)]
+            cpu[mode] = statistics.median(1000 * c / n_items for c in cpus)
         first = next(r["mode"] for r in recs if "epoch" in r)
         ratios.append(rate["partitioned-tls"] / rate["partitioned"])
+        cpu_ratios.append(cpu["partitioned-tls"] / cpu["partitioned"])
         print(
-            f"| {k + 1} | {first} | {rate['partitioned']:.0f} | {rate['partitioned-tls']:.0f} | {ratios[-1]:.2f} |"
+            f"| {k + 1} | {first} | {rate['partitioned']:.0f} | {rate['partitioned-tls']:.0f} | {ratios[-1]:.2f} "
+            f"| {cpu['partitioned']:.3f} | {cpu['partitioned-tls']:.3f} | {cpu_ratios[-1]:.2f} |"
         )
-    print(
-        f"TLS / plain steady samples/s: median {statistics.median(ratios):.2f}, "
-        f"min {min(ratios):.2f}, max {max(ratios):.2f} over {len(ratios)} runs"
-    )
+    for what, r in (("steady samples/s", ratios), ("CPU per item", cpu_ratios)):
+        print(
+            f"TLS / plain {what}: median {statistics.median(r):.2f}, min {min(r):.2f}, max {max(r):.2f} over {len(r)} runs"
+        )
 
 
 def main() -> int:
@@ -274,7 +282,7 @@ def main() -> int:
         "--tls", action="store_true", help="partitioned plain vs TLS only, alternated, with ratios"
     )
     p.add_argument("--timeout-s", type=float, default=600)
-    p.add_argument("--json", help="also write the summaries here")
+    p.add_argument("--json", help="also write the summaries and every run's records here")
     args = p.parse_args()
     from tests.support.netns import skip_reason
 
@@ -284,7 +292,7 @@ def main() -> int:
         return 2
     if args.tls:
         args.modes = ["partitioned", "partitioned-tls"]
-    results = {}
+    results, all_runs = {}, {}
     for n_nodes in args.nodes:
         runs = []
         for rep in range(args.reps):
@@ -296,12 +304,13 @@ def main() -> int:
                 f"[{n_nodes} nodes, run {rep + 1}/{args.reps}: {time.perf_counter() - t0:.0f} s]",
                 file=sys.stderr,
             )
+        all_runs[n_nodes] = runs
         results[n_nodes] = summarize(runs, args.items, args.epochs, args.modes)
         print_table(n_nodes, results[n_nodes], args)
         if args.tls:
             print_tls(runs, args.items, args.epochs)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({"summary": results, "runs": all_runs}, indent=1))
     return 0
 
 
