@@ -20,6 +20,8 @@ import threading
 import urllib.parse
 import zlib
 
+import numpy as np
+
 from nfs_cache.entries import Entry, StagedEntries
 
 __all__ = ["Entry", "Manifest"]
@@ -29,8 +31,8 @@ def _encode(body: str) -> bytes:
     return f"{zlib.crc32(body.encode()):08x} {body}\n".encode()
 
 
-def _decode(line: bytes) -> tuple[str, str, Entry | None] | None:
-    """(op, relpath, entry) of one complete line, or None when it is damaged."""
+def _fields(line: bytes) -> tuple[bool, str, int, int, int] | None:
+    """(added, relpath, size, mtime_ns, crc32) of one complete line (zeros for a removal), or None when damaged."""
     try:
         text = line.decode()
         crc_hex, body = text.split(" ", 1)
@@ -38,13 +40,21 @@ def _decode(line: bytes) -> tuple[str, str, Entry | None] | None:
             return None
         fields = body.split(" ")
         if fields[0] == "+" and len(fields) == 5:
-            entry = Entry(int(fields[1]), int(fields[2]), int(fields[3], 16))
-            return "+", urllib.parse.unquote(fields[4]), entry
+            return True, urllib.parse.unquote(fields[4]), int(fields[1]), int(fields[2]), int(fields[3], 16)
         if fields[0] == "-" and len(fields) == 2:
-            return "-", urllib.parse.unquote(fields[1]), None
+            return False, urllib.parse.unquote(fields[1]), 0, 0, 0
     except (ValueError, UnicodeDecodeError):
         pass
     return None
+
+
+def _decode(line: bytes) -> tuple[str, str, Entry | None] | None:
+    """(op, relpath, entry) of one complete line, or None when it is damaged."""
+    rec = _fields(line)
+    if rec is None:
+        return None
+    added, relpath, size, mtime_ns, crc32 = rec
+    return ("+", relpath, Entry(size, mtime_ns, crc32)) if added else ("-", relpath, None)
 
 
 class Manifest:
@@ -75,10 +85,16 @@ class Manifest:
             end = (
                 data.rfind(b"\n") + 1
             )  # an incomplete last line is being written (or was torn): skip it for now
+            names: list[str] = []
+            numbers: list[int] = []  # size, mtime_ns, crc32, added of each record: no object per record
             for line in data[:end].split(b"\n")[:-1]:
-                rec = _decode(line)
+                rec = _fields(line)
                 if rec is not None:
-                    self._apply(*rec)
+                    names.append(rec[1])
+                    numbers.extend(rec[2:])
+                    numbers.append(int(rec[0]))
+            table = np.array(numbers, dtype=np.int64).reshape(-1, 4)
+            self.entries.apply_rows(names, table[:, :3], table[:, 3].astype(bool))
             # A torn last line (crash mid-write) stays unparsed here: the next append starts on a fresh line.
             self._offset += end
             self.entries.settle()
@@ -87,9 +103,6 @@ class Manifest:
     def total_bytes(self) -> int:
         """Bytes of every staged file."""
         return self.entries.total_bytes
-
-    def _apply(self, op: str, relpath: str, entry: Entry | None) -> None:
-        self.entries.apply(relpath, entry if op == "+" else None)
 
     def _append(self, body: str) -> None:
         fd = self._file()

@@ -33,10 +33,16 @@ class StringArray(Sequence[str]):
     __slots__ = ("_blob", "_ends", "_at")
 
     def __init__(self, strings: Iterable[str] = ()) -> None:
-        encoded = [s.encode("utf-8", _ERRORS) for s in strings]
-        ends = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in encoded], out=ends[1:])
-        self._set(b"".join(encoded), ends)
+        strings = strings if isinstance(strings, list) else list(strings)
+        text = "".join(strings)
+        if text.isascii():  # the common case (file names): one encode, and a character is a byte
+            blob, lengths = text.encode("ascii"), np.fromiter(map(len, strings), np.int64, len(strings))
+        else:
+            encoded = [s.encode("utf-8", _ERRORS) for s in strings]
+            blob, lengths = b"".join(encoded), np.fromiter(map(len, encoded), np.int64, len(encoded))
+        ends = np.zeros(len(strings) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=ends[1:])
+        self._set(blob, ends)
 
     @classmethod
     def from_arrays(cls, blob: bytes, ends: np.ndarray) -> StringArray:
