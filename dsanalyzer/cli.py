@@ -182,6 +182,7 @@ def _run_fix(args: argparse.Namespace) -> int:
         timeout_s=args.timeout, show_progress=not args.quiet, dry_run=args.dry_run, force_step=force,
     )  # fmt: skip
     print(fix_text(result))
+    print(f"report: {result['report']}")
     print(f"fix: {result['path']}")
     return 0
 

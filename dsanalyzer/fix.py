@@ -2,14 +2,16 @@
 unmodified script, measure it, and repeat while another bound binds (at most ``rounds`` rounds).
 
 1. **Profile** (:func:`dsanalyzer.profiler.profile_command`; ``report_path``: an existing profile instead).
-2. **Your configuration**: the script as written, run under the hook as ``verify`` runs a job (from a
-   cold cache, the epochs a new cache needs to fill dropped, then ``iters`` measured), ``runs`` times.
-3. **Each round**: the next step (:func:`dsanalyzer.judge.fixplan.next_step`: the cheapest remedy that
+2. **Each round**: the next step (:func:`dsanalyzer.judge.fixplan.next_step`: the cheapest remedy that
    removes the stall within this machine's cores and memory, else the one that gains most, predicted for
    the job with the changes kept so far), run with the changes kept so far through the import hook
-   (:mod:`dsanalyzer.measure.apply`: no edit to the script), measured the same way. A change is kept only
-   when it measured faster than the best so far; otherwise it is reverted and the next remedy is tried.
-4. **The table** (each round's change, predicted and measured samples/s, the speedup over your
+   (:mod:`dsanalyzer.measure.apply`: no edit to the script), run under the hook as ``verify`` runs a job
+   (from a cold cache, the epochs a new cache needs to fill dropped, then ``iters`` measured), alternated
+   ``runs`` times with the changes kept so far alone (round 1: your configuration), so that both see the
+   same minutes of a shared machine. A change is kept only when it measured faster than those; otherwise
+   it is reverted and the next remedy is tried. The speedup over your configuration is the kept rounds'
+   ratios multiplied, each measured within its round.
+3. **The table** (each round's change, predicted and measured samples/s, the speedup over your
    configuration) and **the change to keep**, as a unified diff of the script's loader call (found from
    the loader's construction stack) or the lines to add (:mod:`dsanalyzer.report.patch`).
 
@@ -67,20 +69,29 @@ class _Runner:
         self.command, self.out, self.iters, self.warmup, self.runs = command, out, iters, warmup, runs
         self.min_seconds, self.timeout_s, self.progress, self.site = min_seconds, timeout_s, progress, site
 
-    def measure(self, name: str, config: Config | None) -> tuple[float, list[dict]]:
-        """(median samples/s, the runs' results) of ``config`` (None: the script as written)."""
-        env = None
-        if config is not None:
+    def _one(self, tag: str, label: str, config: Config) -> dict:
+        env = None  # the script as written: no change in its environment
+        if config != Config():
             env = Change(config.torch_threads, config.loader_args, config.switch_to, self.site).to_env()
+        cfg = HookConfig("real", self.iters, self.warmup, result_dir=str(self.out / "logs" / tag),
+                         min_seconds=self.min_seconds)  # fmt: skip
+        return run_once(
+            self.command, cfg, self.out / "logs" / f"{tag}.log", self.timeout_s, label, self.progress, env
+        )
+
+    def pair(self, n: int, before: Config, after: Config) -> tuple[dict[str, list[float]], list[dict]]:
+        """Round ``n``: ``before`` (the changes kept so far) and ``after`` (with the step) alternated ``runs``
+        times, so that both see the same minutes of a shared machine; (each side's rates, ``after``'s results)."""
+        rates: dict[str, list[float]] = {"before": [], "after": []}
         results = []
         for i in range(self.runs):
-            tag = f"fix-{name}" + ("" if self.runs == 1 else f"-{i + 1}")
-            cfg = HookConfig("real", self.iters, self.warmup, result_dir=str(self.out / "logs" / tag),
-                             min_seconds=self.min_seconds)  # fmt: skip
-            label = name if self.runs == 1 else f"{name} {i + 1}/{self.runs}"
-            results.append(run_once(self.command, cfg, self.out / "logs" / f"{tag}.log", self.timeout_s,
-                                    label, self.progress, env))  # fmt: skip
-        return statistics.median(run_rate(r, self.warmup)["samples_per_s"] for r in results), results
+            part = "" if self.runs == 1 else f" {i + 1}/{self.runs}"
+            for side, config in (("before", before), ("after", after)):
+                r = self._one(f"fix-{n}-{side}-{i + 1}", f"round {n} {side}{part}", config)
+                rates[side].append(run_rate(r, self.warmup)["samples_per_s"])
+                if side == "after":
+                    results.append(r)
+        return rates, results
 
 
 def _not_applied(result: dict, config: Config) -> str | None:
@@ -96,10 +107,12 @@ def _not_applied(result: dict, config: Config) -> str | None:
     return None
 
 
-def _round(n: int, step: Step, measured: float, status: str, best: float, base: float) -> dict:
+def _round(n: int, step: Step, before: float, after: float, status: str, speedup: float) -> dict:
+    """One round's row: ``before`` the kept changes alone, ``after`` with this step, measured alternately;
+    ``speedup`` this round's configuration over yours (the kept rounds' ratios times this one's)."""
     return {"round": n, "name": step.name, "change": step.code, "predicted_samples_per_s": step.predicted_samples_per_s,
-            "predicted_bound": step.bound, "measured_samples_per_s": measured, "speedup": measured / base if base > 0 else None,
-            "status": status, "best_samples_per_s": best}  # fmt: skip
+            "predicted_bound": step.bound, "before_samples_per_s": before, "measured_samples_per_s": after,
+            "speedup": speedup, "status": status}  # fmt: skip
 
 
 def fix_command(
@@ -146,24 +159,30 @@ def fix_command(
         return _finish(result, out, Config())
     warm = warmup_for(report) if warmup is None else warmup
     runner = _Runner(command, out, iters, warm, runs, min_seconds, timeout_s, show_progress, site)
-    base, _ = runner.measure("yours", None)
-    result.update(base_samples_per_s=base, iters=iters, warmup_iters=warm, runs=runs)
-    kept, best, excluded = Config(), base, set[str]()
+    result.update(iters=iters, warmup_iters=warm, runs=runs)
+    kept, chain, excluded = Config(), 1.0, set[str]()  # chain: the kept changes' speedup, round by round
     for n in range(1, rounds + 1):
         step = first if n == 1 and first is not None else next_step(report, kept, budget, frozenset(excluded))
         if step is None:
             break
         config = kept.with_step(step)
-        measured, runs_ = runner.measure(f"round {n}", config)
+        rates, runs_ = runner.pair(n, kept, config)
+        before, after = statistics.median(rates["before"]), statistics.median(rates["after"])
+        if n == 1:
+            result["base_samples_per_s"] = before  # your configuration, measured beside round 1
         why = _not_applied(runs_[0], config)
-        if why is None and measured > best:
-            status, kept, best = "kept", config, measured
+        ratio = after / before if before > 0 else 0.0
+        if why is None and ratio > 1.0:
+            status, kept, chain = "kept", config, chain * ratio
+            result["final_samples_per_s"] = after
         else:
             status = f"not applied ({why})" if why else "reverted"
             excluded.add(step.name)
-        result["rounds"].append(_round(n, step, measured, status, best, base))
-    result["speedup"] = best / base if base > 0 else None
-    result["final_samples_per_s"] = best
+        result["rounds"].append(
+            _round(n, step, before, after, status, chain if status == "kept" else chain * ratio)
+        )
+    result["speedup"] = chain
+    result.setdefault("final_samples_per_s", result["base_samples_per_s"])
     return _finish(result, out, kept)
 
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 __all__ = ["fix_text"]
 
-_HEAD = ("round", "change", "predicted", "measured", "vs yours", "result")
+_HEAD = ("round", "change", "predicted", "measured", "kept alone", "vs yours", "result")
+Row = tuple[str, str, str, str, str, str, str]
 
 
-def _table(rows: list[tuple[str, str, str, str, str, str]]) -> list[str]:
+def _table(rows: list[Row]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(_HEAD)]
-    right = {0, 2, 3, 4}
+    right = {0, 2, 3, 4, 5}
 
-    def line(cells: tuple[str, str, str, str, str, str]) -> str:
+    def line(cells: Row) -> str:
         padded = (
             c.rjust(w) if i in right else c.ljust(w)
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
@@ -50,17 +51,18 @@ def fix_text(result: dict) -> str:
             [*_plan_lines(result), "dry run: nothing was run (drop --dry-run to apply and measure it)"]
         )
     base = result["base_samples_per_s"]
-    rows = [
-        ("0", "your configuration", f"{result['predicted_samples_per_s']:,.0f}", f"{base:,.0f}", "1.00x", "")
-    ]
+    rows: list[Row] = [("0", "your configuration", f"{result['predicted_samples_per_s']:,.0f}", f"{base:,.0f}", "",
+                        "1.00x", "")]  # fmt: skip
     for r in result["rounds"]:
         rows.append((str(r["round"]), r["change"], f"{r['predicted_samples_per_s']:,.0f}",
-                     f"{r['measured_samples_per_s']:,.0f}", f"{r['speedup']:.2f}x", r["status"]))  # fmt: skip
+                     f"{r['measured_samples_per_s']:,.0f}", f"{r['before_samples_per_s']:,.0f}",
+                     f"{r['speedup']:.2f}x", r["status"]))  # fmt: skip
     runs = result["runs"]
     lines = [
         f"dsanalyzer fix: {len(result['rounds'])} round(s) on {result['cpus']} cpus; samples/s, "
         f"{'median of ' + str(runs) + ' runs' if runs > 1 else 'one run'} each, {result['iters']} iterations "
-        f"after {result['warmup_iters']} warm-up; each round keeps the changes kept before it",
+        f"after {result['warmup_iters']} warm-up; each round runs the changes kept before it with its step "
+        "(measured) and without it (kept alone; round 1: your configuration), alternately",
         *_table(rows),
         f"final: {result['speedup']:.2f}x your configuration ({result['final_samples_per_s']:,.0f} vs {base:,.0f} samples/s)",
     ]

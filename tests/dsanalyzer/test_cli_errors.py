@@ -32,6 +32,10 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
         (["verify", "REPORT", "--iters", "abc", "--", "python", "x.py"], "--iters"),
         (["verify", "missing.json", "--", "python", "x.py"], "missing.json"),
         (["verify", "REPORT"], "--"),
+        (["fix"], "--"),
+        (["fix", "--rounds", "0", "--", "python", "x.py"], "--rounds"),
+        (["fix", "--report", "missing.json", "--", "python", "x.py"], "missing.json"),
+        (["fix", "--force-step", "{not json", "--", "python", "x.py"], "--force-step"),
         (["demo", "--items", "-5"], "--items"),
         (["demo", "--storage-mbps", "0"], "--storage-mbps"),
         (["nonsense"], "nonsense"),
@@ -48,7 +52,7 @@ def test_bad_arguments_give_one_line(tmp_path, args, named):
 
 
 def test_help_is_plain_text():
-    for args in (["--help"], ["whatif", "--help"], ["verify", "--help"]):
+    for args in (["--help"], ["whatif", "--help"], ["verify", "--help"], ["fix", "--help"]):
         proc = run_cli(*args)
         assert proc.returncode == 0 and "``" not in proc.stdout
 
