@@ -15,6 +15,7 @@ _LAZY = {
     "__version__": "coordl._version",
     "DataLoader": "coordl.dataloader",
     "RemotePrep": "coordl.remote",
+    "TuneOptions": "coordl.tune",
     "RemotePrepError": "coordl.remote",
     "WorkerDiedError": "coordl.errors",
     "CorruptItemError": "coordl.errors",

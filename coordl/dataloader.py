@@ -46,6 +46,8 @@ from coordl.resume.face import ResumableLoader
 from coordl.ring.reader import BatchRing
 from coordl.sharding import unsharded_warning
 from coordl.shutdown import stop_workers
+from coordl.tune.face import TunableLoader
+from coordl.tune.tuner import TuneOptions
 from coordl.workers.start import forks_workers, start_workers
 from shmem.counters import SharedCounters
 
@@ -81,6 +83,8 @@ class _LoaderParts(LoaderStats):
     _resume: Resume | None
     _torch: torch.utils.data.DataLoader | None
     _remote: Any
+    _pass_batches: int
+    _pass_length: int | None
 
     # -- construction steps ------------------------------------------------------------------------
 
@@ -266,6 +270,16 @@ class _LoaderParts(LoaderStats):
         ConnectionError or EOFError at a worker's death), else None."""
         return translate_torch_error(error, torch_iterator(torch_iter), self._watch, self.source)
 
+    def _returned(self) -> None:
+        """One more batch handed out. The epoch's last closes its statistics: Lightning and Accelerate stop
+        after ``len(loader)`` batches and never ask for the StopIteration that would close them."""
+        self._pass_batches += 1
+        if self._pass_batches == self._pass_length:
+            self._epoch_stats.end(self._counters.snapshot(), complete=True)
+
+    def _end_epoch(self) -> None:
+        self._epoch_stats.end(self._counters.snapshot(), complete=True)
+
     def _abandon_epoch(self, torch_iter: Any) -> None:
         """An error ended the epoch: stop its workers now and make the next epoch start fresh ones.
 
@@ -278,7 +292,9 @@ class _LoaderParts(LoaderStats):
             self._torch._iterator = None
 
 
-class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoader, LoaderStats):
+class DataLoader(
+    torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoader, LoaderStats, TunableLoader
+):
     """Iterate batches of a dataset, like ``torch.utils.data.DataLoader``, through a MinIO cache.
 
     Every torch argument keeps its torch meaning. The additions:
@@ -312,6 +328,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             the state of every batch handed out at no cost, so a state never needs replaying and any
             value behaves as 1 (``state_dict()`` is exact at every step).
         remote_prep: a :class:`coordl.RemotePrep`: batches prepped on a Ray cluster too (docs/remote_prep.md).
+        tune: True (or a :class:`coordl.TuneOptions`): measure each epoch and change ``num_workers``,
+            ``prefetch_factor`` and the main process's intra-op threads between epochs, keeping only a change
+            that measured faster; ``tune_log()`` lists each change (:mod:`coordl.tune`, docs/dataloader.md).
     """
 
     def __init__(
@@ -345,6 +364,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
         page_cache: str = "auto",
         snapshot_every_n_steps: int | None = 1,
         remote_prep: Any = None,
+        tune: bool | TuneOptions = False,
     ) -> None:
         """Why this function is long: the signature is torch's 17 arguments (kept exactly) and coordl's 9;
         the body composes the parts in order, one statement per part, each complete when built."""
@@ -451,6 +471,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
                 pin_memory_device=pin_memory_device, in_order=in_order,
             )  # fmt: skip
             self._remote = attach_remote(remote_prep, self)  # coordl.remote: batches prepped on Ray too
+            self._start_tuning(tune)
         except BaseException:
             self._free()
             raise
@@ -466,6 +487,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
         self._epoch_stats.end(self._counters.snapshot(), complete=False)
         self._epoch_stats.begin(self._counters.snapshot())
+        clock = self._tuning_epoch()  # tune=: its next change applied now
         # torch warns about an IterableDataset yielding more than len() only once the user asked len():
         # this internal len() must not arm that warning.
         asked = getattr(self._torch, "_IterableDataset_len_called", None)
@@ -493,7 +515,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
                 self._ring.start_epoch(torch_iterator(it))
             if self._resume is not None:  # a resumed pass hands out the batches that were left
                 self._pass_batches = int(getattr(self._resume, "pass_offset", 0))
-        return EpochIterator(
+        epoch = EpochIterator(
             it,
             translate=self._translate,
             unwrap=self._ring.unwrap if self._ring is not None else (lambda batch: batch),
@@ -501,19 +523,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co], _LoaderParts, ResumableLoade
             on_batch=self._returned,  # the resumable state sees each batch itself (coordl.resume.PassTracker)
             on_error=self._abandon_epoch,
         )
-
-    def _returned(self) -> None:
-        """One more batch handed out. The epoch's last closes its statistics: Lightning and Accelerate stop
-        after ``len(loader)`` batches and never ask for the StopIteration that would close them."""
-        self._pass_batches += 1
-        if self._pass_batches == self._pass_length:
-            self._epoch_stats.end(self._counters.snapshot(), complete=True)
+        return self._tuned(epoch, clock)
 
     def __len__(self) -> int:
         return len(self._member) if self._member is not None else len(self._built_torch())
-
-    def _end_epoch(self) -> None:
-        self._epoch_stats.end(self._counters.snapshot(), complete=True)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # coordl's own state (private names) skips torch's guard of its public attributes, and so any

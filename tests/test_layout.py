@@ -128,7 +128,7 @@ COORDL_FLOOR = {
     "datasets": 3,
     "packed": 4, "resume": 4,
     "packing": 5, "fetch": 5,
-    "workers": 6, "dali": 6, "options": 6, "remote": 6,
+    "workers": 6, "dali": 6, "options": 6, "remote": 6, "tune": 6,
     "dataloader": 7,
     "demo": 8,
     "cli": 9,

@@ -76,7 +76,7 @@ class _SpawnedWorker(multiprocessing.context.SpawnProcess):
     """
 
     def _bootstrap(self, *args: Any, **kwargs: Any) -> int:
-        code = super()._bootstrap(*args, **kwargs)  # run(), then multiprocessing's own exit steps
+        code: int = super()._bootstrap(*args, **kwargs)  # type: ignore[misc]  # (not in typeshed) run(), then multiprocessing's own exit steps
         try:
             atexit._run_exitfuncs()
         finally:

@@ -1,0 +1,137 @@
+"""What an epoch measured, and the rate a change of the loader's knobs would give: pure functions.
+
+An epoch is measured in its steady part (after the workers' first round): the items, the wall time, the
+time the training loop spent waiting inside ``next()`` (the data stall), and the CPU of the main process
+and of the workers. From those:
+
+* the trainer's own time per item, ``t_c = (wall - wait) / items``: the rate can never pass ``1 / t_c``;
+* the workers' CPU per item ``c_w``; ``W`` workers on the cores the main process leaves them prep at
+  ``min(W, cores - main) / c_w`` items per second (a worker that waits on storage does not count its wait
+  in ``c_w``: such a job is fetch-bound, and more items in flight, not more cores, is what helps);
+* the rate of the loop is the slower of the two. A prediction is that model at the new knobs, scaled by
+  what the model gave at the measured knobs against what was measured (the pipeline's own losses cancel).
+
+The same functions serve ``coordl.DataLoader(tune=True)`` between epochs, and any tool that wants a
+loader's rate at other knobs without running it (coordl never imports dsanalyzer; dsanalyzer may import
+this). Each prediction is checked by the next epoch: the tuner keeps a change only if it measured better.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["EpochMeasure", "Knobs", "data_bound", "predict_rate", "prep_rate", "storage_bound"]
+
+# a data stall below this share of the loop's time is noise, not a bound (the trainer's own time binds)
+STALL_SHARE_BOUND = 0.05
+# a worker busy on its CPU for less than this share of the epoch waits on storage, not on its core
+WORKER_BUSY_PREP_BOUND = 0.6
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The settings a loader can change between epochs."""
+
+    num_workers: int
+    prefetch_factor: int
+    intra_op_threads: int
+
+
+@dataclass(frozen=True)
+class EpochMeasure:
+    """One epoch's steady part, as measured in the main process.
+
+    Attributes:
+        items: items handed out in the measured window.
+        wall_s: the window's wall time.
+        wait_s: of it, the time the loop spent inside ``next()`` on the loader.
+        main_cpu_s: the main process's CPU in the window (every thread: the trainer's intra-op threads too).
+        workers_cpu_s: the workers' CPU in the window.
+        knobs: the settings the epoch ran with.
+        cores: the CPUs this process may run on.
+    """
+
+    items: int
+    wall_s: float
+    wait_s: float
+    main_cpu_s: float
+    workers_cpu_s: float
+    knobs: Knobs
+    cores: int
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.wall_s
+
+    @property
+    def stall_share(self) -> float:
+        return self.wait_s / self.wall_s
+
+    @property
+    def compute_s_per_item(self) -> float:
+        return max(self.wall_s - self.wait_s, 0.0) / self.items
+
+    @property
+    def worker_cpu_s_per_item(self) -> float:
+        return self.workers_cpu_s / self.items
+
+    @property
+    def main_cores(self) -> float:
+        return self.main_cpu_s / self.wall_s
+
+    @property
+    def workers_busy(self) -> float:
+        """Each worker's share of the window on its CPU (1: always computing)."""
+        return self.workers_cpu_s / (self.wall_s * max(1, self.knobs.num_workers))
+
+
+def storage_bound(m: EpochMeasure) -> bool:
+    """Whether the workers wait on storage rather than on a core: they are off their CPU most of the time
+    while the host's cores are not all taken (workers starved by a trainer's spinning threads look idle too)."""
+    used = m.main_cores + m.workers_cpu_s / m.wall_s
+    return m.knobs.num_workers > 0 and m.workers_busy < WORKER_BUSY_PREP_BOUND and used < 0.9 * m.cores
+
+
+def data_bound(m: EpochMeasure) -> bool:
+    """Whether the loop waited on the loader long enough for a loader change to matter."""
+    return m.stall_share >= STALL_SHARE_BOUND
+
+
+def _main_cores_at(m: EpochMeasure, knobs: Knobs) -> float:
+    """The main process's cores at ``knobs``: one intra-op thread uses at most one core."""
+    if knobs.intra_op_threads == 1 and m.knobs.intra_op_threads > 1:
+        return min(m.main_cores, 1.0)
+    return m.main_cores
+
+
+def prep_rate(m: EpochMeasure, knobs: Knobs) -> float:
+    """Items per second the workers prep at ``knobs`` on the cores the main process leaves them."""
+    workers = knobs.num_workers
+    if workers == 0:  # the main process preps itself, in the loop's own time
+        return 1.0 / max(m.worker_cpu_s_per_item, 1e-9)
+    cores_free = max(m.cores - _main_cores_at(m, knobs), 0.5)
+    if storage_bound(m):  # fetch-bound: items in flight, not cores, set the rate
+        in_flight = workers * knobs.prefetch_factor
+        now = max(1, m.knobs.num_workers * m.knobs.prefetch_factor)
+        per_core = 1.0 / max(m.worker_cpu_s_per_item, 1e-9)
+        return min(m.rate * in_flight / now, min(workers, cores_free) * per_core)
+    return min(workers, cores_free) / max(m.worker_cpu_s_per_item, 1e-9)
+
+
+def _model(m: EpochMeasure, knobs: Knobs) -> float:
+    compute = m.compute_s_per_item
+    trainer = 1.0 / compute if compute > 0 else float("inf")
+    return min(trainer, prep_rate(m, knobs))
+
+
+def predict_rate(m: EpochMeasure, knobs: Knobs) -> float:
+    """The loop's items per second at ``knobs``: the model, scaled by what it missed at the measured knobs."""
+    if not data_bound(m) and knobs.intra_op_threads >= m.knobs.intra_op_threads:
+        return m.rate  # the trainer binds: the loader's knobs cannot move the rate
+    at_measured = _model(m, m.knobs)
+    scale = m.rate / at_measured if at_measured > 0 and at_measured != float("inf") else 1.0
+    return _model(m, knobs) * min(scale, 1.0)
+
+
+def with_knob(knobs: Knobs, **change: int) -> Knobs:
+    return replace(knobs, **change)

@@ -1,0 +1,45 @@
+"""The tuner's rate model: pure functions over one epoch's measures."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordl.tune.model import EpochMeasure, Knobs, data_bound, predict_rate, prep_rate
+
+
+def _m(*, wait_s: float, workers_cpu_s: float, main_cpu_s: float = 0.5, knobs: Knobs | None = None,
+       cores: int = 4) -> EpochMeasure:  # fmt: skip
+    return EpochMeasure(1000, 1.0, wait_s, main_cpu_s, workers_cpu_s, knobs or Knobs(1, 2, 1), cores)
+
+
+def test_a_prep_bound_epoch_gains_with_workers_up_to_the_cores() -> None:
+    m = _m(wait_s=0.8, workers_cpu_s=1.0)  # 1 worker busy all the time, the loop waits 80%
+    assert data_bound(m)
+    two, four, eight = (predict_rate(m, Knobs(w, 2, 1)) for w in (2, 4, 8))
+    assert two == pytest.approx(2 * m.rate, rel=0.01)
+    assert four < 5 * m.rate  # the trainer's own 0.2 ms per item caps it at 5,000/s
+    assert four == pytest.approx(eight)  # no more than the cores the main process leaves (3.5)
+
+
+def test_a_compute_bound_epoch_gains_nothing_from_the_loader() -> None:
+    m = _m(wait_s=0.01, workers_cpu_s=0.3)
+    assert not data_bound(m)
+    assert predict_rate(m, Knobs(4, 4, 1)) == m.rate
+
+
+def test_a_storage_bound_epoch_gains_with_items_in_flight() -> None:
+    m = _m(wait_s=0.8, workers_cpu_s=0.1, knobs=Knobs(2, 2, 1))  # workers on their CPU 5% of the time
+    assert predict_rate(m, Knobs(2, 4, 1)) == pytest.approx(2 * m.rate, rel=0.01)
+    assert predict_rate(m, Knobs(4, 2, 1)) == pytest.approx(2 * m.rate, rel=0.01)
+
+
+def test_one_intra_op_thread_gives_the_workers_the_cores_the_trainer_took() -> None:
+    # 2 cores; the main process spins on 1.6 of them; 1 worker preps 1 ms per item
+    m = EpochMeasure(400, 1.0, 0.8, 1.6, 0.4, Knobs(2, 2, 2), 2)
+    assert prep_rate(m, Knobs(2, 2, 1)) > prep_rate(m, m.knobs)
+    assert predict_rate(m, Knobs(2, 2, 1)) > m.rate * 1.5
+
+
+def test_a_prediction_never_exceeds_the_model_scaled_down_by_what_it_missed() -> None:
+    m = _m(wait_s=0.8, workers_cpu_s=0.5)  # the model says 2,000/s at these knobs; measured 1,000
+    assert predict_rate(m, Knobs(2, 2, 1)) == pytest.approx(2 * m.rate, rel=0.01)
