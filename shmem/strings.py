@@ -60,6 +60,18 @@ class StringArray(Sequence[str]):
         out._set(bytes(blob), ends)
         return out
 
+    @classmethod
+    def concat(cls, parts: Iterable[Sequence[str]]) -> StringArray:
+        """One array of the strings of every part, in order (parts that are StringArrays are not decoded)."""
+        arrays = [p if isinstance(p, StringArray) else StringArray(list(p)) for p in parts]
+        if not arrays:
+            return cls()
+        starts = np.cumsum([0] + [len(a._blob) for a in arrays[:-1]], dtype=np.int64)
+        ends = np.concatenate(
+            [np.zeros(1, np.int64)] + [a._ends[1:] + s for a, s in zip(arrays, starts.tolist(), strict=True)]
+        )
+        return cls.from_arrays(b"".join(a._blob for a in arrays), ends)
+
     def _set(self, blob: bytes, ends: np.ndarray) -> None:
         ends.flags.writeable = False
         self._blob, self._ends = blob, ends

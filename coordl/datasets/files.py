@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from coordl.datasets.filelist import FileList, IndexedView, ItemView, Targets
+from coordl.datasets.filelist import FileList, IndexedView, ItemView
 from coordl.errors import CorruptItemError
 from coordl.fileread.read import read_file
 from coordl.prep.transforms import Compose, Decode
@@ -62,23 +62,23 @@ class _FileSource:
         return getattr(self.transform, "reads_buffers", False) is True
 
     # The file list, flat (coordl.datasets.filelist): set by the subclasses that list files.
-    _files: FileList
+    _file_list: FileList
 
     @property
     def items(self) -> ItemView:
         """``[(name, target)]`` as a read-only list view (the dataset holds flat arrays, not the pairs)."""
-        return self._files.view()
+        return self._file_list.view()
 
     @items.setter
     def items(self, pairs: Sequence[tuple[str, Any]]) -> None:
         """Replace the file list (e.g. keep a subset: ``ds.items = ds.items[:1000]``)."""
-        self._files = FileList.from_pairs(pairs)
+        self._file_list = FileList.from_pairs(pairs)
 
     @property
-    def targets(self) -> Targets:
+    def targets(self) -> Sequence[Any]:
         """Every item's target (class index; None in a FileListDataset without ``targets=``), a read-only list
         view (``np.asarray(ds.targets)`` copies one array)."""
-        return self._files.targets
+        return self._file_list.targets
 
     def _read(self, index: int) -> bytes:
         raise NotImplementedError
@@ -88,7 +88,7 @@ class _FileSource:
         raise NotImplementedError
 
     def __len__(self) -> int:
-        return len(self._files)
+        return len(self._file_list)
 
     def fetch(self, index: int) -> bytes:
         """The stored bytes of item ``index`` (no decoding, nothing counted)."""
@@ -96,7 +96,7 @@ class _FileSource:
 
     def target(self, index: int) -> Any:
         """Item ``index``'s label after ``target_transform``, without reading or decoding the file."""
-        target = self._files.target(index)
+        target = self._file_list.target(index)
         return self.target_transform(target) if self.target_transform is not None else target
 
     def _wrap_corrupt(self, e: CorruptItemError, index: int) -> CorruptItemError:
@@ -154,7 +154,7 @@ class _FileSource:
         return repr(self._det)
 
     def _list_digest(self) -> str:
-        return self._files.digest()
+        return self._file_list.digest()
 
 
 class FileListDataset(_FileSource):
@@ -175,7 +175,7 @@ class FileListDataset(_FileSource):
         super().__init__(transform, target_transform)
         if targets is not None and len(targets) != len(paths):
             raise ValueError(f"FileListDataset: {len(paths)} paths but {len(targets)} targets")
-        self._files = FileList((os.fspath(p) for p in paths), targets)
+        self._file_list = FileList((os.fspath(p) for p in paths), targets)
         # s3:// entries are read through coordl.objectstore (one GET each); other entries are local files.
         self._urls = _url_reader(storage_options) if any(_is_s3(p) for p in self.paths) else None
         if self._urls is None and storage_options is not None:
@@ -185,10 +185,10 @@ class FileListDataset(_FileSource):
     @property
     def paths(self) -> Sequence[str]:
         """Every item's path or URL (a read-only list of ``str``, held flat)."""
-        return self._files.names
+        return self._file_list.names
 
     def _read(self, index: int, cached: bool = True) -> bytes:
-        path = self._files.name(index)
+        path = self._file_list.name(index)
         if self._urls is not None and _is_s3(path):
             return self._urls.read(path)
         return read_file(path, cached=cached)
@@ -201,13 +201,13 @@ class FileListDataset(_FileSource):
     def local_file(self, index: int) -> str | None:
         """The local file :meth:`fetch` reads whole for ``index``, or None (an s3:// path, or a subclass
         reading its own way): a loader's read-ahead reads it (:class:`coordl.fileread.read.ReadAhead`)."""
-        path = self._files.name(index)
+        path = self._file_list.name(index)
         if (self._urls is not None and _is_s3(path)) or _reads_its_own_way(self, FileListDataset):
             return None
         return path
 
     def describe(self, index: int) -> str:
-        return self._files.name(index)
+        return self._file_list.name(index)
 
     def stats(self) -> dict[str, int]:
         """Object-store counters (``store_requests``, ``store_bytes``, ``store_retries``) for s3:// paths."""
@@ -324,7 +324,7 @@ class ImageFolder(_FileSource):
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         relpaths.sort()
         labels = [self.class_to_idx[p.split("/", 1)[0]] for p in relpaths]
-        self._files = FileList(relpaths, labels)
+        self._file_list = FileList(relpaths, labels)
 
     def _keep(self, relpath: str) -> bool:
         """An item: inside a class folder, with an image extension, nothing hidden on its path."""
@@ -349,15 +349,15 @@ class ImageFolder(_FileSource):
     @property
     def samples(self) -> IndexedView:
         """[(path, class_index)] as in torchvision (URL-joined for a staged source), a read-only list view."""
-        return IndexedView(len(self._files), self._sample)
+        return IndexedView(len(self._file_list), self._sample)
 
     imgs = samples  # torchvision's older name
 
     def _sample(self, index: int) -> tuple[str, int]:
-        return self.describe(index), self._files.target(index)
+        return self.describe(index), self._file_list.target(index)
 
     def _read(self, index: int, cached: bool = True) -> bytes:
-        rel = self._files.name(index)
+        rel = self._file_list.name(index)
         if self._staged is not None:
             return self._staged.read(rel)
         if self._bucket is not None:
@@ -375,10 +375,10 @@ class ImageFolder(_FileSource):
         subclass reading its own way): a loader's read-ahead reads it (:class:`coordl.fileread.read.ReadAhead`)."""
         if self._staged is not None or self._bucket is not None or _reads_its_own_way(self, ImageFolder):
             return None
-        return os.path.join(self.root, self._files.name(index))
+        return os.path.join(self.root, self._file_list.name(index))
 
     def describe(self, index: int) -> str:
-        rel = self._files.name(index)
+        rel = self._file_list.name(index)
         if self._staged is not None:
             return str(self._staged.describe(rel))
         if self._bucket is not None:

@@ -20,9 +20,12 @@ import os
 import re
 import tarfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from shmem.strings import StringArray
 
 __all__ = [
     "expand_braces",
@@ -81,8 +84,8 @@ def split_key(member_name: str) -> tuple[str, str]:
 class ShardIndex:
     """Where each sample of one shard lies: ``offsets[j]``/``sizes[j]`` of its data member, ``labels[j]``."""
 
-    keys: list[str]
-    exts: list[str]
+    keys: Sequence[str]  # a list while built, a StringArray once read from an .idx file
+    exts: Sequence[str]
     offsets: np.ndarray
     sizes: np.ndarray
     labels: np.ndarray
@@ -180,16 +183,15 @@ def _check_end_marker(path: str, end_offset: int, size: int, last: str) -> str:
     return f"{path}: truncated after member {last}: no end-of-archive marker at offset {end_offset} (size {size})"
 
 
-def _blob(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = [s.encode() for s in strings]
-    ends = np.cumsum([len(b) for b in encoded], dtype=np.int64) if encoded else np.zeros(0, np.int64)
-    return np.frombuffer(b"".join(encoded), dtype=np.uint8), ends
+def _blob(strings: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The ``.idx`` file's two arrays of ``strings``: their UTF-8 bytes and where each ends."""
+    flat = strings if isinstance(strings, StringArray) else StringArray(list(strings))
+    return np.frombuffer(flat.blob, dtype=np.uint8), flat.ends[1:]
 
 
-def _unblob(blob: np.ndarray, ends: np.ndarray) -> list[str]:
-    raw = blob.tobytes()
-    starts = np.concatenate([[0], ends[:-1]]) if len(ends) else ends
-    return [raw[s:e].decode() for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+def _unblob(blob: np.ndarray, ends: np.ndarray) -> StringArray:
+    """The strings of an ``.idx`` file, held flat as they are stored (no ``str`` per sample)."""
+    return StringArray.from_arrays(blob.tobytes(), np.concatenate([np.zeros(1, np.int64), ends]))
 
 
 def index_bytes(index: ShardIndex, extensions: tuple[str, ...]) -> bytes:

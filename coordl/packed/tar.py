@@ -36,6 +36,7 @@ from coordl.datasets.files import IMG_EXTENSIONS, _FileSource
 from coordl.errors import CorruptItemError
 from coordl.packed.shardfiles import DEFAULT_MAX_OPEN_SHARDS, ShardFiles, ShardReads
 from coordl.packed.shards import NO_LABEL, ShardIndex, TruncatedShardError, expand_braces
+from shmem.strings import StringArray
 
 __all__ = ["TarShards", "TruncatedShardError"]
 
@@ -144,8 +145,9 @@ class TarShards(_FileSource):
         self._offsets = np.concatenate([ix.offsets for ix in indexes]) if indexes else np.zeros(0, np.int64)
         self._sizes = np.concatenate([ix.sizes for ix in indexes]) if indexes else np.zeros(0, np.int64)
         self._labels = np.concatenate([ix.labels for ix in indexes]) if indexes else np.zeros(0, np.int64)
-        self.keys = [k for ix in indexes for k in ix.keys]
-        self._exts = [e for ix in indexes for e in ix.exts]
+        # Held flat (shmem.strings): no str per sample for every loader worker to inherit or unpickle.
+        self.keys = StringArray.concat(ix.keys for ix in indexes)
+        self._exts = StringArray.concat(ix.exts for ix in indexes)
         missing = int((self._labels == NO_LABEL).sum())
         if missing:
             first = int(np.flatnonzero(self._labels == NO_LABEL)[0])

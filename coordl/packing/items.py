@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,8 +52,8 @@ class SourceItems:
         """(key, extension) for a tar member: the source's relative name where it has one."""
         items = getattr(self.source, "items", None)
         member_name = getattr(self.source, "member_name", None)
-        if isinstance(items, list) and items and isinstance(items[i][0], str):
-            rel = items[i][0]  # ImageFolder, FileListDataset: the relative path
+        if isinstance(items, Sequence) and len(items) and isinstance(items[i][0], str):
+            rel = items[i][0]  # ImageFolder, FileListDataset (a list view): the relative path
         elif callable(member_name):
             rel = member_name(i)  # TarShards: the member it came from
         else:

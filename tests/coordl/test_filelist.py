@@ -52,7 +52,7 @@ def test_imagefolder_items_can_be_replaced_and_the_dataset_pickles_flat(root) ->
     assert ds.dataset_identity() != identity
     back = pickle.loads(pickle.dumps(ds))
     assert back.items == ds.items and back.targets == ds.targets and back.fetch(2) == ds.fetch(2)
-    assert isinstance(back._files.names, StringArray) and back._files.targets.array is not None
+    assert isinstance(back._file_list.names, StringArray) and back._file_list.targets.array is not None
 
 
 def test_digest_is_the_one_the_list_of_pairs_had(root) -> None:

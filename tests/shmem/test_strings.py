@@ -45,3 +45,10 @@ def test_from_arrays_checks_the_offsets() -> None:
         with pytest.raises(ValueError, match="do not cut a blob of 5 bytes"):
             StringArray.from_arrays(b"abcde", np.array(ends, dtype=np.int64))
     assert len(StringArray()) == 0 and list(StringArray()) == []
+
+
+def test_concat_joins_parts_without_decoding_them() -> None:
+    parts = [StringArray(["a", "bü"]), ["", "c"], StringArray(), ("d",)]
+    joined = StringArray.concat(parts)
+    assert joined == ["a", "bü", "", "c", "d"] and joined.ends.tolist() == [0, 1, 4, 4, 5, 6]
+    assert StringArray.concat([]) == [] and StringArray.concat([StringArray()]) == []
