@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "coordl-scale-memory"))
     ap.add_argument("--configs", nargs="+", default=["coordl", "imagefolder+torch", "list+torch"])
     args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: meant
     print(f"host: {os.cpu_count()} cores, python {sys.version.split()[0]}, torch {torch.__version__}")
     header = f"{'items':>9} {'workers':>7} " + " ".join(f"{c + ' MB/worker':>28}" for c in args.configs)
     print("per-worker USS growth over one epoch (max over workers; median of runs), epoch seconds in ()")
