@@ -2,9 +2,10 @@
 
 Each node's server holds about 1/N of the samples (:class:`memcache.hashring.HashRing`), so the cluster's
 aggregate memory caches a dataset no single node could. Reads are one MGET per node per batch, writes
-one pipeline of ``SET NX`` per node per batch (never overwrite). The servers run with ``maxmemory`` and
-``noeviction`` (see :mod:`memcache.server`): when a node is full, Redis refuses the write with an OOM
-error and this client stops sending puts to that node.
+one pipeline of ``SET NX`` per node per batch (never overwrite, except a value a read refused: a plain
+``SET`` replaces it). The servers run with ``maxmemory`` and ``noeviction`` (see :mod:`memcache.server`):
+when a node is full, Redis refuses the write with an OOM error and this client stops sending puts to
+that node.
 
 A node that is unreachable or dies: its keys become misses (the loader fetches and preps them as
 usual), one warning is logged per node, the ``errors``/``node_failures`` stats count it, and the node is
@@ -96,6 +97,7 @@ class RedisStore:
         self._down_until: dict[str, float] = {}
         self._warned: set[str] = set()
         self._full: set[str] = set()
+        self._refused: set[str] = set()  # keys whose stored value was refused: the next put overwrites it
         self._stats = dict.fromkeys(
             ("hits", "misses", "errors", "node_failures", "puts", "put_bytes", "put_rejected"), 0
         )
@@ -180,6 +182,7 @@ class RedisStore:
             # A stale or foreign value: never served. Counted, logged at debug level (can be many).
             self._stats["errors"] += 1
             self._stats["misses"] += 1
+            self._refused.add(key)
             log.debug("memcache: refused value of %s: %s", key, e)
 
     def put_many(self, items: Mapping[str, np.ndarray]) -> int:
@@ -196,7 +199,10 @@ class RedisStore:
                 for key in node_keys:
                     value = encode(key, items[key])
                     sizes.append(len(value))
-                    pipe.set(key, value, nx=True)
+                    # NX, except over a value this process refused (corrupt, another key's): SET NX alone
+                    # would keep that value forever, a miss and an error in every epoch.
+                    pipe.set(key, value, nx=key not in self._refused)
+                    self._refused.discard(key)
                 results = pipe.execute(raise_on_error=False)
             except _NODE_ERRORS as e:
                 self._node_failed(node, e)
