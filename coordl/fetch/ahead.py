@@ -44,7 +44,7 @@ class FetchAhead:
     def __init__(self, depth: int, lookup: TierLookup, prep_views: bool) -> None:
         self.depth = depth
         self._lookup = lookup
-        self._prep_views = prep_views
+        self.prep_views = prep_views
         self._pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, its pool)
         self._reader: tuple[int, ReadAhead] | None = None  # (pid, its read-ahead of local files)
         self._pace: tuple[int, ReadPace] | None = None  # (pid, its pace)
@@ -56,10 +56,12 @@ class FetchAhead:
         watch: WorkerWatch | None,
         seed: Callable[[int], None],
         skip: Callable[[CorruptItemError, int], Any],
+        known: list[Any] | None = None,
     ) -> Iterator[Any]:
         """Each item of ``indices`` prepped (``seed(index)`` first), in order; an item whose fetch or prep
         raised :class:`CorruptItemError` gives ``skip(error, index)`` instead. ``watch`` is told the item
-        each worker is on."""
+        each worker is on. ``known``: what the in-memory tiers already answered for each item (the
+        cache's view, or None where it missed: :meth:`~coordl.fetch.tiers.TierLookup.peek_memory`)."""
         lookup = self._lookup
         ask, keep, fetch_from, prep = lookup.ask, lookup.keep, lookup.fetch_from, lookup.source.prep
         pending: collections.deque = collections.deque()
@@ -67,10 +69,16 @@ class FetchAhead:
         near = lookup.in_memory_tiers()
         in_memory, whole = lookup.tiers[:near], near == len(lookup.tiers)
         pace = self.pace()
+        answers = iter(known) if known is not None else None
 
         def ahead(index: int) -> None:
             missed: list[FetchTier] = []
-            raw: Any = ask(index, in_memory, missed)  # bytes, or what stands for them until read
+            if answers is not None:  # asked already: every in-memory tier missed where it says None
+                raw: Any = next(answers)
+                if raw is None:
+                    missed.extend(in_memory)
+            else:
+                raw = ask(index, in_memory, missed)  # bytes, or what stands for them until read
             if raw is None:
                 if pace.inline():
                     raw = _Inline(missed)
@@ -91,19 +99,21 @@ class FetchAhead:
                 if worker_id is not None and watch is not None:
                     watch.on_item(worker_id, index)
                 try:
+                    # reads made or finished in this thread are counted with the batch (TierLookup.end_batch)
                     if type(raw) is _Inline:
-                        data = pace.timed(lambda: fetch_from(index, near, raw.missed))  # noqa: B023 - called at once
+                        data = pace.timed(lambda: fetch_from(index, near, raw.missed, True))  # noqa: B023 - called at once
                     elif type(raw) is _Reading:
-                        data = keep(index, raw.read.result(), raw.missed)
+                        data = keep(index, raw.read.result(), raw.missed, True)
                     elif isinstance(raw, concurrent.futures.Future):
                         data = raw.result()
                     else:
-                        data = raw if self._prep_views else as_bytes(raw)
+                        data = raw if self.prep_views else as_bytes(raw)
                     seed(index)
                     yield prep(data, index)
                 except CorruptItemError as e:
                     yield skip(e, index)
         finally:
+            lookup.add_tally()  # the reads counted in this thread
             for _index, raw in pending:
                 # an error or a closed generator: reads not started are dropped
                 if type(raw) is _Reading:

@@ -32,6 +32,7 @@ from typing import TypeVar
 __all__ = ["BLOCKED_LIMIT_S", "PROBE_FIRST", "PROBE_MAX", "WINDOW", "ReadPace"]
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 # A read that blocks for less than this is made in the prep thread: about what a pool hand-off costs
 # the worker in CPU (0.04 ms per read, measured above), so below it overlapping the read saves less
@@ -68,6 +69,8 @@ class ReadPace:
         self._gap = PROBE_FIRST
         self._until_probe = PROBE_FIRST
         self._probing = False  # a probe was decided and is not timed yet
+        self._exact = False  # the last read took the limit or longer: time the next on the CPU clock too
+        self._over = 0  # reads in the window that blocked for the limit or longer
         self.inline_reads = self.pooled_reads = 0
 
     def inline(self) -> bool:
@@ -79,17 +82,45 @@ class ReadPace:
                 return False
             # a probe: judged on its own, not with the slow reads before it
             self._recent.clear()
+            self._over = 0
             self._probing = True
         self.inline_reads += 1
         return True
 
+    def timed_call(self, read: Callable[[A], T], arg: A) -> T:
+        """``read(arg)`` in this thread, timed as :meth:`timed` times it: a read the prep thread makes
+        without asking :meth:`inline` first, while storage is fast
+        (:meth:`coordl.fetch.pipeline.LoaderSource._load_plain`)."""
+        self.inline_reads += 1
+        exact = self._exact or self.slow
+        cpu = self._cpu() if exact else 0.0
+        wall = self._wall()
+        try:
+            return read(arg)
+        finally:
+            self._done(wall, cpu, exact)
+
     def timed(self, read: Callable[[], T]) -> T:
-        """``read()`` in this thread, its blocked time counted."""
-        wall, cpu = self._wall(), self._cpu()
+        """``read()`` in this thread, its blocked time counted.
+
+        The thread's CPU clock is a system call (2 us on the 2-core VM, twice per read: more than a
+        page-cache read of a small file costs) and is read only where it can change the decision: a
+        read whose wall time stays under the limit blocked less than that, and its wall time is what
+        is counted. After a read that took longer, reads are timed on both clocks (and a probe always
+        is) until one takes less again; the first long read counts its whole wall time as blocked.
+        """
+        exact = self._exact or self.slow
+        cpu = self._cpu() if exact else 0.0
+        wall = self._wall()
         try:
             return read()
         finally:
-            self._record(max(0.0, (self._wall() - wall) - (self._cpu() - cpu)))
+            self._done(wall, cpu, exact)
+
+    def _done(self, wall: float, cpu: float, exact: bool) -> None:
+        elapsed = self._wall() - wall
+        self._exact = elapsed >= self.limit_s
+        self._record(max(0.0, elapsed - (self._cpu() - cpu)) if exact else elapsed)
 
     @property
     def blocked_s(self) -> float | None:
@@ -101,10 +132,16 @@ class ReadPace:
         return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
     def _record(self, blocked_s: float) -> None:
-        self._recent.append(blocked_s)
+        recent, limit = self._recent, self.limit_s
+        if len(recent) == WINDOW and recent[0] >= limit:
+            self._over -= 1  # the read that leaves the window
+        recent.append(blocked_s)
+        self._over += blocked_s >= limit
         probe, self._probing = self._probing, False
         if self.slow and not probe:
             return  # a read decided before the switch to the pool: the next probe judges
+        if not self.slow and self._over < (len(recent) + 1) // 2:
+            return  # fewer than half the window at the limit: its median is under it, storage still fast
         blocked = self.blocked_s  # not None: a read was just recorded
         if blocked is not None and blocked < self.limit_s:
             self.slow, self._gap = False, PROBE_FIRST

@@ -14,6 +14,7 @@ item index goes to ``dataset[key]`` as it is, and a dataset run as one opaque st
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -23,10 +24,12 @@ from coordl.datasets.source import describe_item, is_index
 from coordl.errors import CorruptItemError
 from coordl.fetch.ahead import FetchAhead
 from coordl.fetch.keys import DatasetKeys
+from coordl.fetch.pace import ReadPace
 from coordl.fetch.pagecache import check_mode
 from coordl.fetch.skipping import SKIPPED, SkipLog
-from coordl.fetch.tiers import BASE_COUNTERS, FetchTier, MinioTier, TierLookup
+from coordl.fetch.tiers import BASE_COUNTERS, FetchTier, MinioTier, TierLookup, as_bytes
 from coordl.fetch.watch import WorkerWatch
+from coordl.resume.order import batch_seeds
 from coordl.resume.workers import PAD, note_batch
 from coordl.ring.output_buffers import lend
 from shmem.counters import SharedCounters
@@ -121,8 +124,14 @@ class LoaderSource(torch.utils.data.Dataset):
         worker_id = worker.id if worker is not None and self.watch is not None else None
         # Indices may carry the seed of their prep's random draws (coordl.resume.SeededIndex), and the
         # first the batch's number in its epoch (handed out of order: the resumable state names it).
-        self._item_seeds = {int(i): seed for i in indices if (seed := getattr(i, "seed", None)) is not None}
-        if indices and (number := getattr(indices[0], "batch", None)) is not None:
+        first = indices[0] if indices else None
+        seeds = batch_seeds(indices) if getattr(first, "seed", None) is not None else None
+        self._item_seeds = (
+            {int(i): seed for i, seed in zip(indices, seeds, strict=True) if seed is not None}
+            if seeds
+            else {}
+        )
+        if (number := getattr(first, "batch", None)) is not None:
             note_batch(number)
         batched = self._load_batched(indices, worker_id) if self._keys.batched is not None and stack else None
         # The dataset's own batch: collate gets it as is.
@@ -130,19 +139,29 @@ class LoaderSource(torch.utils.data.Dataset):
             self.counters.add("items_loaded", len(indices))
             return batched
         stacker = self.ring.stacker(len(indices)) if stack and self.ring is not None else None
+        keys = [int(i) for i in indices]
         if self.sample_cache_tier is None and batched is None:
-            self._lookup.ask_batched([int(i) for i in indices])
+            self._lookup.ask_batched(keys)
         kept: list[Any] = []
         n_kept = n_skipped = 0
         try:
             if batched is not None:
                 samples: Any = iter(batched)
             elif self.sample_cache_tier is not None:
-                samples = self._load_split(indices, worker_id)
-            elif self.fetch_ahead > 0 and worker is not None and len(indices) > 1:
-                samples = self._load_ahead([int(i) for i in indices], worker_id)
+                samples = self._load_split(keys, worker_id)
+            elif self.fetch_ahead > 0 and worker is not None and len(keys) > 1:
+                # A batch the MinIO cache holds whole reads nothing ahead: its items are in memory.
+                known = self._lookup.peek_memory(keys)
+                pace = self._ahead.pace()
+                if known is not None and known[1] == 0:
+                    samples = self._load_plain(keys, seeds, worker_id, raws=known[0])
+                elif known is None and not self._lookup.tiers and not pace.slow:
+                    # storage that answers at once (the page cache): read in this thread, in turn, timed
+                    samples = self._load_plain(keys, seeds, worker_id, pace=pace)
+                else:
+                    samples = self._load_ahead(keys, worker_id, known[0] if known is not None else None)
             else:
-                samples = (self._load_one(int(i), worker_id) for i in indices)
+                samples = self._load_plain(keys, seeds, worker_id)
             # Transforms write each sample's tensor straight into its row of the slot (output_buffers).
             with lend(stacker.take if stacker is not None else None):
                 for sample in samples:
@@ -200,21 +219,59 @@ class LoaderSource(torch.utils.data.Dataset):
             # a fifth of a sample's prep; measured in bench_loader's prep-bound run).
             torch.default_generator.manual_seed(seed)
 
-    def _load_one(self, index: int, worker_id: int | None) -> Any:
-        if worker_id is not None:
-            watch = self.watch
-            assert watch is not None  # _get_many sets worker_id only with a watch
-            watch.on_item(worker_id, index)
-        try:
-            raw = self.fetch(index)
-            self._seed(index)
-            return self.source.prep(raw, index)
-        except CorruptItemError as e:
-            return self._skips.skip_or_raise(e, index)
+    def _load_plain(
+        self,
+        keys: list[int],
+        seeds: list[int | None] | None,
+        worker_id: int | None,
+        raws: list[Any] | None = None,
+        pace: ReadPace | None = None,
+    ) -> Iterator[Any]:
+        """Fetch and prep each item in turn: the batch's fetch (:meth:`TierLookup.batch_fetch`, counted
+        per batch), or ``raws``, the bytes already in hand (views of the cache's rows).
 
-    def _load_ahead(self, indices: list[int], worker_id: int | None) -> Iterator[Any]:
+        The per-item path of every in-memory dataset, so it holds only what each item needs: the worker
+        table told the item, its bytes, its seed (``seeds``, when the epoch has them), its prep. With
+        ``pace``, each read is timed, and once storage is found slow the rest of the batch is read
+        ahead (:meth:`_load_ahead`).
+        """
+        views = self._ahead.prep_views
+        fetch = self._lookup.batch_fetch(views) if raws is None else None
+        prep, skip = self.source.prep, self._skips.skip_or_raise
+        watch = self.watch
+        on_item = (
+            functools.partial(watch.on_item, worker_id)
+            if worker_id is not None and watch is not None
+            else None
+        )
+        reseed = torch.default_generator.manual_seed  # the CPU generator only: see _seed
+        for k, index in enumerate(keys):
+            if pace is not None and pace.slow:
+                yield from self._load_ahead(keys[k:], worker_id)
+                return
+            if on_item is not None:
+                on_item(index)
+            try:
+                if fetch is not None:
+                    raw = fetch(index) if pace is None else pace.timed_call(fetch, index)
+                else:
+                    raw = raws[k]  # type: ignore[index]  # given whenever fetch is not
+                    if not views:
+                        raw = as_bytes(raw)
+                if seeds is not None and (seed := seeds[k]) is not None:
+                    reseed(seed)
+                sample = prep(raw, index)
+            except CorruptItemError as e:
+                sample = skip(e, index)
+            yield sample
+
+    def _load_ahead(
+        self, indices: list[int], worker_id: int | None, known: list[Any] | None = None
+    ) -> Iterator[Any]:
         """Prep each item while background threads read the next ``fetch_ahead`` ones (:mod:`.ahead`)."""
-        return self._ahead.load(indices, worker_id, self.watch, self._seed, self._skips.skip_or_raise)
+        return self._ahead.load(
+            indices, worker_id, self.watch, self._seed, self._skips.skip_or_raise, known=known
+        )
 
     def _load_split(self, indices: Sequence[int], worker_id: int | None) -> Iterator[Any]:
         indices = [int(i) for i in indices]

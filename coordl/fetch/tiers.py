@@ -13,19 +13,23 @@ storage reads, and offers the bytes to every tier that missed. A tier that serve
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from coordl.fetch.minio import MinioCache
 from coordl.fetch.pagecache import PageCachePolicy
 from shmem.counters import SharedCounters
+from shmem.forklock import PID
 
 __all__ = ["FetchTier", "MinioTier", "TierLookup", "BASE_COUNTERS"]
 
 BASE_COUNTERS = (
     "cache_hits", "cache_misses", "storage_bytes_read", "storage_items_read", "items_loaded", "skipped_items",
 )  # fmt: skip
+
+
+# What TierLookup.batch_fetch counts per batch, in the order of its tally.
+_TALLIED = ("cache_hits", "cache_misses", "storage_bytes_read", "storage_items_read")
 
 
 @runtime_checkable
@@ -89,15 +93,19 @@ class TierLookup:
         # tier id -> (its answers, the indices it was asked) for the batch being made
         self._batch_answers: dict[int, tuple[dict[int, Any], frozenset[int]]] = {}
         self._page_policy: tuple[int, PageCachePolicy] | None = None  # (pid, this process's policy)
+        # What the batch being made counted so far (batch_fetch): cache hits, cache misses, storage bytes,
+        # storage items; added to the shared counters once, at end_batch.
+        self._tally = [0, 0, 0, 0]
 
     def fetch(self, index: int) -> bytes:
         """Raw bytes of ``index`` from the first tier that has them, else storage (then offered up)."""
         return self.fetch_from(index, 0, [])
 
-    def fetch_from(self, index: int, start: int, missed: list[FetchTier]) -> bytes:
-        """Ask ``tiers[start:]``, then storage; offer the bytes to every tier that missed."""
+    def fetch_from(self, index: int, start: int, missed: list[FetchTier], tally: bool = False) -> bytes:
+        """Ask ``tiers[start:]``, then storage; offer the bytes to every tier that missed. ``tally``: as
+        for :meth:`keep`."""
         raw = self.ask(index, self.tiers[start:], missed)
-        return self.keep(index, raw, missed) if raw is None else self._offer(index, raw, missed)
+        return self.keep(index, raw, missed, tally) if raw is None else self._offer(index, raw, missed)
 
     def fetch_many(self, indices: Sequence[int], pool: Any = None, views: bool = False) -> list[Any]:
         """Raw bytes of each of ``indices``, in order: what this node's memory tiers hold is taken here,
@@ -125,11 +133,19 @@ class TierLookup:
                 out[k] = self.fetch_from(index, near, missed)
         return out
 
-    def keep(self, index: int, raw: bytes | None, missed: list[FetchTier]) -> bytes:
-        """A storage read of ``index`` (``raw``; None: read it now), counted and offered to ``missed``."""
+    def keep(self, index: int, raw: bytes | None, missed: list[FetchTier], tally: bool = False) -> bytes:
+        """A storage read of ``index`` (``raw``; None: read it now), counted and offered to ``missed``.
+
+        ``tally``: counted with the batch being made (added at :meth:`end_batch`, by the thread that
+        ends it: the caller's), not at once under the counters' lock (a read-ahead thread's way)."""
         if raw is None:
             raw = self.read_storage(index)
-        self.counters.add_many({"storage_bytes_read": len(raw), "storage_items_read": 1})
+        if tally:
+            counts = self._tally
+            counts[2] += len(raw)
+            counts[3] += 1
+        else:
+            self.counters.add_many({"storage_bytes_read": len(raw), "storage_items_read": 1})
         return self._offer(index, raw, missed)
 
     def _offer(self, index: int, raw: bytes | memoryview, missed: list[FetchTier]) -> bytes:
@@ -145,7 +161,7 @@ class TierLookup:
         """Whether this process reads storage past the page cache (:mod:`coordl.fetch.pagecache`)."""
         if self.page_cache == "use" or getattr(self.source, "fetch_uncached", None) is None:
             return False
-        pid = os.getpid()
+        pid = PID[0]  # kept current across forks: no system call per read
         if self._page_policy is None or self._page_policy[0] != pid:
             # MinIO alone (partitioned: peers serve misses)
             tier = self.tiers[0] if len(self.tiers) == 1 else None
@@ -182,8 +198,80 @@ class TierLookup:
                 self._batch_answers[id(tier)] = (dict(get_many(indices)), frozenset(indices))
 
     def end_batch(self) -> None:
-        """Drop what the batch's tiers answered and was not taken."""
+        """Drop what the batch's tiers answered and was not taken; count what :meth:`batch_fetch` read."""
         self._batch_answers = {}
+        self.add_tally()
+
+    def add_tally(self) -> None:
+        """Add what the batch counted so far to the shared counters (:meth:`end_batch` does)."""
+        tally = self._tally
+        if tally[0] or tally[1] or tally[3]:
+            counts = dict(zip(_TALLIED, tally, strict=True))
+            tally[:] = [0, 0, 0, 0]
+            self.counters.add_many({name: n for name, n in counts.items() if n})
+
+    def batch_fetch(self, views: bool = False) -> Callable[[int], Any]:
+        """:meth:`fetch` for the items of the batch being made, counted once at :meth:`end_batch`.
+
+        For the chains nearly every loader has (no tier, or the loader's MinIO cache alone) a function
+        that does that chain's work and nothing else: the cache's row read directly, storage read with
+        the page-cache decision of this process, and the counts kept in this object until the batch
+        ends instead of added to the shared counters (a lock) per item; the same counts, a batch later
+        at most. Any other chain (a tier added by a profiler, the partitioned cache): :meth:`fetch`.
+        Call it from the thread that ends the batch (a loader worker's own), not from read-ahead threads.
+        ``views``: a cache hit is given as a view of its row (valid while the cache is open), not bytes.
+        """
+        tiers = self.tiers
+        source_fetch = self.source.fetch
+        tally = self._tally
+        if not tiers:
+            read = self.source.fetch_uncached if self.bypass() else source_fetch
+
+            def from_storage(index: int) -> bytes:
+                raw = read(index)
+                tally[2] += len(raw)
+                tally[3] += 1
+                return raw
+
+            return from_storage
+        if len(tiers) != 1 or type(tiers[0]) is not MinioTier or self._batch_answers:
+            return self.fetch
+        cache = tiers[0].cache
+        get, put = cache.get, cache.put
+        uncached = getattr(self.source, "fetch_uncached", None)
+        bypass = self.bypass
+
+        def through_minio(index: int) -> Any:
+            raw = get(index)
+            if raw is not None:
+                tally[0] += 1
+                return raw if views else bytes(raw)
+            tally[1] += 1
+            data = uncached(index) if uncached is not None and bypass() else source_fetch(index)
+            tally[2] += len(data)
+            tally[3] += 1
+            put(index, data)
+            return as_bytes(data)
+
+        return through_minio
+
+    def peek_memory(self, indices: list[int]) -> tuple[list[Any], int] | None:
+        """For a chain of the loader's MinIO cache alone: a view of each item's row the cache holds (None
+        where it misses) and the number of misses, counted as :meth:`batch_fetch` counts; else None.
+
+        A batch the cache holds whole needs no read-ahead at all (:class:`coordl.fetch.ahead.FetchAhead`
+        is given the answers, so no item is asked twice). Views, not copies: a batch of large items is
+        copied one item at a time, as each is prepped.
+        """
+        tiers = self.tiers
+        if len(tiers) != 1 or type(tiers[0]) is not MinioTier or self._batch_answers:
+            return None
+        get = tiers[0].cache.get
+        raws = [get(i) for i in indices]
+        misses = raws.count(None)
+        self._tally[0] += len(raws) - misses
+        self._tally[1] += misses
+        return raws, misses
 
     def in_memory_tiers(self) -> int:
         """How many leading tiers answer from this node's memory (no network, no disk)."""

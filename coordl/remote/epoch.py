@@ -31,6 +31,7 @@ import threading
 from typing import Any
 
 from coordl.remote.actor import as_tensors
+from coordl.resume.order import batch_seeds
 
 __all__ = ["MergedEpoch", "torch_may_draw"]
 
@@ -211,7 +212,7 @@ class MergedEpoch:
 
     def _send(self, actor: Any, batch: list[Any]) -> None:
         indices = [int(i) for i in batch]
-        seeds = [getattr(i, "seed", None) for i in batch]
+        seeds = batch_seeds(batch)  # the first index carries the epoch's seed (coordl.resume.order)
         raws = [self.side.fetch(i) for i in indices] if actor.ship else None
         ref = self.side.submit(actor, indices, seeds, raws)
         flight = Flight(actor, ref, indices, seeds, raws)

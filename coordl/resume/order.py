@@ -17,7 +17,7 @@ import collections
 import copy
 import hashlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -26,45 +26,68 @@ from coordl.datasets.source import is_index
 from coordl.resume.state import is_stateful
 from coordl.resume.workers import PAD
 
-__all__ = ["ResumableSampler", "SeededIndex", "item_seed"]
+__all__ = ["ResumableSampler", "SeededIndex", "batch_seeds", "item_seed"]
 
 
 def _seeded(key: Any, seed: int) -> Any:
-    """An item index tagged with its prep seed; any other key (a list, a slice, a name) as it is."""
-    return SeededIndex(int(key), item_seed(seed, int(key))) if is_index(key) else key
+    """The first key of a batch, tagged with the epoch's seed (and so its own); any other key (a list, a
+    slice, a name) as it is."""
+    return SeededIndex(int(key), item_seed(seed, int(key)), epoch_seed=seed) if is_index(key) else key
 
 
 def _numbered(key: Any, number: int) -> Any:
-    """The first key of batch ``number``, carrying that number (keeping its seed); a key that is not an
+    """The first key of batch ``number``, carrying that number (keeping its seeds); a key that is not an
     index as it is (its batch is then counted, not named)."""
     if not is_index(key):
         return key
-    return SeededIndex(int(key), getattr(key, "seed", None), number)
+    return SeededIndex(int(key), getattr(key, "seed", None), number, getattr(key, "epoch_seed", None))
 
 
 class SeededIndex(int):
     """An item index that carries the seed its prep's random draws start from (None: none), and, first
     in a batch of an epoch handed out out of order, that batch's number in the epoch (pickles as an int
     does).
+
+    First in a batch of an epoch with seeds, it also carries the epoch's seed (``epoch_seed``): the
+    batch's other indices are plain ints, whose seeds the worker derives (:func:`batch_seeds`), so that
+    the main process makes one object per batch, not one per item.
     """
 
     seed: int | None
     batch: int | None
+    epoch_seed: int | None
 
-    def __new__(cls, index: int, seed: int | None, batch: int | None = None) -> SeededIndex:
+    def __new__(
+        cls, index: int, seed: int | None, batch: int | None = None, epoch_seed: int | None = None
+    ) -> SeededIndex:
         obj = super().__new__(cls, index)
         obj.seed = seed
         obj.batch = batch
+        obj.epoch_seed = epoch_seed
         return obj
 
     def __reduce__(self) -> tuple:
-        return (SeededIndex, (int(self), self.seed, self.batch))
+        return (SeededIndex, (int(self), self.seed, self.batch, self.epoch_seed))
 
 
 def item_seed(epoch_seed: int, index: int) -> int:
     """A 63-bit seed for item ``index`` in the epoch whose seed is ``epoch_seed``."""
     digest = hashlib.blake2b(f"{epoch_seed}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def batch_seeds(batch: Sequence[Any]) -> list[int | None]:
+    """The prep seed of each index of ``batch``, as the sampler drew it: derived from the epoch's seed its
+    first index carries (:func:`item_seed` of each), else each index's own (None: no seed)."""
+    epoch_seed = getattr(batch[0], "epoch_seed", None) if batch else None
+    if epoch_seed is None:
+        return [getattr(i, "seed", None) for i in batch]
+    prefix, blake2b, from_bytes = f"{epoch_seed}:", hashlib.blake2b, int.from_bytes
+    # item_seed, inlined: it runs for every item of an epoch with seeds
+    return [
+        from_bytes(blake2b((prefix + str(int(i))).encode(), digest_size=8).digest(), "little") >> 1
+        for i in batch
+    ]
 
 
 class ResumableSampler:
@@ -140,8 +163,9 @@ class ResumableSampler:
                 self.snapshots.append(self.snapshot(it))
             if drop and first + (count - 1) // unit in drop:
                 continue  # handed out before the state was taken (out of order): drawn, not fetched
-            if seed is not None:
-                item = [_seeded(i, seed) for i in item] if self.batched else _seeded(item, seed)
+            if seed is not None and (self.batched or (count - 1) % unit == 0):
+                # the batch's first index carries the epoch's seed; the worker derives the others' seeds
+                item = [_seeded(item[0], seed), *item[1:]] if self.batched and item else _seeded(item, seed)
             if number and (self.batched or (count - 1) % unit == 0):
                 n = first + (count - 1) // unit
                 item = [_numbered(item[0], n), *item[1:]] if self.batched and item else _numbered(item, n)
