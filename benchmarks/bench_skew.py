@@ -22,8 +22,16 @@ files sit in the page cache), and coordl with ``in_order=False``. Samples/s are 
 (epoch 1 starts the workers); the **batch wait** is the time the consumer spends in ``next()`` per batch
 (p50, p99, pooled over the rounds). Each configuration runs in a fresh process; rounds alternate the
 configurations (each round starts one further along); the table shows medians and the min-max over
-rounds. The host is shared: the prep pass of each round gives that round's bound, and the table shows
-each loader against the median bound.
+rounds.
+
+**The shared host.** Other work on the cores slows every configuration by a different amount. Each worker's
+main thread's ``/proc/PID/task/PID/schedstat`` splits its wall time into running, **waiting for a CPU**
+(runnable while other processes held the cores) and **blocked** (nothing to do: the loader's own idle
+time, e.g. a worker whose prefetch slots are full behind a batch not yet taken). ``samples/s, CPU waits
+out`` divides the rate by the share not spent waiting for a CPU: a first-order estimate of the rate on
+idle cores, checked by the measured executor (``--workers`` processes, each taking the next sample from a
+shared counter), which it puts at 90-100% of the bound. **Skew alone** (``skew_sim.py``) replays torch's
+dispatch on the measured sample times with no loader cost and no other work, at 2, 8 and 16 workers.
 """
 
 from __future__ import annotations
@@ -38,14 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from skew_tables import LOADERS, table
 
-LOADERS = {
-    "torch": "torch DataLoader, in_order=True",
-    "torch_any": "torch DataLoader, in_order=False",
-    "coordl": "coordl.DataLoader (today's defaults)",
-    "coordl_any": "coordl.DataLoader, in_order=False",
-}
 SEED = 0
 STEADY_SKIP = 2  # batches left out at each end of an epoch for the steady-state rate
 
@@ -268,84 +270,6 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict:
     return res
 
 
-def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
-
-
-def _prep_rows(args: argparse.Namespace, res: dict) -> tuple[list[str], dict[str, float]]:
-    cores = args.workers
-    out = [
-        f"### Per-sample prep CPU, train_transform(224), one core ({args.n} files, median of "
-        f"{args.rounds} passes)\n",
-        f"| dataset | mean file | p50 | p90 | p99 | max | p99/p50 | mean | bound at {cores} cores |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    bound = {}
-    for ds, v in res.items():
-        passes = v["prep"]
-        stat = {q: statistics.median(_pct(p["cpu_s"], q) * 1e3 for p in passes) for q in (50, 90, 99, 100)}
-        mean_ms = statistics.median(float(np.mean(p["cpu_s"])) * 1e3 for p in passes)
-        bound[ds] = cores / mean_ms * 1e3
-        kb = float(np.mean(passes[0]["bytes"])) / 1e3
-        out.append(
-            f"| {ds} | {kb:.0f} KB | {stat[50]:.2f} ms | {stat[90]:.2f} ms | {stat[99]:.2f} ms | "
-            f"{stat[100]:.1f} ms | {stat[99] / stat[50]:.1f}x | {mean_ms:.2f} ms | {bound[ds]:,.0f}/s |"
-        )
-    return out, bound
-
-
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
-
-
-def _run_stats(runs: list[dict]) -> dict[str, list[float]]:
-    """Per run (epochs 2 on, medians): whole-epoch rate, the rate with the waits for a CPU taken out, shares."""
-    out: dict[str, list[float]] = {"rate": [], "free": [], "waiting": [], "blocked": []}
-    for run in runs:
-        free = [r / (1.0 - w) for r, w in zip(run["rates"], run["waiting"], strict=True)]
-        out["rate"].append(statistics.median(run["rates"]))
-        out["free"].append(statistics.median(free))
-        out["waiting"].append(statistics.median(run["waiting"]))
-        out["blocked"].append(statistics.median(run["blocked"]))
-    return out
-
-
-def table(args: argparse.Namespace, res: dict) -> str:
-    out, bound = _prep_rows(args, res)
-    out += [
-        f"\n### Loaders against the work-conserving bound: batch {args.batch}, {args.workers} workers, "
-        f"epochs 2-{args.epochs}, median (min-max) of {args.rounds} rounds\n",
-        "| dataset | loader | samples/s | workers waiting for a CPU | workers blocked | "
-        "samples/s, CPU waits out | of the bound | steady samples/s | batch wait p50 | p99 | "
-        "workers CPU/sample |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for ds, v in res.items():
-        out.append(
-            f"| {ds} | work-conserving bound: {args.workers} cores / mean prep CPU | | | | "
-            f"{bound[ds]:,.0f} | 100% | | | | |"
-        )
-        pool = _run_stats(v["pool"])
-        out.append(
-            f"| {ds} | measured executor: {args.workers} processes, each taking the next sample | "
-            f"{_spread(pool['rate'])} | {statistics.median(pool['waiting']):.0%} | "
-            f"{statistics.median(pool['blocked']):.0%} | {_spread(pool['free'])} | "
-            f"{statistics.median(pool['free']) / bound[ds]:.0%} | | | | |"
-        )
-        for cfg in (c for c in v if c not in ("prep", "pool")):
-            st = _run_stats(v[cfg])
-            steady = [statistics.median(run["steady"]) for run in v[cfg]]
-            waits = [w for run in v[cfg] for w in run["waits"]]
-            cpu_ms = statistics.median(statistics.median(run["workers_cpu_s"]) for run in v[cfg]) * 1e3
-            out.append(
-                f"| {ds} | {LOADERS[cfg]} | {_spread(st['rate'])} | {statistics.median(st['waiting']):.0%} | "
-                f"{statistics.median(st['blocked']):.0%} | {_spread(st['free'])} | "
-                f"{statistics.median(st['free']) / bound[ds]:.0%} | {_spread(steady)} | "
-                f"{_pct(waits, 50) * 1e3:.1f} ms | {_pct(waits, 99) * 1e3:.1f} ms | {cpu_ms:.2f} ms |"
-            )
-    return "\n".join(out)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -357,6 +281,10 @@ def main() -> None:
     p.add_argument("--loaders", default=",".join(LOADERS), help=f"any of {','.join(LOADERS)}")
     p.add_argument("--data-dir", default="", help="keep the datasets here (default: a temporary directory)")
     p.add_argument("--json", default="", help="also write the raw results here")
+    p.add_argument(
+        "--from-json", default="", help="print the tables of results written by --json, run nothing"
+    )
+    p.add_argument("--replay-workers", default="2,8,16", help="worker counts of the replayed dispatch")
     args = p.parse_args()
     if args.child:
         kind, *rest = args.child
@@ -369,6 +297,13 @@ def main() -> None:
             result = child_loader(cfg, root, int(epochs), int(workers), int(batch))
         print(json.dumps(result))
         return
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        if "results" in saved:
+            args = argparse.Namespace(**{**vars(args), **saved["args"]})
+            saved = saved["results"]
+        print(table(args, saved))
+        return
     print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start", flush=True)
     if args.data_dir:
         res = run(args, Path(args.data_dir))
@@ -376,7 +311,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-skew-", dir=os.environ.get("COORDL_BENCH_DIR")) as tmp:
             res = run(args, Path(tmp))
     if args.json:
-        Path(args.json).write_text(json.dumps(res))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": res}))
     print()
     print(table(args, res))
 
