@@ -26,10 +26,13 @@ from typing import Any
 import psutil
 
 from memcache.tls import TLS
+from shmem.segment import owner_alive, owner_tag
 
 __all__ = ["RedisServer", "start_redis", "free_port", "stop_pid", "client_for"]
 
 _START_TIMEOUT_S = 15.0
+# A temporary workdir of a server that dies with its starter: memcache-redis-<pid>-<start>-<random>.
+_OWNED_PREFIX = "memcache-redis-"
 _STOP_TIMEOUT_S = 10.0
 
 
@@ -113,7 +116,9 @@ def client_for(server: RedisServer, **kwargs: Any) -> Any:
     the CA is checked, not the name: the server may listen on a wildcard address)."""
     import redis
 
-    extra: dict[str, Any] = {} if server.tls is None else replace(server.tls, check_hostname=False).client_kwargs()
+    extra: dict[str, Any] = (
+        {} if server.tls is None else replace(server.tls, check_hostname=False).client_kwargs()
+    )
     host = "127.0.0.1" if server.host in ("0.0.0.0", "") else server.host
     return redis.Redis(host=host, port=server.port, password=server.password, **extra, **kwargs)
 
@@ -162,7 +167,11 @@ def start_redis(
     if exe is None:
         raise FileNotFoundError(f"{executable} not found: install Debian's redis-server (scripts/setup.sh)")
     own = workdir is None
-    wd = tempfile.mkdtemp(prefix="memcache-redis-") if workdir is None else os.fspath(workdir)
+    if own and die_with_parent:
+        _reclaim_dead_workdirs()
+        wd = tempfile.mkdtemp(prefix=f"{_OWNED_PREFIX}{owner_tag()}-")
+    else:
+        wd = tempfile.mkdtemp(prefix="memcache-redis-") if workdir is None else os.fspath(workdir)
     Path(wd).mkdir(parents=True, exist_ok=True)
     tries = 5 if port is None else 1
     last_error = ""
@@ -201,6 +210,26 @@ def start_redis(
     if own:
         shutil.rmtree(wd, ignore_errors=True)
     raise RuntimeError(f"redis-server on {host}:{port or 'auto'} did not start; log tail:\n{last_error}")
+
+
+def _reclaim_dead_workdirs() -> None:
+    """Remove the temporary workdirs (redis.conf holds the password) of servers whose starter was killed.
+
+    A server started with ``die_with_parent`` died with its starter; a starter killed with SIGKILL never
+    ran :meth:`RedisServer.stop`, so its workdir stayed behind. The owner's pid and start time are in
+    the name (as for shared-memory segments), so a reused pid is not mistaken for the owner.
+    """
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        parts = name[len(_OWNED_PREFIX) :].split("-")
+        if not name.startswith(_OWNED_PREFIX) or len(parts) < 3 or not (parts[0] + parts[1]).isdigit():
+            continue
+        if not owner_alive(int(parts[0]), int(parts[1])):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def stop_pid(pid: int, timeout_s: float = _STOP_TIMEOUT_S) -> bool:
