@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from coordl.partitioned import peer_tls
 from memcache import certs
 from memcache.server import start_redis
 
@@ -207,3 +208,11 @@ def test_dataloader_with_workers_over_tls(tmp_path: Path) -> None:
         assert sorted(r0["seen"][e] + r1["seen"][e]) == list(range(96))
     assert r0["reads"][1] + r1["reads"][1] == 0 and r0["reads"][0] + r1["reads"][0] == 96
     assert r0["remote_hits"] + r1["remote_hits"] > 0 and r0["remote_errors"] == r1["remote_errors"] == 0
+
+
+def test_coordl_peer_tls_variable() -> None:
+    assert peer_tls.wanted(None, {}) is False
+    assert peer_tls.wanted(None, {"COORDL_PEER_TLS": "1"}) is True  # the job's own certificates
+    assert peer_tls.wanted(False, {"COORDL_PEER_TLS": "1"}) is False
+    with pytest.raises(ValueError, match="COORDL_PEER_TLS='maybe'"):
+        peer_tls.wanted(None, {"COORDL_PEER_TLS": "maybe"})
