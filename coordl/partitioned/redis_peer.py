@@ -120,6 +120,7 @@ class RedisPeerClient:
         self._down_until: dict[int, float] = {}
         self._warned: set[int] = set()
         self._full: set[int] = set()
+        self._refused: set[int] = set()  # items whose value a read refused: the next push overwrites it
 
     def _check_pid(self) -> None:
         if self._pid != os.getpid():
@@ -245,6 +246,7 @@ class RedisPeerClient:
         except (codec.CodecError, KeyError, TypeError) as exc:
             tally["remote_misses"] += 1
             tally["remote_errors"] = tally.get("remote_errors", 0) + 1
+            self._refused.add(index)
             log.debug("coordl: refused the Redis value of item %d: %s", index, exc)
             return
         out[index] = raw
@@ -270,7 +272,11 @@ class RedisPeerClient:
         if conn is None:
             return 0
         try:
-            cmds = [("SET", self.key(i), encode_item(self.key(i), raw), "NX") for i, raw in items]
+            # NX, except over a value this process refused: SET NX alone would keep it forever (the
+            # item read from storage every epoch, an error counted each time).
+            cmds = [("SET", self.key(i), encode_item(self.key(i), raw), *(() if i in self._refused else ("NX",)))
+                    for i, raw in items]  # fmt: skip
+            self._refused.difference_update(i for i, _ in items)
             conn.send_packed_command(conn.pack_commands(cmds))
             replies = []
             for _ in cmds:
