@@ -1,5 +1,5 @@
 # The two commands of the quick start: `make demo` and `make test`. Each sets up what it needs first.
-.PHONY: setup demo test verify-remedies lint typecheck bench clean gpu-wheels gpu-dali gpu-check wheel wheel-check
+.PHONY: setup demo test verify-remedies lint typecheck bench clean gpu-wheels gpu-dali gpu-check wheel wheel-check soak
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,10 @@ test: setup
 # each coordl remedy applied for real against its what-if (minutes each, alone on the machine; not in CI)
 verify-remedies: setup
 	COORDL_VERIFY_REMEDIES=1 COORDL_SLOW=1 .venv/bin/python -m pytest -m exclusive tests/dsanalyzer/test_verify_coordinate.py tests/dsanalyzer/test_verify_sample_cache.py tests/dsanalyzer/test_verify_partitioned.py tests/dsanalyzer/test_verify_remote.py
+
+# every technique at once under seeded faults (docs/reliability.md "Soak"); report in reports/soak.md
+soak: setup
+	.venv/bin/python benchmarks/soak/soak.py --minutes $(or $(SOAK_MINUTES),60) --seed $(or $(SOAK_SEED),1)
 
 lint: setup
 	.venv/bin/ruff check .

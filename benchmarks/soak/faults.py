@@ -177,10 +177,10 @@ class Injector(threading.Thread):
         return {"jobs": [j.name for j in self.ctx.part_jobs], "host": h}
 
     def _wrong_value(self, rng: random.Random, hold_s: float) -> dict:
-        targets = []
+        targets: list[tuple[str, Any]] = []
         if self.ctx.redis is not None:
             targets += [("sample", i) for i in range(len(self.ctx.redis.servers))]
-        targets += [("part", j) for j in self.ctx.part_jobs if j.redis()]
+        targets += [("part", j) for j in self.ctx.part_jobs]
         which, t = rng.choice(targets)
         env = {**os.environ, "PYTHONPATH": str(HERE.parents[1])}
         argv = [
@@ -192,24 +192,31 @@ class Injector(threading.Thread):
             str(rng.randrange(1 << 30)),
         ]
         if which == "sample":
-            env["SOAK_REDIS_PASSWORD"] = self.ctx.redis.password
-            argv += [self.ctx.redis.servers[t].address, "--pattern", "mc1:*",
-                     "--modes", "swap,flip,flip_payload,junk"]  # fmt: skip
-            res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+            with self.ctx.redis_lock[t]:  # not while a redis_kill holds the node down
+                env["SOAK_REDIS_PASSWORD"] = self.ctx.redis.password
+                argv += [self.ctx.redis.servers[t].address, "--pattern", "mc1:*",
+                         "--modes", "swap,flip,flip_payload,junk"]  # fmt: skip
+                res = _run_here(argv, env)
             jobs = self.ctx.sample_job_names()
         else:
-            env["SOAK_REDIS_PASSWORD"] = self.ctx.part_secret
-            address = _redis_address(t.redis()[0])
-            argv += [address, "--pattern", "cdl1:*", "--modes", "swap,flip,junk"]
-            runner = t.host.run if t.host is not None else _run_here
-            res = runner(argv, env=env)
+            procs = t.redis()
+            if not procs:
+                return {"skipped": f"{t.name} had no Redis running"}
+            # a self-started Redis's password is the job secret's UTF-8 bytes in hex (partitioned/tier.py)
+            env["SOAK_REDIS_PASSWORD"] = self.ctx.part_secret.encode().hex()
+            argv += [_redis_address(procs[0]), "--pattern", "cdl1:*", "--modes", "swap,flip,junk"]
+            res = t.host.run(argv, env=env, check=False) if t.host is not None else _run_here(argv, env)
             jobs = [j.name for j in self.ctx.part_jobs]
         out = (res.stdout or "").strip().splitlines()
         detail = json.loads(out[-1]) if out else {"error": (res.stderr or "")[-500:]}
-        return {"jobs": jobs, "cache": which, **detail}
+        if "changed" in detail and not detail["changed"]:
+            return {"skipped": f"{which} cache: fewer than 2 keys stored yet"}
+        if "error" in detail:
+            raise RuntimeError(f"corrupt.py on the {which} cache: {detail['error']}")
+        return {"jobs": jobs, "cache": which, "target": getattr(t, "name", t), **detail}
 
 
-def _run_here(argv: list[str], env: dict) -> subprocess.CompletedProcess:
+def _run_here(argv: list[str], env: dict) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
 
 

@@ -70,10 +70,11 @@ class Job:
             return []
 
     def workers(self) -> list[psutil.Process]:
-        return [c for c in self.tree()[1:] if "python" in _name(c)]
+        """Loader workers (torch names them ``pt_data_worker``; coordl's producers run python)."""
+        return [c for c in self.tree()[1:] if "redis" not in _name(c) and _running(c)]
 
     def redis(self) -> list[psutil.Process]:
-        return [c for c in self.tree()[1:] if "redis" in _name(c)]
+        return [c for c in self.tree()[1:] if "redis" in _name(c) and _running(c)]
 
     def stop(self, timeout_s: float = 60.0) -> int | str | None:
         """Wait for the job to see the STOP file, then SIGTERM, then SIGKILL (each after ``timeout_s``)."""
@@ -89,6 +90,13 @@ class Job:
             except subprocess.TimeoutExpired:
                 continue
         return None
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
 
 
 def _name(p: psutil.Process) -> str:

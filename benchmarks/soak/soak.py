@@ -56,6 +56,7 @@ class Soak:
         self.faults: list[dict] = []
         self.samples: list[dict] = []
         self.our_pids: set[int] = set()
+        self.our_procs: set[tuple[int, float]] = set()  # (pid, start time): a reused pid is not ours
         self.left_out: list[str] = []
         self.jobs: list[Job] = []
         self.coord_jobs: list[Job] = []
@@ -161,6 +162,7 @@ class Soak:
                         rss += p.memory_info().rss
                         fds += p.num_fds()
                         self.our_pids.add(p.pid)
+                        self.our_procs.add((p.pid, p.create_time()))
                     except psutil.Error:
                         continue
                 if rss:
@@ -170,7 +172,7 @@ class Soak:
         self.supervisor.halt.set()
         self.supervisor.join(10)
         (self.logs / "STOP").touch()
-        rcs = {j.name: j.stop(timeout_s=90) for j in self.jobs}
+        rcs = {j.name: j.stop(timeout_s=60) for j in self.jobs}
         self.event("stopped", rcs=rcs)
         if self.redis is not None:
             self.redis.stop()
@@ -188,9 +190,12 @@ def cleanup_left(before: dict[str, set[str]], soak: Soak, rundir: Path) -> dict[
         return any(part in ours for part in name.replace(".", "-").split("-"))
 
     procs = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
+    me = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["pid"] in soak.our_pids or str(soak.logs) in cmd or str(rundir) in cmd:
+        if p.info["pid"] in me:
+            continue
+        if (p.info["pid"], p.info["create_time"]) in soak.our_procs or f"--dir {soak.logs}" in cmd or str(rundir) in cmd:
             procs.append(f"{p.info['pid']} {cmd[:120]}")
     left_files = [str(f.relative_to(rundir)) for f in rundir.rglob("*") if f.is_file()
                   and not f.is_relative_to(rundir / "redis0") and not f.is_relative_to(rundir / "redis1")]  # fmt: skip
