@@ -8,6 +8,7 @@ command line, in the server's log, in a log record or in the error a wrong passw
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -176,8 +177,6 @@ def test_cli_tls_init_and_serve(tmp_path, monkeypatch):
         "MEMCACHE_TLS_KEY": str(tmp_path / "pki" / "127.0.0.1.key"),
         "MEMCACHE_PASSWORD": PASSWORD,
     }
-    import os
-
     full_env = {**os.environ, **env}
     serve = subprocess.run(
         [*run, "serve", "--tls", "--maxmemory", "16M", "--dir", str(tmp_path / "srv")],
@@ -196,5 +195,28 @@ def test_cli_tls_init_and_serve(tmp_path, monkeypatch):
         )
         store = RedisStore([address], tls=client)
         assert store.put_many(_items(2)) == 2
+    finally:
+        subprocess.run([*run, "stop", "--dir", str(tmp_path / "srv")], capture_output=True, check=True)
+
+
+def test_cli_serve_tls_makes_a_host_ca_when_given_no_files(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMCACHE_TLS_")}
+    env.update(TMPDIR=str(tmp_path), MEMCACHE_PASSWORD=PASSWORD)
+    run = [sys.executable, "-m", "memcache.cli"]
+    serve = subprocess.run(
+        [*run, "serve", "--tls", "--maxmemory", "16M", "--dir", str(tmp_path / "srv")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert serve.returncode == 0, serve.stderr
+    try:
+        exports = next(ln for ln in serve.stdout.splitlines() if "export MEMCACHE_TLS_CA=" in ln)
+        files = dict(kv.split("=", 1) for kv in exports.split("export ", 1)[1].split())
+        ca_dir = tmp_path / f"memcache-{os.getuid()}" / "tls"
+        assert Path(files["MEMCACHE_TLS_CA"]).parent == ca_dir and (ca_dir / "ca.key").exists()
+        address = serve.stdout.split("serving rediss://")[1].split()[0]
+        tls = TLS(files["MEMCACHE_TLS_CA"], files["MEMCACHE_TLS_CERT"], files["MEMCACHE_TLS_KEY"])
+        store = RedisStore([f"rediss://{address}"], password=PASSWORD, tls=tls)
+        assert store.put_many(_items(2)) == 2
+        store.close()
     finally:
         subprocess.run([*run, "stop", "--dir", str(tmp_path / "srv")], capture_output=True, check=True)
