@@ -10,7 +10,10 @@ just after the first batch and again when the epoch's last batch arrives, on a f
 * ``coordl``: ``coordl.ImageFolder`` under ``coordl.DataLoader``;
 * ``imagefolder+torch``: ``coordl.ImageFolder`` under ``torch.utils.data.DataLoader`` (the dataset alone);
 * ``list+torch``: a hand-written dataset holding a Python list of ``(path, label)``, under torch's loader
-  (what a user writes, and what torch's FAQ warns about).
+  (what a user writes, and what torch's FAQ warns about);
+* ``staged`` (only when asked: ``--configs staged``): ``coordl.ImageFolder(SRC, stage_dir=DST)`` under
+  ``coordl.DataLoader`` once every file is staged (``nfs_cache.stage_all`` first: ~1 minute per 10^5 files),
+  the reads that look each file up in the stage directory's manifest.
 
     .venv/bin/python benchmarks/scale_memory.py [--items 100000 1000000] [--workers 1 2 4] [--root DIR]
 
@@ -188,12 +191,20 @@ def _configs(root: str) -> dict[str, Callable[[int], UssGrowth]]:
     def folder() -> Any:
         return coordl.ImageFolder(root, transform=no_decode)
 
+    def staged() -> Any:
+        from nfs_cache.bulk import stage_all
+
+        stage_dir = root.rstrip("/") + "-staged"
+        stage_all(root, stage_dir, progress=False)  # returns at once when everything is staged
+        return coordl.ImageFolder(root, transform=no_decode, stage_dir=stage_dir)
+
     return {
         "coordl": lambda w: measure_worker_uss_growth(folder, coordl.DataLoader, w),
         "imagefolder+torch": lambda w: measure_worker_uss_growth(folder, torch.utils.data.DataLoader, w),
         "list+torch": lambda w: measure_worker_uss_growth(
             lambda: ListDataset(root), torch.utils.data.DataLoader, w
         ),
+        "staged": lambda w: measure_worker_uss_growth(staged, coordl.DataLoader, w),
     }
 
 
@@ -204,7 +215,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=int, default=1, help="alternated runs per cell (the median is shown)")
     ap.add_argument("--size-bytes", type=int, default=16)
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "coordl-scale-memory"))
-    ap.add_argument("--configs", nargs="+", default=["coordl", "imagefolder+torch", "list+torch"])
+    ap.add_argument(
+        "--configs", nargs="+", default=["coordl", "imagefolder+torch", "list+torch"],
+        choices=["coordl", "imagefolder+torch", "list+torch", "staged"],
+    )  # fmt: skip
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: meant
     print(f"host: {os.cpu_count()} cores, python {sys.version.split()[0]}, torch {torch.__version__}")
