@@ -85,7 +85,9 @@ def test_packed(tmp_path: Path) -> None:
 def test_nfs_staging(tmp_path: Path) -> None:
     m = _run("nfs_staging", tmp_path)
     assert 0 < m["staged_before_kill"] <= N + 1
-    assert m["resume_recopied_files"] == 0  # nothing staged before the kill is copied again
+    # Nothing recorded before the kill is copied again; the one copy the kill may catch between its rename
+    # and its manifest record is not recorded, so it is copied once more.
+    assert m["resume_recopied_files"] in (0, 1)
     assert m["resume_already_files"] + m["resume_copied_files"] == N + 1  # the tree's marker file too
     assert 20 < m["manifest_bytes_per_item"] < 200
 
