@@ -175,7 +175,7 @@ class FileListDataset(_FileSource):
         super().__init__(transform, target_transform)
         if targets is not None and len(targets) != len(paths):
             raise ValueError(f"FileListDataset: {len(paths)} paths but {len(targets)} targets")
-        self._file_list = FileList((os.fspath(p) for p in paths), targets)
+        self._file_list = FileList((os.fsdecode(p) for p in paths), targets)  # a bytes path: its str
         # s3:// entries are read through coordl.objectstore (one GET each); other entries are local files.
         self._urls = _url_reader(storage_options) if any(_is_s3(p) for p in self.paths) else None
         if self._urls is None and storage_options is not None:
