@@ -30,10 +30,12 @@ from typing import Any
 from memcache import certs
 from memcache.server import client_for
 from memcache.tls import TLS, resolve
+from shmem.segment import owner_alive, owner_tag
 
 __all__ = ["TLS_ENV", "wanted", "boot_tls", "switch_server", "client_tls", "external_tls"]
 
 TLS_ENV = "COORDL_PEER_TLS"
+_DIR_PREFIX = "coordl-tls-"  # coordl-tls-<pid>-<start>-<random>: a killed owner's is reclaimed
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
@@ -60,9 +62,30 @@ def external_tls(tls: TLS | bool | None, url_says: bool | None) -> TLS | None:
     )
 
 
+def _private_tempdir() -> str:
+    """A 0700 temporary directory named for this process; first, remove those of processes that are gone.
+
+    A process killed with SIGKILL never ran its clean-up: its directory (a client key of its job's CA)
+    stays until the next job on this machine starts (the owner's start time in the name tells a reused
+    pid apart, as for shared-memory segments).
+    """
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        names = []
+    for name in names:
+        parts = name[len(_DIR_PREFIX) :].split("-")
+        if not name.startswith(_DIR_PREFIX) or len(parts) < 3 or not (parts[0] + parts[1]).isdigit():
+            continue
+        if not owner_alive(int(parts[0]), int(parts[1])):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{owner_tag()}-")
+
+
 def boot_tls() -> tuple[TLS, str]:
     """Files of a throw-away CA the Redis starts with, and their directory (removed by :func:`switch_server`)."""
-    directory = tempfile.mkdtemp(prefix="coordl-tls-boot-")
+    directory = _private_tempdir()
     key, cert = certs.make_ca(directory, label="coordl boot CA")
     return certs.node_tls(key, cert, directory, "boot", ["127.0.0.1"]), directory
 
@@ -94,7 +117,7 @@ def switch_server(
 
 def client_tls(secret: bytes) -> TLS:
     """This process's client certificate under the job's CA, in a private directory removed at exit."""
-    directory = tempfile.mkdtemp(prefix="coordl-tls-")
+    directory = _private_tempdir()
     creator = os.getpid()
 
     def _remove() -> None:

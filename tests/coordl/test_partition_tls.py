@@ -216,3 +216,22 @@ def test_coordl_peer_tls_variable() -> None:
     assert peer_tls.wanted(False, {"COORDL_PEER_TLS": "1"}) is False
     with pytest.raises(ValueError, match="COORDL_PEER_TLS='maybe'"):
         peer_tls.wanted(None, {"COORDL_PEER_TLS": "maybe"})
+
+
+def test_a_killed_processs_tls_directory_is_reclaimed(tmp_path: Path, monkeypatch) -> None:
+    """A rank killed with SIGKILL leaves its client key behind; the next one made on the host removes it."""
+    import tempfile
+
+    from shmem.segment import owner_tag
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    tag = owner_tag(victim.pid)
+    victim.kill()
+    victim.wait()
+    dead = tmp_path / f"coordl-tls-{tag}-x1"
+    dead.mkdir()
+    (dead / "client.key").write_text("a key of a job's CA")
+    tls = peer_tls.client_tls(b"s" * 32)
+    assert not dead.exists()
+    assert Path(tls.key).exists() and Path(tls.key).parent.name.startswith(f"coordl-tls-{owner_tag()}-")
