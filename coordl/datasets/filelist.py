@@ -64,13 +64,17 @@ class ListView(Sequence[Any]):
 
 class Targets(ListView):
     """Item targets: an int64 (float64) array when every target is a Python ``int`` (``float``), or all are
-    None; a Python list otherwise. Items read back as the same Python values and types."""
+    None; a copy of a 1-D numeric NumPy array given as targets; a Python list otherwise. Items read back as the
+    same values and types (a Python ``int``, or the NumPy scalar that indexing the given array gave)."""
 
-    __slots__ = ("_values", "_n", "_get")
+    __slots__ = ("_values", "_n", "_scalars", "_get")
     _get: Callable[[int], Any]
 
     def __init__(self, targets: Sequence[Any] | None, n: int) -> None:
         values: Any = None
+        if isinstance(targets, np.ndarray) and targets.ndim == 1 and targets.dtype.kind in "biuf":
+            self._set(np.array(targets), n, scalars=True)
+            return
         if targets is not None:
             kinds = {type(t) for t in targets}
             if not kinds or kinds == {type(None)}:
@@ -84,11 +88,12 @@ class Targets(ListView):
                 values = list(targets)
         self._set(values, n)
 
-    def _set(self, values: Any, n: int) -> None:
-        self._values, self._n = values, n
+    def _set(self, values: Any, n: int, scalars: bool = False) -> None:
+        self._values, self._n, self._scalars = values, n, scalars
         if isinstance(values, np.ndarray):
             values.flags.writeable = False
-            self._get = values.data.__getitem__  # a memoryview's: a Python int/float per read, no NumPy scalar
+            # A memoryview's items are Python ints/floats (no NumPy scalar per read); NumPy's where it gave them.
+            self._get = values.__getitem__ if scalars else values.data.__getitem__
         elif values is None:
             self._get = _none
         else:
@@ -96,7 +101,7 @@ class Targets(ListView):
 
     @property
     def array(self) -> np.ndarray | None:
-        """The int64/float64 array behind the targets (read-only), or None when they are not numbers."""
+        """The NumPy array behind the targets (read-only), or None when they are not numbers."""
         return self._values if isinstance(self._values, np.ndarray) else None
 
     def __len__(self) -> int:
@@ -110,16 +115,16 @@ class Targets(ListView):
         return np.array(values, dtype=dtype)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_targets, (self._values, self._n))
+        return (_targets, (self._values, self._n, self._scalars))
 
 
 def _none(_: int) -> None:
     return None
 
 
-def _targets(values: Any, n: int) -> Targets:
+def _targets(values: Any, n: int, scalars: bool) -> Targets:
     out = Targets.__new__(Targets)
-    out._set(values, n)
+    out._set(values, n, scalars)
     return out
 
 

@@ -81,6 +81,10 @@ def test_filelist_dataset_targets_of_any_type(root) -> None:
         assert [type(t) for t in ds.targets] == [type(t) for t in want]
         assert (ds.targets.array is not None) == flat
         assert pickle.loads(pickle.dumps(ds)).items == ds.items
+    labels = np.array([3, 1, 2], dtype=np.int16)  # a NumPy array: its scalars read back, as before
+    ds = FileListDataset(paths, labels)
+    assert ds.targets == [3, 1, 2] and type(ds.targets[0]) is np.int16 and ds.targets.array is not None
+    assert type(pickle.loads(pickle.dumps(ds)).targets[2]) is np.int16
     big = [2**70, 1, 2]  # past int64: kept as Python ints
     assert FileListDataset(paths, big).targets == big
 
