@@ -123,3 +123,12 @@ def test_missing_photographs_name_the_packages(tmp_path, capsys):
     assert not (tmp_path / "d" / photos.MARKER).exists()
     assert cli_main(["synth", str(tmp_path / "e"), "--photos", "--size", "40x30"]) == 1
     assert "argument --size: not used with --photos" in capsys.readouterr().err
+
+
+@needs_sources
+def test_cli_reports_what_it_wrote(built, capsys):
+    """Same parameters on a built dataset: returns at once and prints its summary."""
+    args = ["synth", str(built), "--photos", "--n", "60", "--classes", "4", "--seed", "3"]
+    assert cli_main(args) == 0
+    out = capsys.readouterr().out
+    assert "60 photographs in 4 classes" in out and "'JPEG CMYK': 1" in out and "'PNG RGB': 1" in out
