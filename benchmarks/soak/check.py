@@ -75,17 +75,19 @@ def check_jobs(logs: dict[str, list[dict]], n: int, pairs: list[list[str]]) -> d
     per_job, total = {}, Counter()
     parsed = {name: job_epochs(recs) for name, recs in logs.items()}
     for name, j in parsed.items():
-        counts = Counter()
-        for ids in j["epochs"].values():
+        counts, bad_epochs = Counter(), []
+        for e, ids in j["epochs"].items():
             expected = set(ids) if name in paired else everything  # a rank's shard: checked with its pair
             res = exactly_once(ids, expected)
             if name in paired:
                 res = {"lost": 0, "duplicated": res["duplicated"], "foreign": 0}
             counts.update(res)
+            if any(res.values()) and len(bad_epochs) < 10:
+                bad_epochs.append({"epoch": e, "items": len(ids), **res})
         per_job[name] = {"complete_epochs": len(j["epochs"]), "batches": len(j["times"]), **counts,
                          "wrong_items": sum(len(w["bad"]) for w in j["wrong"]), "wrong": j["wrong"][:20],
                          "diverged_replays": len(j["diverged"]), "diverged": j["diverged"][:5],
-                         "replayed_batches": j["replayed"], "resumes": j["resumes"], "errors": len(j["errors"]),
+                         "replayed_batches": j["replayed"], "bad_epochs": bad_epochs, "resumes": j["resumes"], "errors": len(j["errors"]),
                          "error_kinds": dict(Counter(e.split(":")[0] for e in j["errors"]))}  # fmt: skip
         total.update({k: per_job[name][k] for k in ("lost", "duplicated", "foreign", "wrong_items",
                                                     "diverged_replays")})  # fmt: skip

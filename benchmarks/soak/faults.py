@@ -18,6 +18,8 @@ Kinds (those whose target is not running are left out of the draw):
 | ``wrong_value`` | store wrong values under real keys of a cache's Redis (corrupt.py) | at once |
 | ``job_kill`` | SIGKILL a whole job process (a partitioned rank: the pair restarts) | at once |
 | ``coord_job_kill`` | SIGKILL one coordinated job mid-epoch | at once |
+| ``stage_disk_full`` | fill the NFS job's stage disk (tmpfs), remove 10 staged copies, 10-30 s | freed |
+| ``staged_corrupt`` | change one byte of 5 staged copies (same size) | at once |
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Injector(threading.Thread):
             k += ["redis_kill", "redis_stop", "wrong_value"]
         if c.coord_jobs:
             k += ["coord_job_kill"]
+        if c.nfs is not None:
+            k += ["staged_corrupt"] + (["stage_disk_full"] if c.nfs.mounted else [])
         if c.part_jobs:
             k += ["part_redis_stop", "part_redis_kill", "wrong_value"]
             if c.net is not None:
@@ -67,7 +71,7 @@ class Injector(threading.Thread):
             if len(self.running) < self.max_overlap:
                 kind = self.rng.choice(self.kinds())
                 plan = {"kind": kind, "seed": self.rng.randrange(1 << 30), "hold_s": self.rng.uniform(5, 15)}
-                if kind == "link_cut":
+                if kind in ("link_cut", "stage_disk_full"):
                     plan["hold_s"] = self.rng.uniform(10, 30)
                 t = threading.Thread(target=self._one, args=(plan,), daemon=True)
                 t.start()
@@ -114,6 +118,19 @@ class Injector(threading.Thread):
             return {"skipped": f"{job.name} was not running"}
         os.kill(job.pid, signal.SIGKILL)
         return {"jobs": [j.name for j in self.ctx.coord_jobs], "target": job.name, "pid": job.pid}
+
+    def _stage_disk_full(self, rng: random.Random, hold_s: float) -> dict:
+        with self.ctx.nfs_lock:
+            detail = self.ctx.nfs.fill(rng, remove=10)
+            try:
+                time.sleep(hold_s)
+            finally:
+                self.ctx.nfs.unfill()
+        return {"jobs": ["nfs"], **detail}
+
+    def _staged_corrupt(self, rng: random.Random, hold_s: float) -> dict:
+        with self.ctx.nfs_lock:
+            return {"jobs": ["nfs"], **self.ctx.nfs.corrupt(rng, count=5)}
 
     def _redis_kill(self, rng: random.Random, hold_s: float) -> dict:
         nodes = self.ctx.redis

@@ -85,3 +85,21 @@ class SplitItems(Items):
 
     def prep_identity(self) -> str:
         return "soak-bytes-v1"
+
+
+class StagedItems(Items):
+    """The same items as files ``%05d.bin`` exported over NFS, staged to a local disk on first read
+    (``nfs_cache.StagedSource``: a staged copy is used only when its size and CRC-32 match)."""
+
+    def __init__(self, n: int, url: str, stage_dir: str, prep_s: float = 0.0) -> None:
+        from nfs_cache import StagedSource
+
+        super().__init__(n, prep_s)
+        # min_free_bytes=0: the soak's stage disk is a 2 MiB tmpfs, the fault fills it
+        self.staged = StagedSource(url, stage_dir, min_free_bytes=0, lock_timeout_s=30.0)
+
+    def fetch(self, index: int) -> bytes:
+        return bytes(self.staged.read(f"{int(index):05d}.bin"))
+
+    def stats(self) -> dict:
+        return dict(self.staged.stats())

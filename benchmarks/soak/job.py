@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from items import Items, SplitItems, expected_hash
+from items import Items, SplitItems, StagedItems, expected_hash
 
 import coordl
 
@@ -72,6 +72,8 @@ def build_loader(args: argparse.Namespace) -> coordl.DataLoader:
         return coordl.DataLoader(Items(args.n, args.prep_s), coordinate=group, **common)
     if args.kind == "part":
         return coordl.DataLoader(Items(args.n, args.prep_s), cache_bytes=1 << 20, partitioned=True, **common)
+    if args.kind == "nfs":
+        return coordl.DataLoader(StagedItems(args.n, args.nfs_url, args.stage_dir, args.prep_s), **common)
     raise SystemExit(f"job.py: unknown --kind {args.kind!r}")
 
 
@@ -129,7 +131,7 @@ def run_epochs(loader: coordl.DataLoader, args: argparse.Namespace, ck: Checkpoi
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--kind", required=True, choices=["minio", "sample", "coord", "part"])
+    p.add_argument("--kind", required=True, choices=["minio", "sample", "coord", "part", "nfs"])
     p.add_argument("--name", required=True)
     p.add_argument("--dir", required=True, type=Path)
     p.add_argument("--n", type=int, default=240)
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prep-s", type=float, default=0.0)
     p.add_argument("--redis", default="")
     p.add_argument("--group-dir", default="")
+    p.add_argument("--nfs-url", default="")
+    p.add_argument("--stage-dir", default="")
     args = p.parse_args(argv)
     log = Log(args.dir / f"{args.name}.jsonl")
     stopping = {"now": False}
