@@ -178,9 +178,8 @@ def fix_command(
         else:
             status = f"not applied ({why})" if why else "reverted"
             excluded.add(step.name)
-        result["rounds"].append(
-            _round(n, step, before, after, status, chain if status == "kept" else chain * ratio)
-        )
+        row = _round(n, step, before, after, status, chain if status == "kept" else chain * ratio)
+        result["rounds"].append({**row, "before_runs": rates["before"], "after_runs": rates["after"]})
     result["speedup"] = chain
     result.setdefault("final_samples_per_s", result["base_samples_per_s"])
     return _finish(result, out, kept)
