@@ -1,8 +1,8 @@
 """What ``dsanalyzer fix`` runs: the next step from the ranked remedies, for the job as it now stands.
 
 A step is one remedy the import hook can apply to the unmodified script (:mod:`dsanalyzer.measure.apply`):
-the trainer's intra-op threads, the loader's ``num_workers``, coordl's read-ahead and MinIO cache (a torch
-loader switched to ``coordl.DataLoader``). :func:`next_step` asks the ranked remedies
+the trainer's intra-op threads, the loader's ``num_workers``, coordl's read-ahead, MinIO cache (a torch
+loader switched to ``coordl.DataLoader``) and sample cache. :func:`next_step` asks the ranked remedies
 (:mod:`dsanalyzer.judge.remedies`) of the profiled model *with the changes kept so far applied*
 (:func:`applied_model`), so that when a change moves the bound (one thread frees a core, then prep binds)
 the next step is the remedy of the new bound: those that remove the stall cheapest first, then the one that
@@ -21,7 +21,9 @@ from dsanalyzer.model.whatif import Model
 
 __all__ = ["Config", "Step", "APPLIED", "applied_model", "next_step", "plan"]
 
-APPLIED = ("threads", "workers", "fetch_ahead", "cache")  # the remedies the hook applies to the script
+# the remedies the hook applies to the script (the sample cache only where the profile predicted it: a
+# coordl loader over a source that splits its prep)
+APPLIED = ("threads", "workers", "fetch_ahead", "cache", "sample_cache")
 
 
 @dataclass(frozen=True)

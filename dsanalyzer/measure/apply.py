@@ -10,7 +10,8 @@ patches. What a change can set, all of it before the script's loop runs:
   theirs: torch sets one thread in each);
 * ``loader_args``: keyword arguments of the loader built at ``site`` (the script's file and line, from
   the profile: :mod:`~dsanalyzer.measure.callsite`), replacing the script's own (``num_workers``,
-  ``prefetch_factor``, and coordl's ``cache_bytes``, ``fetch_ahead`` for a coordl loader);
+  ``prefetch_factor``, and coordl's ``cache_bytes``, ``fetch_ahead``, ``sample_cache`` (given as
+  ``"memcache.LocalStore(N)"``: a new store of N bytes per run) for a coordl loader);
 * ``switch_to="coordl.DataLoader"``: at that line, ``coordl.DataLoader`` is built where the script
   builds ``torch.utils.data.DataLoader``, with the script's arguments and ``loader_args`` (torch's
   ``DataLoader.__new__`` returns coordl's loader, a subclass, which is built once).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import wraps
@@ -116,10 +118,29 @@ def on_torch(torch_module: Any) -> None:
     torch_module.set_num_threads = set_num_threads
 
 
+_STORE = re.compile(r"memcache\.LocalStore\((\d+)\)")
+
+
+def _values(changes: dict) -> dict:
+    """``changes`` with the sample cache's source text (``memcache.LocalStore(N)``) made a store: a new one
+    per run (named for this process; the last process to leave removes it)."""
+    out = dict(changes)
+    text = out.get("sample_cache")
+    if isinstance(text, str):
+        match = _STORE.fullmatch(text.strip())
+        if match is None:
+            raise ValueError(f"{ENV_APPLY}: sample_cache must be memcache.LocalStore(BYTES), got {text!r}")
+        import memcache
+
+        size = max(int(match.group(1)), 1 << 20)  # the least a LocalStore takes
+        out["sample_cache"] = memcache.LocalStore(size, name=f"dsanalyzer_fix_{os.getpid()}")
+    return out
+
+
 def _bind(init: Callable, self: Any, args: tuple, kwargs: dict, changes: dict) -> tuple[tuple, dict]:
     """The call's arguments with ``changes`` in place (by name, whatever the script passed by position)."""
     bound = inspect.signature(init).bind(self, *args, **kwargs)
-    bound.arguments.update(changes)
+    bound.arguments.update(_values(changes))
     if int(bound.arguments.get("num_workers") or 0) == 0:  # torch refuses these without workers
         bound.arguments.pop("prefetch_factor", None)
         if "persistent_workers" in bound.arguments:

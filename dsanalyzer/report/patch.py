@@ -114,6 +114,8 @@ def script_patch(
     inserts: list[tuple[int, str]] = []  # (after line, text)
     if switch_to.startswith("coordl.") and not _imports(tree, "coordl"):
         inserts.append((_line_after_import(tree, None), "import coordl\n"))
+    if "memcache." in str(loader_args.get("sample_cache", "")) and not _imports(tree, "memcache"):
+        inserts.append((_line_after_import(tree, None), "import memcache\n"))
     if torch_threads is not None:
         inserts.append((_line_after_import(tree, "torch"), f"torch.set_num_threads({torch_threads})\n"))
     for start, end, text in sorted(edits, reverse=True):

@@ -93,3 +93,39 @@ def test_a_change_from_elsewhere_is_refused_with_the_variable_named():
         Change.from_env({ENV_APPLY: json.dumps({"switch_to": "os.system"})})
     with pytest.raises(ValueError, match=ENV_APPLY):
         Change.from_env({ENV_APPLY: "{not json"})
+
+
+SAMPLE_CACHE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from dsanalyzer.measure import apply
+    apply.install(apply.Change.from_env())
+    import coordl.dataloader as cdl
+    apply.patch_construction(cdl.DataLoader, False)
+    import coordl
+    from tests.dsanalyzer.remedy_job import SplitSource, write_data
+    source = SplitSource(write_data(sys.argv[1], 16, 64), 0.0, 0.0, 4)
+    loader = coordl.DataLoader(source, batch_size=4)  # line 10
+    batches = [sum(1 for _ in loader) for _epoch in range(2)]
+    stats = loader.stats()
+    print(json.dumps({"store": type(loader.sample_cache).__name__, "batches": batches,
+                      "hits": {k: v for k, v in stats.items() if "sample_cache" in k}}))
+    """
+)
+
+
+def test_the_sample_cache_is_given_as_a_new_store_of_the_size_asked(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SAMPLE_CACHE_SCRIPT)
+    change = Change(loader_args={"sample_cache": "memcache.LocalStore(4000000)"},
+                    site={"file": str(script), "line": 10})  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **change.to_env()}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "data")], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["store"] == "LocalStore" and out["batches"] == [4, 4], out
+    with pytest.raises(ValueError, match="sample_cache must be memcache.LocalStore"):
+        from dsanalyzer.measure.apply import _values
+
+        _values({"sample_cache": "os.system('x')"})
