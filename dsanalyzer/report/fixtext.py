@@ -26,7 +26,10 @@ def _table(rows: list[Row]) -> list[str]:
 
 
 def _plan_lines(result: dict) -> list[str]:
-    lines = [f"plan (each step predicted for the job with the ones before it; {result['cpus']} cpus):"]
+    lines = [
+        f"the job as profiled: {result['predicted_samples_per_s']:,.0f} samples/s predicted ({result.get('bound')}-bound); "
+        f"plan (each step predicted for the job with the ones before it; {result['cpus']} cpus):"
+    ]
     for n, s in enumerate(result["plan"], 1):
         lines.append(
             f"  {n}. {s['code']}: predicted {s['predicted_samples_per_s']:,.0f} samples/s ({s['bound']}-bound)"

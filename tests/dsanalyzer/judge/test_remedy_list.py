@@ -3,10 +3,13 @@ is the list's first (issue 60, item 3)."""
 
 from __future__ import annotations
 
+from xml.etree import ElementTree
+
 import pytest
 
 from dsanalyzer.judge.verdict import verdict
 from dsanalyzer.report.html import render_html
+from dsanalyzer.report.remedies import remedies_svg
 from dsanalyzer.report.text import summary_text
 from tests.dsanalyzer.judge.test_verdict import FAST_STORAGE, at_model_rate, base
 
@@ -113,3 +116,6 @@ def test_text_and_html_show_the_ranking_as_a_table_with_a_bar_chart():
     assert '<table id="remedies">' in page and '<svg id="remedies-chart"' in page
     known = [r for r in rep["verdict"]["remedies"] if r["samples_per_s"] is not None]
     assert page.count('<rect class="bar"') == len(known)
+    svg = remedies_svg(rep)
+    root = ElementTree.fromstring(svg)  # well-formed, inline: no file, no new dependency
+    assert root.tag.endswith("svg") and len(root.findall("{http://www.w3.org/2000/svg}rect")) == len(known)
