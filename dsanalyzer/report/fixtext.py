@@ -67,7 +67,12 @@ def fix_text(result: dict) -> str:
         f"after {result['warmup_iters']} warm-up; each round runs the changes kept before it with its step "
         "(measured) and without it (kept alone; round 1: your configuration), alternately",
         *_table(rows),
-        f"final: {result['speedup']:.2f}x your configuration ({result['final_samples_per_s']:,.0f} vs {base:,.0f} samples/s)",
+        f"final: {result['speedup']:.2f}x your configuration ("
+        + (
+            f"{result['final_samples_per_s']:,.0f} vs {base:,.0f} samples/s)"
+            if sum(r["status"] == "kept" for r in result["rounds"]) <= 1
+            else "the kept rounds' ratios multiplied, each measured within its round)"
+        ),
     ]
     if "patch" not in result:
         lines.append("no change measured faster than your configuration: keep the script as it is")
