@@ -39,6 +39,8 @@ from faults import Injector  # noqa: E402
 from procs import Job, RedisNodes, Supervisor, job_argv  # noqa: E402
 
 WINDOW_S = 10.0  # the recovery window (check.recovery)
+# Per job's process tree (the job, its loader workers, its own Redis): ~0.5-0.8 GiB and ~150 fds normally.
+RSS_BOUND_MIB, FDS_BOUND = 2048, 1000
 KINDS = ("minio", "sample", "coord", "part", "nfs")
 
 
@@ -267,6 +269,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name, rc in rcs.items():
         if rc not in (0, None):
             failures.append(f"{name} exited {rc} at the stop")
+    for (
+        name,
+        rs,
+    ) in res.items():  # absolute bounds: a leak over an hour passes them, a job's normal tree does not
+        if rs["rss_mib_max"] > RSS_BOUND_MIB or rs["fds_max"] > FDS_BOUND:
+            failures.append(f"{name}: RSS {rs['rss_mib_max']} MiB / {rs['fds_max']} fds over the bound")
     for k in ("shm_left", "tmp_left", "procs_left", "netns_left"):
         if left[k]:
             failures.append(f"{k}: {left[k][:5]}")
