@@ -162,25 +162,35 @@ def _parse(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def prep_bound(args: argparse.Namespace, root: str, dataset_bytes: int) -> dict[str, list[dict]]:
-    """Part (1): every loader over a page-cached dataset, caches sized for all of it."""
-    for f in Path(root).glob("class_*/*.jpg"):
-        f.read_bytes()  # into the page cache
+def prep_bound(
+    args: argparse.Namespace, roots: dict[str, str], dataset_bytes: int
+) -> dict[str, dict[str, list[dict]]]:
+    """Part (1): every loader over a page-cached dataset, caches sized for all of it; per dataset
+    (``synth``, and ``photos`` with ``--photos``), each run alternating the datasets and configs."""
+    for root in roots.values():
+        for f in _files(Path(root)):
+            f.read_bytes()  # into the page cache
     cache = int(dataset_bytes * 1.1) + (16 << 20)
     configs = list(args.prep_configs.split(","))
-    out: dict[str, list[dict]] = {c: [] for c in configs}
+    out: dict[str, dict[str, list[dict]]] = {kind: {c: [] for c in configs} for kind in roots}
     for run in range(args.runs):
         for cfg in configs[run % len(configs) :] + configs[: run % len(configs)]:
-            res = subprocess.run(_cmd(args, cfg, root, args.seed + run, cache), capture_output=True, text=True,
-                                 timeout=900, check=False)  # fmt: skip
-            if res.returncode:
-                raise RuntimeError(f"{cfg} failed:\n{res.stderr[-3000:]}")
-            epochs = _parse(res.stdout)["epochs"][1:]
-            items, wall, cpu = (sum(e[k] for e in epochs) for k in ("items", "time_s", "cpu_s"))
-            out[cfg].append({"rate": items / wall, "cpu_ms": 1000 * cpu / items})
-            print(f"prep-bound run {run} ({cfg}): {items / wall:.0f}/s, {1000 * cpu / items:.2f} CPU ms/sample",
-                  flush=True)  # fmt: skip
+            for kind, root in roots.items():
+                res = subprocess.run(_cmd(args, cfg, root, args.seed + run, cache), capture_output=True,
+                                     text=True, timeout=900, check=False)  # fmt: skip
+                if res.returncode:
+                    raise RuntimeError(f"{cfg} on {kind} failed:\n{res.stderr[-3000:]}")
+                epochs = _parse(res.stdout)["epochs"][1:]
+                items, wall, cpu = (sum(e[k] for e in epochs) for k in ("items", "time_s", "cpu_s"))
+                out[kind][cfg].append({"rate": items / wall, "cpu_ms": 1000 * cpu / items})
+                print(f"prep-bound run {run} ({cfg}, {kind}): {items / wall:.0f}/s, "
+                      f"{1000 * cpu / items:.2f} CPU ms/sample", flush=True)  # fmt: skip
     return out
+
+
+def _files(root: Path) -> list[Path]:
+    """The dataset's files (``.jpg`` for coordl synth, ``.JPEG`` for the photographs)."""
+    return [f for f in root.glob("class_*/*") if f.is_file()]
 
 
 def fetch_bound(args: argparse.Namespace, src: Path, dataset_bytes: int) -> dict[str, list[list[dict]]]:
@@ -258,9 +268,9 @@ def print_coordinated(res: dict[str, list[dict]], args: argparse.Namespace) -> N
         )
 
 
-def print_prep(res: dict[str, list[dict]], args: argparse.Namespace) -> None:
+def print_prep(res: dict[str, list[dict]], args: argparse.Namespace, kind: str = "synth") -> None:
     base = res.get("dali")
-    print(f"\n(1) prep-bound, fully cached, device={args.device}, {args.workers} threads/workers, "
+    print(f"\n(1) prep-bound, {kind}, fully cached, device={args.device}, {args.workers} threads/workers, "
           f"batch {args.batch_size}, medians of {args.runs} runs (epochs 2..{args.epochs})")  # fmt: skip
     print("| loader | samples/s | vs DALI alone | CPU ms/sample | DALI's CPU / its CPU |")
     print("|---|---|---|---|---|")
@@ -324,6 +334,9 @@ def main() -> None:
         "--data-dir", default="/var/tmp/coordl-bench-data", help="where the synthetic dataset is kept"
     )
     p.add_argument("--json", type=Path, help="also write raw results here")
+    p.add_argument("--photos", action="store_true",
+                   help="part (1) also on the photographic dataset of --n files (coordl synth --photos), "
+                   "alternated with the synthetic one in every run")  # fmt: skip
     args = p.parse_args()
     if args.child:
         child(args)
@@ -337,20 +350,26 @@ def main() -> None:
         from plainstore import link_copies
 
         src = link_copies(src, args.replicate)
-    dataset_bytes = sum(f.stat().st_size for f in src.glob("class_*/*.jpg"))
+    dataset_bytes = sum(f.stat().st_size for f in _files(src))
+    roots = {"synth": str(src)}
+    if args.photos:
+        import datakind
+
+        roots["photos"] = str(datakind.photos_root(args.n, args.classes, data_dir=args.data_dir))
+    prep_bytes = max(sum(f.stat().st_size for f in _files(Path(r))) for r in roots.values())
     print(
         f"dataset: {args.n} images x {args.replicate}, {dataset_bytes / 1e6:.1f} MB; load average {os.getloadavg()}",
         flush=True,
     )
-    prep = {} if args.skip_prep_bound else prep_bound(args, str(src), dataset_bytes)
+    prep = {} if args.skip_prep_bound else prep_bound(args, roots, prep_bytes)
     fetch = {} if args.skip_fetch_bound else fetch_bound(args, src, dataset_bytes)
     coord = coordinated(args, str(src)) if args.coordinated else {}
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps(
             {"prep": prep, "fetch": fetch, "coordinated": coord, "dataset_bytes": dataset_bytes}, indent=1))  # fmt: skip
-    if prep:
-        print_prep(prep, args)
+    for kind, res in prep.items():
+        print_prep(res, args, kind)
     if fetch:
         print_fetch(fetch, args, dataset_bytes)
     if coord:

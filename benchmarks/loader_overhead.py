@@ -166,6 +166,9 @@ def main() -> None:
     p.add_argument("--configs", default="abcd")
     p.add_argument("--recipe", default="", choices=["", *prep_recipes.RECIPES],
                    help="prep each item with this recipe instead of no work (default: none)")  # fmt: skip
+    p.add_argument("--photos", action="store_true",
+                   help="also on the photographic dataset of --n files (coordl synth --photos), each config's "
+                        "runs alternated with the synthetic ones")  # fmt: skip
     args = p.parse_args()
     if args.child:
         child(args.child, args.root, args.epochs, args.workers, args.recipe)
@@ -176,24 +179,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory(
         prefix="loader-overhead-", dir=os.environ.get("COORDL_BENCH_DIR")
     ) as tmp:
-        root = str(make_dataset(Path(tmp) / "data", n=args.n, classes=10, seed=0))
+        roots = {"synth": str(make_dataset(Path(tmp) / "data", n=args.n, classes=10, seed=0))}
+        if args.photos:
+            import datakind
+
+            roots["photos"] = str(datakind.photos_root(args.n))
         if args.recipe in prep_recipes.INDEXED:
-            index_tree(root, Path(tmp) / "data-indexed")
-            root = str(Path(tmp) / "data-indexed")
-        results: dict[str, list[tuple[float, ...]]] = {c: [] for c in args.configs}
+            for kind, root in roots.items():
+                index_tree(root, Path(tmp) / f"{kind}-indexed")
+                roots[kind] = str(Path(tmp) / f"{kind}-indexed")
+        results = {kind: {c: [] for c in args.configs} for kind in roots}
         for r in range(args.rounds):
             for cfg in args.configs:
-                results[cfg].append(_run(cfg, root, args.epochs, args.workers, args.recipe))
-            print(
-                f"round {r}: " + ", ".join(f"({c}) {v[-1][0]:.0f}/s" for c, v in results.items()), flush=True
-            )
-    _table(args, results)
+                for kind, root in roots.items():
+                    results[kind][cfg].append(_run(cfg, root, args.epochs, args.workers, args.recipe))
+            for kind, res in results.items():
+                print(f"round {r}, {kind}: " + ", ".join(f"({c}) {v[-1][0]:.0f}/s" for c, v in res.items()),
+                      flush=True)  # fmt: skip
+    for kind, res in results.items():
+        _table(args, res, kind)
 
 
-def _table(args: argparse.Namespace, results: dict[str, list[tuple[float, ...]]]) -> None:
+def _table(
+    args: argparse.Namespace, results: dict[str, list[tuple[float, ...]]], kind: str = "synth"
+) -> None:
     base = statistics.median(v[0] for v in results[args.configs[0]])
     prep = f"the {args.recipe} recipe" if args.recipe else "a transform that does no work"
-    print(f"\n### The loader's own cost: {args.n} JPEGs, {prep}, {args.workers} workers, "
+    data = "JPEGs" if kind == "synth" else "photographs (coordl synth --photos)"
+    print(f"\n### The loader's own cost: {args.n} {data}, {prep}, {args.workers} workers, "
           f"batch 32, epochs 2-{args.epochs}, median of {args.rounds} rounds\n")  # fmt: skip
     extra = " workers outside the transform |" if args.recipe else ""
     print(f"| | samples/s | x ({args.configs[0]}) | main CPU/sample | workers CPU/sample |{extra}")

@@ -16,6 +16,11 @@ same recipe (``coordl.dali.train_pipeline(224)``: ``decoders.image_random_crop``
 thread) fed the same bytes. The machine is shared, so the measure is CPU time per sample
 (``time.process_time``: every thread of the process, DALI's included), median of ``rounds`` rounds
 that alternate the methods.
+
+``--photos [FILES]`` adds a row of FILES files spread over the photographic dataset (``coordl synth
+--photos``, ImageNet's spread of sizes, qualities and chroma layouts, odd files included), its timers
+alternated with the synthetic rows' in every round; every row also gives the full decode's entropy-decoding
+share (``decode_share.py``), the part no crop decode of an ordinary JPEG skips.
 """
 
 from __future__ import annotations
@@ -84,9 +89,9 @@ def recipe_bytes(recipe: str, raws: list[bytes]) -> list[bytes]:
     """The JPEG bytes ``recipe`` reads: ``raws``, or their crop-indexed rewrite."""
     if recipe not in INDEXED:
         return raws
-    from coordl.prep.cropindex import add_restarts
+    from coordl.prep.cropindex import rewrite_or_keep
 
-    return [add_restarts(r) for r in raws]
+    return [rewrite_or_keep(r) for r in raws]  # a PNG or damaged file (photos) stays as it is
 
 
 def _coordl_timer(recipe: str, raws: list[bytes]) -> Callable[[], float]:
@@ -174,8 +179,21 @@ def _alternate(
     return samples, {k: statistics.median(v) * 1e3 for k, v in samples.items()}
 
 
-def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, Any]:
-    """Print (and return) CPU ms per sample of each recipe, coordl and DALI, at both image sizes."""
+def _rows(count: int, photos: int) -> list[tuple[str, list[bytes]]]:
+    """(label, JPEG bytes) of each row: the synthetic sizes, then ``photos`` photographic files."""
+    rows = [(f"{w}x{h} q90", _images(w, h, count)) for w, h in SIZES]
+    if photos:
+        import datakind
+
+        raws = datakind.photo_jpegs(photos)
+        rows.append((f"photos ({len(raws)} files, {statistics.mean(map(len, raws)) / 1e3:.0f} KB)", raws))
+    return rows
+
+
+def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True, photos: int = 0) -> dict[str, Any]:
+    """Print (and return) CPU ms per sample of each recipe, coordl and DALI, at both image sizes (and on
+    ``photos`` files of the photographic dataset); the rounds alternate every row's timers."""
+    import decode_share
     import torch
 
     torch.set_num_threads(1)
@@ -185,17 +203,24 @@ def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, 
     header += " | DALI CPU, resize-first | DALI CPU, standard (fused crop decode) | full / crop decode |"
     header += " resize-first / crop decode | DALI standard / crop decode | crop vs full decode pixels |"
     header += " full / crop-indexed | resize-first / crop-indexed | indexed bytes |"
+    header += " full decode ms | entropy share (1/8-scale / full decode) |"
+    rows = _rows(count, photos)
+    timers: dict[str, Callable[[], float]] = {}
+    for label, raws in rows:
+        row: dict[str, Callable[[], float]] = {r: _coordl_timer(r, raws) for r in RECIPES}
+        if dali:
+            row["dali_resize_first"] = _dali_timer("resize_first", raws)
+            row["dali_standard"] = _dali_timer("standard", raws)
+        row.update(decode_share.entropy_timers(raws))
+        timers.update({f"{label}/{k}": t for k, t in row.items()})
+    samples_all, med_all = _alternate(timers, rounds)
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
-    for width, height in SIZES:
-        raws = _images(width, height, count)
-        timers: dict[str, Callable[[], float]] = {r: _coordl_timer(r, raws) for r in RECIPES}
-        if dali:
-            timers["dali_resize_first"] = _dali_timer("resize_first", raws)
-            timers["dali_standard"] = _dali_timer("standard", raws)
-        samples, med = _alternate(timers, rounds)
+    for label, raws in rows:
+        med = {k.split("/", 1)[1]: v for k, v in med_all.items() if k.startswith(f"{label}/")}
+        samples = {k.split("/", 1)[1]: v for k, v in samples_all.items() if k.startswith(f"{label}/")}
         exact, worst, mean = pixel_check(raws)
-        results[f"{width}x{height}"] = {"ms": med, "runs_ms": samples, "pixels": (exact, worst, mean)}
+        results[label] = {"ms": med, "runs_ms": samples, "pixels": (exact, worst, mean)}
         cells = [f"{med[r]:.3f}" for r in RECIPES]
         cells += [f"{med[k]:.3f}" if k in med else "-" for k in ("dali_resize_first", "dali_standard")]
         cells.append(f"**{med['standard_full'] / med['standard']:.3f}x**")  # 3 places: the target is 1.25x
@@ -204,11 +229,16 @@ def cpu_table(rounds: int = 5, count: int = 96, dali: bool = True) -> dict[str, 
         cells.append(f"max {exact} (scale 1), max {worst} / mean {mean:.2f} (with DCT scaling)")
         indexed = recipe_bytes("standard_indexed", raws)
         exact_i, _worst_i, _mean_i = pixel_check(indexed)  # the crop of the rewrite vs a full decode of it
-        results[f"{width}x{height}"]["pixels_indexed"] = exact_i
+        results[label]["pixels_indexed"] = exact_i
         cells.append(f"**{med['standard_full'] / med['standard_indexed']:.2f}x**")
         cells.append(f"**{med['resize_first'] / med['standard_indexed']:.2f}x**")
         cells.append(f"{sum(map(len, indexed)) / sum(map(len, raws)):.3f}x (scale-1 pixels: max {exact_i})")
-        print(f"| {width}x{height} q90 | " + " | ".join(cells) + " |")
+        cells.append(f"{med['decode_full']:.3f}")
+        cells.append(f"{med['decode_eighth'] / med['decode_full']:.0%}")
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    print("\nPer-round ratios, min-max over the rounds:")
+    for label, _raws in rows:
+        print(decode_share.spread(label, results[label]["runs_ms"]))
     return results
 
 
@@ -323,6 +353,11 @@ def main() -> None:
     p.add_argument("--count", type=int, default=96, help="images per round and size")
     p.add_argument("--no-dali", action="store_true", help="leave out DALI's CPU pipeline")
     p.add_argument(
+        "--photos", type=int, nargs="?", const=192, default=0, metavar="FILES",
+        help="also a row of FILES (default 192) files spread over the photographic dataset of 2000 "
+        "(coordl synth --photos, built once under /var/tmp/coordl-bench-data), alternated with the others",
+    )  # fmt: skip
+    p.add_argument(
         "--held-out", action="store_true",
         help="instead: the three recipes on images not used for tuning (a real photograph, other sizes, "
         "qualities, subsampling, progressive); --count applies per row",
@@ -341,7 +376,7 @@ def main() -> None:
         except ImportError:
             print("(DALI not installed: its columns are left out)")
             dali = False
-    cpu_table(args.rounds, args.count, dali)
+    cpu_table(args.rounds, args.count, dali, args.photos)
     print(f"\nload average after: {os.getloadavg()}")
 
 
