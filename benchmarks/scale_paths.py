@@ -61,7 +61,7 @@ def minio_index(n: int, work: Path) -> Metrics:
     try:
         items = np.zeros((n, ITEM_BYTES // 8), dtype="<u8")  # item i: its index (as tiny_item), one block
         items[:, 0] = np.arange(n)
-        view = memoryview(items).cast("B")
+        view = memoryview(items.data).cast("B")
         t0 = time.perf_counter()
         stored = sum(cache.put(i, view[ITEM_BYTES * i : ITEM_BYTES * (i + 1)]) for i in range(n))
         fill_s = time.perf_counter() - t0

@@ -261,6 +261,12 @@ if __name__ == "__main__":
 '''
 
 
+def _largest_parts(doc: dict) -> str:
+    """The three largest top-level parts of a report, ``key=bytes`` (what its size is made of)."""
+    sizes = sorted(((len(json.dumps(v)), k) for k, v in doc.items()), reverse=True)[:3]
+    return ",".join(f"{k}={size}" for size, k in sizes)
+
+
 def dsanalyzer_profile(n: int, work: Path) -> Metrics:
     """``dsanalyzer profile`` of a plain torch job over ``n`` tiny files, bounded to 2 warm-up and 20
     measured iterations per run (batches of 256, 2 workers): what the profile's own time and report
@@ -299,5 +305,6 @@ def dsanalyzer_profile(n: int, work: Path) -> Metrics:
         "report_html_bytes": (out / "report.html").stat().st_size,
         "out_dir_bytes": out_bytes,
         "report_dataset_items": int((doc.get("dataset") or {}).get("items") or 0),
+        "report_largest_parts": _largest_parts(doc),
         "bound": str(doc.get("bound", "")),
     }
