@@ -222,7 +222,7 @@ def cost_text(cost: dict) -> str:
         if value is None or (isinstance(value, float) and math.isnan(value)) or not value:
             continue
         if key == "memory_bytes":
-            parts.append(f"{format_bytes(value)} memory")
+            parts.append(f"{format_bytes(value)} memory" + (" per node" if cost.get("nodes") else ""))
         elif key == "gpu_prep_share":
             parts.append(f"{value:.0%} of the job's GPU")
         else:
