@@ -285,13 +285,16 @@ def coordinated_state(n: int, work: Path) -> Metrics:
 
 # name -> (function, the largest n it runs at); see each cap's reason.
 SECTIONS: dict[str, tuple[Callable[[int, Path], Metrics], int]] = {
-    "minio_index": (minio_index, 10**7),  # an index only: 10^7 rows are 400 MB of /dev/shm, ~1 min to fill
+    "minio_index": (minio_index, 10**7),  # an index only: 10^7 items are 560 MB of /dev/shm, 1-3 min to fill
     "partitioned_state": (partitioned_state, 10**6),  # a real Redis epoch: 10^7 keys would be ~1 GB of Redis
     "coordinated_state": (coordinated_state, 10**6),
-    "packed": (packed, 10**6),  # tar holds 2 KB per tiny item (two 512-byte headers + blocks): 2 GB at 10^6
-    # 10^5: every file costs three passes of file-system work (written as the "remote", staged, unlinked by
-    # the caller), 0.3-0.6 ms each per file on this 2-core VM's disk when shared: 15-30 min at 10^6. The
-    # per-file figures are flat from 10^3 to 10^5; run `scale_paths.py nfs_staging 1000000` on a quiet host.
+    # 10^6 takes 13 min on this host when shared (3-4 when quiet): tar packs with Python's tarfile, ~110 us of
+    # CPU per item (two members), and writes 2 KB per tiny item (two 512-byte headers + blocks): 2.1 GB.
+    "packed": (packed, 10**6),
+    # 10^5: each file is written (the "remote"), staged (0.2-0.5 ms each on this shared 2-core VM) and then
+    # unlinked with `work` by the caller: 3-4 ms per unlink on this disk (ext4 mounted with discard), an hour
+    # at 10^6 even with SCALE_TREE_ROOT keeping the remote tree. Per-file figures are flat from 10^3 to 10^5;
+    # run `scale_paths.py nfs_staging 1000000` on a quiet host with a faster disk.
     "nfs_staging": (nfs_staging, 10**5),
     # 10^5: the profile's cold run calls fdatasync on every file of the dataset (dsanalyzer/measure/fetchrate.py
     # evict_files), 2.1-2.4 ms per clean file on this VM's disk: ~40 min of flushes at 10^6 files.
