@@ -174,6 +174,8 @@ class GroupMember:
         that epoch; the pass after it is the group's next."""
         if not 0 <= batches_done <= self.batches_per_epoch:
             raise ValueError(f"batches_done={batches_done} outside 0..{self.batches_per_epoch}")
+        if batches_done == self.batches_per_epoch:  # saved at the epoch's end: the next epoch, whole
+            group_epoch, batches_done = group_epoch + 1, 0
         self._resume_at = (int(group_epoch), int(batches_done))
 
     def _own_batches(self, epoch: int, done: int, *, group_epoch: int) -> Iterator[Any]:
