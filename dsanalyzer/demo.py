@@ -95,7 +95,9 @@ def run_demo(
     report.pop("_out_dir", None)
     print(summary_text(report))
     fix = (report.get("verdict") or {}).get("fix")
-    if fix and not set(fix["change"]) <= set(_FLAGS):  # e.g. the trainer's threads: not a flag of the demo job
+    if fix and not set(fix["change"]) <= set(
+        _FLAGS
+    ):  # e.g. the trainer's threads: not a flag of the demo job
         print(f"dsanalyzer demo: the fix ({fix['code']}) is not one of the demo job's flags; not verified")
     elif fix:
         changed = changed_command(command, fix["change"])

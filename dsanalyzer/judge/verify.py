@@ -39,7 +39,15 @@ from dsanalyzer.model.measured import other_cpu_cores
 from dsanalyzer.model.remote_prep import RemoteSetup, with_remote
 from dsanalyzer.model.whatif import Model
 
-__all__ = ["verify_result", "run_rate", "fill_epochs", "rebased", "warmup_for", "TARGET_ERROR", "PAUSE_FACTOR"]
+__all__ = [
+    "verify_result",
+    "run_rate",
+    "fill_epochs",
+    "rebased",
+    "warmup_for",
+    "TARGET_ERROR",
+    "PAUSE_FACTOR",
+]
 
 TARGET_ERROR = 0.10  # the what-if model's accuracy goal for a verified change
 PAUSE_FACTOR = 5.0  # a step this many times the median (and 0.1 s over it): the process paused
