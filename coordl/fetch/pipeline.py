@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.utils.data
 
+from coordl.datasets.adapt import OpaqueSource
 from coordl.datasets.source import describe_item, is_index
 from coordl.errors import CorruptItemError
 from coordl.fetch.ahead import FetchAhead
@@ -29,16 +30,23 @@ from coordl.fetch.pagecache import check_mode
 from coordl.fetch.skipping import SKIPPED, SkipLog
 from coordl.fetch.tiers import BASE_COUNTERS, FetchTier, MinioTier, TierLookup, as_bytes
 from coordl.fetch.watch import WorkerWatch
-from coordl.resume.order import batch_seeds
+from coordl.resume.order import SeededIndex, batch_seeds
 from coordl.resume.workers import PAD, note_batch
 from coordl.ring.output_buffers import lend
 from shmem.counters import SharedCounters
 
 __all__ = ["FetchTier", "MinioTier", "LoaderSource", "BASE_COUNTERS"]
 
+_INDEX_TYPES = frozenset({int, SeededIndex})
+
 
 class LoaderSource(torch.utils.data.Dataset):
     """A torch Dataset running fetch tiers -> storage -> prep for an item source.
+
+    Why this class is long: it holds the four ways a worker loads a batch (the dataset's own
+    ``__getitems__``, the sample cache, read-ahead, and the plain loop every in-memory batch takes), each
+    one loop over the batch's items, written out so that an item costs no more calls than it must
+    (issue 59: the loader's own cost per item is held to torch's).
 
     Args:
         source: the item source (``len``, ``fetch``, ``prep``).
@@ -112,7 +120,8 @@ class LoaderSource(torch.utils.data.Dataset):
         return out[0]
 
     def __getitems__(self, indices: Sequence[Any]) -> Any:
-        if not all(is_index(i) for i in indices):
+        # ints (the first maybe carrying its seeds) are indices; the type check per item is C's, not ours
+        if not _INDEX_TYPES.issuperset(map(type, indices)) and not all(is_index(i) for i in indices):
             if indices[0] is PAD:  # a resumed pass's pad batch (coordl.resume): the collate drops it
                 return list(indices)
             return self._keys.get_many(indices)
@@ -236,6 +245,10 @@ class LoaderSource(torch.utils.data.Dataset):
         ahead (:meth:`_load_ahead`).
         """
         views = self._ahead.prep_views
+        if raws is None and pace is None and type(self.source) is OpaqueSource and not self._lookup.tiers:
+            # A dataset run as one stage fetches b"" (nothing to time, cache or copy): its reads are counted.
+            self._lookup.count_reads(len(keys))
+            raws, views = [b""] * len(keys), True
         fetch = self._lookup.batch_fetch(views) if raws is None else None
         prep, skip = self.source.prep, self._skips.skip_or_raise
         watch = self.watch

@@ -202,6 +202,11 @@ class TierLookup:
         self._batch_answers = {}
         self.add_tally()
 
+    def count_reads(self, items: int, nbytes: int = 0) -> None:
+        """Count ``items`` storage reads of ``nbytes`` in all with the batch being made."""
+        self._tally[2] += nbytes
+        self._tally[3] += items
+
     def add_tally(self) -> None:
         """Add what the batch counted so far to the shared counters (:meth:`end_batch` does)."""
         tally = self._tally

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from coordl.ring.layout import ALIGN, align, build, flatten, leaf_layout
+from coordl.ring.layout import ALIGN, align, build, flatten, gather, leaf_layout
 from coordl.ring.slots import FREE, HEADER_BYTES, RingBatch, Stacked, WorkerRing
 
 __all__ = ["Stacker"]
@@ -43,10 +43,9 @@ class Stacker:
         self._slot_range = (start, start + ring.slot_bytes)  # the slot's addresses in this process
         self.count = 0  # samples added: rows written (stacked) and samples waiting for their group
         self.stacked = 0
-        self._pending: list[list] = []  # the leaves of each sample added and not written yet
+        self._pending: list = []  # samples added and not written yet (small ones wait for their group)
         self._group = 1  # samples per group (GROUP_BYTES), known from the first sample's layout
         self._leaves: list[tuple[int, torch.dtype, tuple, type, Any]] = []  # off, dtype, shape, type, rows
-        self._checks: list[tuple[Any, Any, tuple]] = []  # per leaf: its type, dtype (its own kind) and shape
         self._scalars: list[list] = []
         self._lent: dict[int, torch.Tensor] = {}  # leaf -> its row a transform was given, this sample
         self.in_place = 0  # samples whose tensors were all written straight into their rows
@@ -73,6 +72,14 @@ class Stacker:
         which is recognised by identity and needs neither a layout check nor a copy.
         """
         lent = self._lent
+        if not lent and self._group > 1 and self._leaves:
+            # A small sample no transform wrote in place: held until its group is full, then checked and
+            # stacked with it, as collate would (a group that does not fit sends the batch to collate).
+            self._pending.append(sample)
+            self.count += 1
+            if len(self._pending) >= self._group and not self._flush():
+                return self.abort()
+            return None
         if lent:
             self._lent = {}
         values: list = []
@@ -83,8 +90,6 @@ class Stacker:
             if not self._lay_out(values):
                 return self._give_up(sample, bool(lent))
             self._scalars = [[] for _ in scalars]
-        elif not lent and self._group > 1:
-            return self._add_to_group(sample, values, scalars)
         if self._pending and not self._flush():
             return self._give_up(sample, bool(lent))
         count = self.count
@@ -114,36 +119,26 @@ class Stacker:
         self.count = self.stacked = count + 1
         return None
 
-    def _add_to_group(self, sample: Any, values: list[Any], scalars: list[Any]) -> list | None:
-        """A small sample that no transform wrote in place: checked, and held until its group is full.
-
-        The check is the layout's type, dtype and shape; anything else the slot cannot take (a tensor
-        that requires grad, another device or layout) makes the group's ``stack`` fail, and the batch
-        then goes to collate as plain samples, as when a sample does not fit."""
-        for (kind, dtype, shape), value in zip(self._checks, values, strict=True):
-            if type(value) is not kind or value.dtype != dtype or value.shape != shape:
-                return self._give_up(sample, False)
-        for acc, value in zip(self._scalars, scalars, strict=True):
-            acc.append(value)
-        self._pending.append(values)
-        self.count += 1
-        if len(self._pending) >= self._group and not self._flush():
-            return self.abort()
-        return None
-
     def _flush(self) -> bool:
-        """Write the samples waiting for their group into their rows (False: one could not be stacked)."""
+        """Stack the samples waiting for their group into their rows, with collate's checks (the same
+        structure, and per leaf the type, dtype and shape of the batch's first sample); False when one
+        does not fit, or the stack fails (a tensor that requires grad, on another device...)."""
         pending, start = self._pending, self.stacked
         end = start + len(pending)
+        rings: list[list] = []
+        scalars: list[list] = []
+        if not gather(self.ring.spec, pending, rings, scalars):
+            return False
         try:
-            for k, (*_layout, rows) in enumerate(self._leaves):
-                column = [values[k] for values in pending]
-                if type(rows) is np.ndarray:
-                    np.stack(column, out=rows[start:end])
-                else:
-                    torch.stack(column, out=rows[start:end])
+            for (_off, dtype, shape, kind, rows), column in zip(self._leaves, rings, strict=True):
+                layout = leaf_layout(column) if type(column[0]) is kind else None
+                if layout is None or layout[0] != dtype or tuple(layout[1]) != shape:
+                    return False
+                (np.stack if type(rows) is np.ndarray else torch.stack)(column, out=rows[start:end])
         except Exception:  # noqa: BLE001 - the samples go to collate as they are, which raises its own error
             return False
+        for acc, column in zip(self._scalars, scalars, strict=True):
+            acc.extend(column)
         pending.clear()
         self.stacked = end
         return True
@@ -168,7 +163,6 @@ class Stacker:
             dtype, shape, per_sample = layout
             rows = self.ring.rows(self.base + offset, self.n * per_sample, dtype, (self.n, *shape), value)
             self._leaves.append((offset, dtype, tuple(shape), type(value), rows))
-            self._checks.append((type(value), value.dtype, value.shape))
             sample_bytes += per_sample
             offset = align(offset + self.n * per_sample, ALIGN)
         self._group = max(1, GROUP_BYTES // max(1, sample_bytes))
@@ -177,15 +171,13 @@ class Stacker:
     def abort(self) -> list:
         """Free the slot; the samples stacked so far, rebuilt as default_collate would see them."""
         out = []
-        for k in range(self.count):
-            if k < self.stacked:
-                leaves = [
-                    rows[k].clone() if kind is torch.Tensor else rows[k].copy()
-                    for *_l, kind, rows in self._leaves
-                ]
-            else:  # waiting for its group: the sample's own leaves
-                leaves = self._pending[k - self.stacked]
+        for k in range(self.stacked):
+            leaves = [
+                rows[k].clone() if kind is torch.Tensor else rows[k].copy()
+                for *_l, kind, rows in self._leaves
+            ]
             out.append(build(self.ring.spec, iter(leaves), iter([acc[k] for acc in self._scalars])))
+        out.extend(self._pending)  # waiting for their group: the samples themselves
         self._release()
         return out
 
