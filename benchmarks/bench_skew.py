@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from skew_tables import LOADERS, table
 
@@ -91,7 +92,9 @@ def child_prep(root: str) -> dict:
     return {"cpu_s": cpu_s, "bytes": [len(r) for r in raws], "rare": [_rare(r) for r in raws]}
 
 
-def _pool_worker(raws, order, counter, start, done, epochs: int, k: int) -> None:
+def _pool_worker(
+    raws: list[bytes], order: list[int], counter: Any, start: Any, done: Any, epochs: int, k: int
+) -> None:
     import torch
 
     import coordl
@@ -196,7 +199,7 @@ def child_loader(cfg: str, root: str, epochs: int, workers: int, batch: int) -> 
 
     torch.set_num_threads(1)
     ds = coordl.ImageFolder(root, transform=coordl.transforms.train_transform(224))
-    common = dict(
+    common: dict[str, Any] = dict(
         batch_size=batch,
         shuffle=True,
         num_workers=workers,
