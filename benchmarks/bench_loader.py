@@ -110,6 +110,7 @@ COORDL = {
 }  # -> batch_ring
 RESIZE, CROP = 256, 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+PHOTOS = "@photos"  # --photos: a recipe's prep-bound runs on the photographic dataset
 TODAY = "resize_first"  # coordl's train_transform before issue 27: the baseline of the recipe table
 # Page cache every run gets on top of its budget: file-system metadata and reads in flight. Without
 # it a loader with a zero page-cache budget re-reads inode blocks and half-read files.
@@ -470,10 +471,15 @@ def _prep_summary(res: dict) -> dict[str, float]:
     return out
 
 
+def _label(recipe: str) -> str:
+    name = prep_recipes.RECIPES[recipe.removesuffix(PHOTOS)]
+    return f"{name}, on the photographs" if recipe.endswith(PHOTOS) else name
+
+
 def print_prep_table(prep: dict, args: argparse.Namespace, recipe: str) -> None:
     lim_rate, lim_cpu = _med(r[0] for r in prep["limit"]), _med(r[1] for r in prep["limit"])
     print(
-        f"\n### Prep-bound, {prep_recipes.RECIPES[recipe]} (storage unthrottled, epochs 2-{args.epochs}), "
+        f"\n### Prep-bound, {_label(recipe)} (storage unthrottled, epochs 2-{args.epochs}), "
         f"median of {args.runs}\n"
     )
     print("% of limit and the CPU ratio: medians of each run's ratio to the limit measured just before it.\n")
@@ -554,7 +560,7 @@ def print_recipe_summary(prep: dict, args: argparse.Namespace) -> None:
     for recipe, res in prep.items():
         lim_rate, lim_cpu = _med(r[0] for r in res["limit"]), _med(r[1] for r in res["limit"])
         print(
-            f"| {prep_recipes.RECIPES[recipe]} | limit: {args.limit_procs} x tight loop | {lim_rate:.0f} | 100% | "
+            f"| {_label(recipe)} | limit: {args.limit_procs} x tight loop | {lim_rate:.0f} | 100% | "
             f"{lim_rate / today_rate:.2f}x | {lim_cpu * 1000:.2f} | {today_cpu / lim_cpu:.2f}x |"
         )
         if res.get("bound"):
@@ -586,18 +592,19 @@ def run_prep_bound(store, args: argparse.Namespace, roots: dict[str, tuple[str, 
     for run in range(args.runs):
         for recipe in args.recipes:
             root, cache_bytes = roots[recipe]
+            prep_fn = recipe.removesuffix(PHOTOS)  # "standard@photos": the standard recipe on the photographs
             order = configs[run % len(configs) :] + configs[: run % len(configs)]
             for cfg in order:
                 # The limit is measured right before each loader (the machine's load drifts), in the
                 # same cgroups under the same page-cache controller as the loaders.
-                prep[recipe]["limit"].append(_run_limit(store, args, root, cache_bytes, recipe))
+                prep[recipe]["limit"].append(_run_limit(store, args, root, cache_bytes, prep_fn))
                 # once a round: the bound with this benchmark's storage reads (none without slowstore)
                 if cfg == order[0] and not args.no_slowstore:
-                    bound = _run_limit(store, args, root, cache_bytes, recipe, cache_bytes, kind="bound")
+                    bound = _run_limit(store, args, root, cache_bytes, prep_fn, cache_bytes, kind="bound")
                     prep[recipe]["bound"].append(
                         (*bound, *prep[recipe]["limit"][-1][:2])
                     )  # + that limit's rate, CPU
-                res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes, recipe)
+                res = _run_child(store, cfg, args, root, args.seed + run, cache_bytes, cache_bytes, prep_fn)
                 summary = _prep_summary(res)
                 summary["limit_rate"], summary["limit_cpu_s"] = prep[recipe]["limit"][-1][:2]
                 prep[recipe][cfg].append(summary)
@@ -652,6 +659,9 @@ def _parse_args() -> argparse.Namespace:
         "--data-dir", default="/var/tmp/coordl-bench-data", help="where the synthetic dataset is kept"
     )
     p.add_argument("--json", type=Path, help="also write raw results here")
+    p.add_argument("--photos", action="store_true",
+                   help="the prep-bound section also on the photographic dataset of --n files (coordl synth "
+                        "--photos), each recipe's runs alternated with the synthetic ones")  # fmt: skip
     args = p.parse_args()
     unknown = [r for r in args.recipes if r not in prep_recipes.RECIPES]
     if unknown:
@@ -659,6 +669,27 @@ def _parse_args() -> argparse.Namespace:
     if args.no_slowstore and not args.skip_fetch_bound:
         p.error("--no-slowstore measures only the prep-bound table: add --skip-fetch-bound")
     return args
+
+
+def _bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.glob("class_*/*") if f.is_file())
+
+
+def _photo_sources(args: argparse.Namespace) -> dict[str, Path]:
+    """``{"<recipe>@photos": the photographic dataset of --n files (crop-indexed for such recipes)}``."""
+    import datakind
+
+    from coordl.prep.cropindex import index_tree
+
+    src = datakind.photos_root(args.n, args.classes, data_dir=args.data_dir)
+    out = {}
+    for recipe in args.recipes:
+        path = src
+        if recipe in prep_recipes.INDEXED:
+            path = src.with_name(src.name + "-crop-indexed")
+            index_tree(src, path)  # PNG and CMYK files copied as they are
+        out[recipe + PHOTOS] = path
+    return out
 
 
 def main() -> None:
@@ -684,7 +715,7 @@ def main() -> None:
     )
     if args.replicate > 1:
         src = link_copies(src, args.replicate)
-    dataset_bytes = sum(f.stat().st_size for f in src.glob("class_*/*.jpg"))
+    dataset_bytes = _bytes(src)
     cache_bytes = int(dataset_bytes * args.cache_fraction)
     indexed_src = None
     if any(
@@ -694,7 +725,8 @@ def main() -> None:
 
         indexed_src = Path(args.data_dir) / f"synth-{args.n}-{args.classes}-crop-indexed"
         index_tree(src, indexed_src)
-    indexed_bytes = sum(f.stat().st_size for f in indexed_src.glob("class_*/*.jpg")) if indexed_src else 0
+    indexed_bytes = _bytes(indexed_src) if indexed_src else 0
+    photos = _photo_sources(args) if args.photos else {}
     notes: list[str] = []
     configs = list(args.configs)
     dali = _dali_available()
@@ -703,7 +735,7 @@ def main() -> None:
         args.prep_configs = args.prep_configs.replace("c", "")
         notes.append("(c) DALI skipped: nvidia-dali-cuda130 is not installed (pip install -e '.[dali]').")
     cpu = None if args.skip_cpu_table else prep_recipes.cpu_table(dali=dali)
-    image_bytes = int((dataset_bytes + indexed_bytes) * 1.6) + (128 << 20)
+    image_bytes = int((dataset_bytes + indexed_bytes + sum(map(_bytes, photos.values()))) * 1.6) + (128 << 20)
     results: dict[str, list[dict]] = {c: [] for c in configs}
     prep: dict = {}
     with (
@@ -727,6 +759,12 @@ def main() -> None:
             copy_tree(indexed_src, os.path.join(store.mount, "data-indexed"))
             indexed = (os.path.join(store.mount, "data-indexed"), int(indexed_bytes * args.cache_fraction))
             roots.update({r: indexed for r in args.recipes if r in prep_recipes.INDEXED})
+        for recipe, path in photos.items():  # each with its own bytes' share as cache
+            dst = path if args.no_slowstore else os.path.join(store.mount, path.name)
+            if not args.no_slowstore and not os.path.exists(dst):
+                copy_tree(path, dst)
+            roots[recipe] = (str(dst), int(_bytes(path) * args.cache_fraction))
+        args.recipes = [*args.recipes, *photos]
         for run in range(0 if args.skip_fetch_bound else args.runs):
             order = configs[run % len(configs) :] + configs[: run % len(configs)]  # spread load drift
             for cfg in order:

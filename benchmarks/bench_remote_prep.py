@@ -33,6 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
@@ -99,41 +100,11 @@ def ray_data_rate(root: str, batch: int) -> float:
     return statistics.median(rates[1:])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=2000, help="JPEGs in the dataset")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=1, help="local workers (on core 0)")
-    parser.add_argument("--depth", type=int, default=2, help="batches queued per actor (RemotePrep(depth=))")
-    parser.add_argument("--data", default="/tmp/coordl_bench_remote", help="where the JPEGs are made")
-    args = parser.parse_args()
-    if (os.cpu_count() or 1) < 2:
-        print("needs two cores (one for the trainer, one for the Ray node)")
-        return 2
-    root = make_dataset(args.data, n=args.n, classes=10)
-    os.sched_setaffinity(0, {0})  # the trainer and its local workers: core 0
-    # torch sized its intra-op pool to the machine's cores at import; pinned to one core, two threads
-    # contend for it (torch.stack of a 19 MB batch took 222 ms instead of 8): one core, one thread
-    torch.set_num_threads(1)
-    cluster = RayCluster()
-    try:
-        cluster.start_head()
-        prep = coordl.RemotePrep(cluster.address, cpus=1, token=cluster.token, depth=args.depth)
-        prep.connect()
-        cluster.add_node(cores="1")
-        rows: dict[str, float] = {}
-        rows["local"], _ = coordl_rate(root, args.workers, args.batch, None)
-        rows["main process"], _ = coordl_rate(root, 0, args.batch, None)
-        rows["remote only"], remote_stats = coordl_rate(root, 0, args.batch, prep)
-        rows["local + remote"], both_stats = coordl_rate(root, args.workers, args.batch, prep)
-        rows["Ray Data"] = ray_data_rate(root, args.batch)
-    finally:
-        import ray
-
-        ray.shutdown()
-        cluster.stop()
+def _print_rows(rows: dict[str, float], both_stats: dict[str, Any], remote_stats: dict[str, Any],
+                args: argparse.Namespace, kind: str) -> None:  # fmt: skip
     limit = rows["local"] + rows["remote only"]
-    print(f"\n{args.n} JPEGs, standard recipe 224 px, batch {args.batch}, {args.workers} local worker(s)\n")
+    data = "JPEGs" if kind == "synth" else "photographs (coordl synth --photos)"
+    print(f"\n{args.n} {data}, standard recipe 224 px, batch {args.batch}, {args.workers} local worker(s)\n")
     print("| configuration | samples/s | vs local |")
     print("|---|---:|---:|")
     for name, rate in rows.items():
@@ -141,7 +112,8 @@ def main() -> int:
     print(
         f"\nlocal + remote vs the two cores' limits (local + remote only): {rows['local + remote'] / limit:.0%}"
     )
-    print(f"local + remote vs Ray Data: {rows['local + remote'] / rows['Ray Data']:.2f}x")
+    if "Ray Data" in rows:
+        print(f"local + remote vs Ray Data: {rows['local + remote'] / rows['Ray Data']:.2f}x")
     items = max(1, both_stats["remote_items"])
     moved = (both_stats["remote_bytes_sent"] + both_stats["remote_bytes_received"]) / items
     print(f"bytes over the link per remote sample: {moved / 1e3:.0f} KB "
@@ -155,6 +127,55 @@ def main() -> int:
         f"Ray path {per_batch['remote only'] - per_batch['main process']:+.1f} ms per batch "
         f"({remote_stats['remote_batches']} remote batches)"
     )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2000, help="JPEGs in the dataset")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=1, help="local workers (on core 0)")
+    parser.add_argument("--depth", type=int, default=2, help="batches queued per actor (RemotePrep(depth=))")
+    parser.add_argument("--data", default="/tmp/coordl_bench_remote", help="where the JPEGs are made")
+    parser.add_argument("--photos", action="store_true",
+                        help="also on the photographic dataset of --n files (coordl synth --photos), each "
+                        "configuration's runs alternated with the synthetic ones (Ray Data: synthetic only)")  # fmt: skip
+    args = parser.parse_args()
+    if (os.cpu_count() or 1) < 2:
+        print("needs two cores (one for the trainer, one for the Ray node)")
+        return 2
+    roots = {"synth": make_dataset(args.data, n=args.n, classes=10)}
+    if args.photos:
+        import datakind
+
+        roots["photos"] = datakind.photos_root(args.n)
+    os.sched_setaffinity(0, {0})  # the trainer and its local workers: core 0
+    # torch sized its intra-op pool to the machine's cores at import; pinned to one core, two threads
+    # contend for it (torch.stack of a 19 MB batch took 222 ms instead of 8): one core, one thread
+    torch.set_num_threads(1)
+    cluster = RayCluster()
+    rows: dict[str, dict[str, float]] = {kind: {} for kind in roots}
+    stats: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in roots}
+    try:
+        cluster.start_head()
+        prep = coordl.RemotePrep(cluster.address, cpus=1, token=cluster.token, depth=args.depth)
+        prep.connect()
+        cluster.add_node(cores="1")
+        configs = {"local": (args.workers, None), "main process": (0, None), "remote only": (0, prep),
+                   "local + remote": (args.workers, prep)}  # fmt: skip
+        for name, (workers, remote) in configs.items():
+            for kind, root in roots.items():
+                rows[kind][name], stats[kind][name] = coordl_rate(root, workers, args.batch, remote)
+        try:
+            rows["synth"]["Ray Data"] = ray_data_rate(roots["synth"], args.batch)
+        except ImportError as e:  # ray[data] needs pandas and pyarrow (the raydata extra)
+            print(f"Ray Data left out: {e} (pip install -e '.[raydata]')")
+    finally:
+        import ray
+
+        ray.shutdown()
+        cluster.stop()
+    for kind in roots:
+        _print_rows(rows[kind], stats[kind]["local + remote"], stats[kind]["remote only"], args, kind)
     return 0
 
 

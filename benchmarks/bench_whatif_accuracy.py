@@ -268,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         "--measure-per-core", type=int, help="plain: batches timed per core of the run (for --measure)"
     )
     ap.add_argument("--as-written-only", action="store_true", help="plain: no torch.set_num_threads(1) runs")
+    ap.add_argument("--photos", action="store_true",
+                    help="plain: each case also on the photographic dataset of 2000 files (coordl synth --photos), "
+                    "right after the synthetic one")  # fmt: skip
     args = ap.parse_args(argv)
     if args.family == "plain" and (len(args.cpus) < 2 or min(args.cpus) < 1):
         ap.error(f"--cpus needs a core count to profile on and at least one to run on, got {args.cpus}")

@@ -131,6 +131,9 @@ CASES = (  # (name, dataset kind, workers, batch)
 )
 
 
+PHOTOS = " photos"  # --photos: the case's job on the photographic dataset (coordl synth --photos)
+
+
 def first_cores(n: int) -> set[int]:
     """The first ``n`` cores this process may run on (a cpuset such as ``taskset -c 0-(n-1)`` gives)."""
     mine = sorted(os.sched_getaffinity(0))
@@ -257,13 +260,19 @@ def run_family(args, work: Path) -> list[dict]:
     rows.json is rewritten after every measured count, so a run stopped early keeps what it measured."""
     script = work / "plain_job.py"
     script.write_text(SCRIPT)
-    root = args.data
     cases = [c for c in CASES if not args.cases or c[0] in args.cases]
+    if getattr(args, "photos", False):  # each case, then the same job on the photographs
+        cases = [c for case in cases for c in (case, (f"{case[0]}{PHOTOS}", *case[1:]))]
     profiled, counts = args.cpus[0], args.cpus[1:]
     rows: list[dict] = []
     for case in cases:
         acc = {n: {k: [] for k in ("preds", "meas", "bounds", "verdicts", "shares", "stated", "meas1", "preds1", "predicted_bounds")}
                for n in counts}  # fmt: skip
+        root = args.data
+        if case[0].endswith(PHOTOS):
+            import datakind
+
+            root = str(datakind.photos_root(2000))  # as many files as the synthetic folder main_plain makes
         for rnd in range(args.rounds):
             here = at_cores(case, profiled, args.spare_cores)
             out = work / f"{case[0].replace(' ', '_')}-{rnd}"
