@@ -65,7 +65,7 @@ class Injector(threading.Thread):
         return k
 
     def run(self) -> None:
-        time.sleep(self.rng.uniform(8, 15))  # let every job start and fill its caches
+        time.sleep(self.rng.uniform(3, 8))  # the jobs deliver batches already (soak.wait_warm)
         while not self.halt.is_set():
             self.running = [t for t in self.running if t.is_alive()]
             if len(self.running) < self.max_overlap:

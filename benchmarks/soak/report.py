@@ -17,7 +17,8 @@ def markdown(r: dict[str, Any]) -> str:
         "# Soak: every technique at once under seeded faults",
         "",
         f"Command: `{r['command']}`  ",
-        f"Host: {r['host']}; started {r['started']} UTC; {r['minutes']:.1f} min of faults (seed {r['seed']}); "
+        f"Host: {r['host']}; started {r['started']} UTC; {r.get('warm_s', 0):.0f} s until every job delivered "
+        f"batches, then {r['minutes']:.1f} min of faults (seed {r['seed']}) and {r['settle_s']:.0f} s without; "
         f"verdict: **{'PASS' if r['passed'] else 'FAIL'}**"
         + ("" if r["passed"] else f" ({'; '.join(r['failures'])})"),
         "",

@@ -41,6 +41,7 @@ from procs import Job, RedisNodes, Supervisor, job_argv  # noqa: E402
 WINDOW_S = 10.0  # the recovery window (check.recovery)
 # Per job's process tree (the job, its loader workers, its own Redis): ~0.5-0.8 GiB and ~150 fds normally.
 RSS_BOUND_MIB, FDS_BOUND = 2048, 1000
+WARM_BOUND_S = 180.0  # the longest wait for every job's first batch before the faults start
 KINDS = ("minio", "sample", "coord", "part", "nfs")
 
 
@@ -164,6 +165,16 @@ class Soak:
             j.env.update(per[j.name])
         return {}  # the ranks' own env holds it (Job.start merges Job.env)
 
+    def wait_warm(self, bound_s: float) -> float:
+        """Seconds until every job logged a batch (at most ``bound_s``: a job that never starts is reported)."""
+        t0 = time.time()
+        while time.time() - t0 < bound_s:
+            if all(_has_batch(self.logs / f"{j.name}.jsonl") for j in self.jobs):
+                break
+            time.sleep(1.0)
+        self.event("warm", seconds=time.time() - t0)
+        return time.time() - t0
+
     # -- watch ---------------------------------------------------------------------------------
     def monitor(self, halt: threading.Event) -> None:
         while not halt.wait(2.0):
@@ -194,6 +205,14 @@ class Soak:
         if self.nfs is not None:
             self.nfs.stop()
         return rcs
+
+
+def _has_batch(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return b'"ev": "batch"' in f.read(1 << 16)
+    except FileNotFoundError:
+        return False
 
 
 def cleanup_left(before: dict[str, set[str]], soak: Soak, rundir: Path) -> dict[str, Any]:
@@ -238,9 +257,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         soak.start()
         threading.Thread(target=soak.monitor, args=(halt,), daemon=True).start()
+        warm_s = soak.wait_warm(WARM_BOUND_S)  # faults start once every job delivers batches
         injector = Injector(args.seed, soak, soak.record_fault, mean_gap_s=args.mean_gap_s)
         injector.start()
-        deadline = t0 + args.minutes * 60
+        deadline = time.time() + args.minutes * 60
         while time.time() < deadline:
             time.sleep(1.0)
         injector.drain()
@@ -283,7 +303,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(["soak.py", *sys.argv[1:]]) if args.command is None else args.command,
         "host": f"{platform.node()} ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})",
         "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime(t0)), "seed": args.seed,
-        "minutes": (fault_end - t0) / 60, "window_s": WINDOW_S, "settle_s": args.settle_s,
+        "minutes": (fault_end - t0 - warm_s) / 60, "warm_s": round(warm_s, 1), "window_s": WINDOW_S,
+        "settle_s": args.settle_s,
         "jobs": {j.name: f"{j.argv[j.argv.index('--kind') + 1]}, started {j.starts}x" for j in soak.jobs},
         "left_out": soak.left_out + args.left_out, "passed": not failures, "failures": failures,
         "passed_items": not any(inv["total"].get(k, 0) for k in ("lost", "duplicated", "wrong_items")),
