@@ -301,6 +301,7 @@ def main() -> None:
         "--from-json", default="", help="print the tables of results written by --json, run nothing"
     )
     p.add_argument("--replay-workers", default="2,8,16", help="worker counts of the replayed dispatch")
+    p.add_argument("--replay-batch", type=int, default=0, help="batch size of the replay (default: --batch)")
     args = p.parse_args()
     if args.child:
         kind, *rest = args.child
@@ -316,7 +317,8 @@ def main() -> None:
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
         if "results" in saved:
-            args = argparse.Namespace(**{**vars(args), **saved["args"]})
+            replay = {k: v for k, v in vars(args).items() if k.startswith("replay_")}
+            args = argparse.Namespace(**{**vars(args), **saved["args"], **replay})
             saved = saved["results"]
         print(table(args, saved))
         return

@@ -97,8 +97,9 @@ def table(args: argparse.Namespace, res: dict) -> str:
 def _replay_rows(args: argparse.Namespace, res: dict) -> list[str]:
     import skew_sim
 
+    batch = getattr(args, "replay_batch", 0) or args.batch
     out = [
-        f"\n### Skew alone: torch's dispatch replayed on the measured sample times (batch {args.batch}, "
+        f"\n### Skew alone: torch's dispatch replayed on the measured sample times (batch {batch}, "
         "prefetch 2, one ImageNet-sized epoch drawn from them without the CMYK and PNG files, no loader cost, "
         "no other work on the cores)\n",
         "| dataset | workers | in_order=True | in_order=False | sample-level assembly |",
@@ -113,7 +114,7 @@ def _replay_rows(args: argparse.Namespace, res: dict) -> list[str]:
             if not rare
         ]
         for w in (int(x) for x in args.replay_workers.split(",")):
-            r = skew_sim.replay(cpu_s, w, args.batch)
+            r = skew_sim.replay(cpu_s, w, batch)
             out.append(
                 f"| {ds} | {w} | {r['in_order']:.1%} | {r['any_order']:.1%} | {r['sample_level']:.1%} |"
             )
