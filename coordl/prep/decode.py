@@ -1,7 +1,7 @@
 """Image bytes to an HWC uint8 RGB array: simplejpeg (libjpeg-turbo) for JPEG, Pillow for the rest.
 
-simplejpeg decodes JPEG at about 2.5x Pillow's speed per core here; Pillow decodes everything else
-(PNG, BMP, WebP, CMYK JPEGs). Undecodable bytes raise :class:`coordl.errors.CorruptItemError`; the
+simplejpeg decodes JPEG (CMYK too: libjpeg-turbo converts it to RGB) at about 2.5x Pillow's speed per core
+here; Pillow decodes everything else (PNG, BMP, WebP). Undecodable bytes raise :class:`coordl.errors.CorruptItemError`; the
 dataset adds the file path.
 """
 
@@ -23,7 +23,7 @@ def _decode_pillow(raw: bytes) -> np.ndarray:
     with Image.open(io.BytesIO(raw)) as img:
         img.load()  # raises on truncated data instead of returning a partly grey image
         rgb = img.convert("RGB")
-    return np.asarray(rgb)
+    return np.array(rgb)  # writable (np.asarray gives a read-only view of the bytes: torch warns on it)
 
 
 def decode_image(raw: bytes, min_size: int | None = None, fastdct: bool = False) -> np.ndarray:
