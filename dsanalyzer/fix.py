@@ -164,6 +164,7 @@ def fix_command(
     for n in range(1, rounds + 1):
         step = first if n == 1 and first is not None else next_step(report, kept, budget, frozenset(excluded))
         if step is None:
+            result["stopped"] = "no further step"  # nothing else the hook can change is predicted to gain
             break
         config = kept.with_step(step)
         rates, runs_ = runner.pair(n, kept, config)

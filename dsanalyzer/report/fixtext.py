@@ -74,6 +74,12 @@ def fix_text(result: dict) -> str:
             else "the kept rounds' ratios multiplied, each measured within its round)"
         ),
     ]
+    kept = [r for r in result["rounds"] if r["status"] == "kept"]
+    if result.get("stopped") and kept and kept[-1].get("predicted_bound") not in (None, "compute"):
+        lines.append(
+            f"then {kept[-1]['predicted_bound']}-bound by the model: no further change the hook can make on this "
+            "machine is predicted to gain 2% or more (the report's remedies name what would need more)"
+        )
     if "patch" not in result:
         lines.append("no change measured faster than your configuration: keep the script as it is")
         return "\n".join(lines)

@@ -41,6 +41,9 @@ def test_each_round_is_a_row_and_the_reverted_one_says_so():
     ]
     assert lines[3].split()[-2:] == ["2.00x", "kept"] and lines[4].split()[-2:] == ["1.81x", "reverted"]
     assert "final: 2.00x your configuration (200 vs 100 samples/s)" in text and "the change to keep:" in text
+    rounds[0]["predicted_bound"] = "prep"
+    stopped = fix_text({**_result(rounds[:1], 2.0), "stopped": "no further step"})
+    assert "then prep-bound by the model: no further change" in stopped
 
 
 def test_two_kept_rounds_chain_their_ratios_and_nothing_kept_keeps_the_script():
