@@ -182,16 +182,36 @@ _STAGE_CHILD = (
 )
 
 
+def _manifest_bytes(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _interrupted_stage(src: Path, dst: Path, n: int) -> tuple[float, int]:
     """Stage ``src`` into ``dst`` in a child (``coordl stage``'s function) and ``kill -9`` it once
-    :data:`KILL_AT` of the files are in the manifest: (seconds it ran, files staged when killed)."""
+    :data:`KILL_AT` of the files are in the manifest: (seconds it ran, files staged when killed).
+
+    Polled every 2 ms by the manifest's size (the records' mean length times the files wanted; lines counted
+    only near it): cheap at any ``n``, and fine enough to stop a fast machine's 1,000 files half-way."""
     manifest = dst / ".coordl" / "manifest.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-c", _STAGE_CHILD, str(src), str(dst)], env=env)
+    wanted, target = KILL_AT * n, 0
     try:
-        while child.poll() is None and _manifest_lines(manifest) < KILL_AT * n:
-            time.sleep(0.02)
+        while child.poll() is None:
+            size = _manifest_bytes(manifest)
+            if size and not target:
+                with open(manifest, "rb") as f:
+                    target = int(wanted * len(f.readline()))
+            if target and size >= target:
+                lines = _manifest_lines(manifest)  # records differ in length: aim again from the mean one
+                if lines >= wanted:
+                    break
+                target = int(size * wanted / max(1, lines))
+            time.sleep(0.002)
     finally:
         if child.poll() is None:
             child.send_signal(signal.SIGKILL)
