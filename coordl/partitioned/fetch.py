@@ -82,6 +82,7 @@ class PartitionedTier:
         self.counters = counters
         self.local_cache = local_cache
         self.push = push
+        self._own_peer_counters = peer_counters is None  # made here: closed (unlinked) here
         self.peer_counters = peer_counters if peer_counters is not None else SharedCounters(PEER_COUNTERS)
         if client.counters is None:
             client.counters = self.peer_counters
@@ -170,6 +171,9 @@ class PartitionedTier:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self._own_peer_counters:  # else its /dev/shm segment outlived the loader until the next start
+            self._own_peer_counters = False
+            self.peer_counters.close()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
