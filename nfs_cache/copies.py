@@ -15,6 +15,7 @@ import itertools
 import os
 import threading
 import zlib
+from collections.abc import Mapping
 
 from nfs_cache.layout import StageLayout
 from nfs_cache.manifest import Entry, Manifest
@@ -73,7 +74,7 @@ def drop_copy(layout: StageLayout, manifest: Manifest, relpath: str) -> None:
         os.unlink(layout.local_path(relpath))
 
 
-def forget_changed(layout: StageLayout, manifest: Manifest, listing: dict[str, RemoteFile]) -> None:
+def forget_changed(layout: StageLayout, manifest: Manifest, listing: Mapping[str, RemoteFile]) -> None:
     """Drop the copies whose remote file (in ``listing``) changed size or mtime since they were staged."""
     manifest.refresh()
     for rel, entry in list(manifest.entries.items()):

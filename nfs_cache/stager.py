@@ -22,6 +22,7 @@ from typing import Any
 from nfs_cache.budget import StageBudget
 from nfs_cache.copies import drop_copy, forget_changed, read_verified, write_copy
 from nfs_cache.counts import StageCounts
+from nfs_cache.entries import RemoteFiles
 from nfs_cache.layout import META_DIR, StageLayout
 from nfs_cache.locks import StripedLocks
 from nfs_cache.manifest import Entry, Manifest
@@ -105,7 +106,7 @@ class StagedSource:
         self.budget = StageBudget(
             self.layout, self.manifest, self.budget_bytes, self.min_free_bytes, self.lock_timeout_s
         )
-        self._listing: dict[str, RemoteFile] = {}
+        self._listing = RemoteFiles()  # held flat (nfs_cache.entries): workers read it as they stage
         self._listed = False
         self.counts = StageCounts(self.counters)
 

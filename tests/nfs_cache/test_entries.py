@@ -1,12 +1,14 @@
-"""nfs_cache.entries.StagedEntries: the manifest's entries held flat read as the dict they were, before and after
-compaction, and a large manifest read back costs no per-file objects."""
+"""nfs_cache.entries: the manifest's entries and a stage's listing held flat read as the dicts they were, before
+and after compaction, and a large manifest read back costs no per-file objects."""
 
 from __future__ import annotations
 
+import pickle
 import random
 
-from nfs_cache.entries import Entry, StagedEntries
+from nfs_cache.entries import Entry, RemoteFiles, StagedEntries
 from nfs_cache.manifest import Manifest
+from nfs_cache.sources import RemoteFile
 
 
 def _check(entries: StagedEntries, want: dict[str, Entry]) -> None:
@@ -52,3 +54,20 @@ def test_a_large_manifest_is_held_in_arrays(tmp_path) -> None:
     assert not reader.entries._delta  # merged into the arrays once, after the read
     writer.close()
     reader.close()
+
+
+def test_remote_files_read_as_the_listing_dict() -> None:
+    files = [RemoteFile(f"c{i % 7}/{i:06d}.jpg", i, 1_700_000_000_000_000_000 + i) for i in range(10_000)]
+    listing = RemoteFiles()
+    listing.update((f.relpath, f) for f in files)  # a long run: merged into the arrays at once
+    assert not listing._delta and len(listing) == 10_000 and listing.total_bytes == sum(range(10_000))
+    extra = RemoteFile("new/one.jpg", 5, 6)
+    listing.update([(extra.relpath, extra)])  # one file, as a copy process adds it
+    want = {f.relpath: f for f in [*files, extra]}
+    assert dict(listing.items()) == want and sorted(listing.values(), key=lambda f: f.relpath) == sorted(
+        want.values(), key=lambda f: f.relpath
+    )
+    assert listing["c3/000003.jpg"] == files[3] and listing.get("absent") is None and "new/one.jpg" in listing
+    assert sorted(listing) == sorted(want)
+    back = pickle.loads(pickle.dumps(listing))
+    assert dict(back.items()) == want and back.total_bytes == listing.total_bytes
