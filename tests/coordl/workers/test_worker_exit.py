@@ -120,9 +120,7 @@ class Numbers(torch.utils.data.Dataset):
 
 
 @pytest.mark.timeout(300)
-def test_a_worker_dying_as_a_resumed_loader_stops_it_is_no_error_of_the_pass(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_worker_dying_as_a_resumed_loader_stops_it_is_no_error_of_the_pass() -> None:
     """Persistent spawn workers that abort as they exit: loading a state stops them (and close() stops
     the next ones); each death is reported by torch meanwhile, and the resumed pass still gives every
     batch after the state, as the uninterrupted run did."""
@@ -139,7 +137,8 @@ def test_a_worker_dying_as_a_resumed_loader_stops_it_is_no_error_of_the_pass(
         loader.load_state_dict(state)
         assert [b.tolist() for b in loader] == rest  # the old workers aborted while they were stopped
         assert all(w.exitcode == -signal.SIGABRT for w in workers)  # (they did die so)
-        assert "killed by signal" in caplog.text  # and torch reported it during the stop
+        # (whether torch's SIGCHLD handler reports a death during the stop depends on whether it runs before
+        # the join reaps the worker: tests/coordl/test_shutdown.py holds that case exactly)
         assert first + rest == [[i, i + 1] for i in range(0, 16, 2)]
     finally:
         loader.close()  # the resumed pass's workers abort too, as close() stops them
