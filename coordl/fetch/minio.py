@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Sequence
 
 from shmem.segment import DEFAULT_DIR, Segment, free_bytes, reclaim_stale
 from shmem.table import AppendTable, table_bytes
@@ -128,6 +129,11 @@ class MinioCache:
     def get(self, index: int) -> memoryview | None:
         """A read-only view of item ``index``'s bytes, or None when it is not cached."""
         return self._table.get(index + 1)
+
+    def get_many(self, indices: Sequence[int]) -> list[memoryview | None]:
+        """:meth:`get` of each of ``indices`` (a batch's worth in one call)."""
+        get = self._table.get
+        return [get(index + 1) for index in indices]
 
     def __contains__(self, index: int) -> bool:
         return 0 <= index < self.num_items and (index + 1, 0) in self._table

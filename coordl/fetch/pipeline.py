@@ -170,7 +170,10 @@ class LoaderSource(torch.utils.data.Dataset):
                 else:
                     samples = self._load_ahead(keys, worker_id, known[0] if known is not None else None)
             else:
-                samples = self._load_plain(keys, seeds, worker_id)
+                known = self._lookup.peek_memory(keys)  # the MinIO cache asked once for the whole batch
+                samples = self._load_plain(
+                    keys, seeds, worker_id, raws=known[0] if known is not None else None
+                )
             # Transforms write each sample's tensor straight into its row of the slot (output_buffers).
             with lend(stacker.take if stacker is not None else None):
                 for sample in samples:
@@ -237,7 +240,8 @@ class LoaderSource(torch.utils.data.Dataset):
         pace: ReadPace | None = None,
     ) -> Iterator[Any]:
         """Fetch and prep each item in turn: the batch's fetch (:meth:`TierLookup.batch_fetch`, counted
-        per batch), or ``raws``, the bytes already in hand (views of the cache's rows).
+        per batch), or ``raws``, the bytes already in hand (views of the cache's rows; None where the
+        cache missed: read through the fetch then).
 
         The per-item path of every in-memory dataset, so it holds only what each item needs: the worker
         table told the item, its bytes, its seed (``seeds``, when the epoch has them), its prep. With
@@ -249,7 +253,9 @@ class LoaderSource(torch.utils.data.Dataset):
             # A dataset run as one stage fetches b"" (nothing to time, cache or copy): its reads are counted.
             self._lookup.count_reads(len(keys))
             raws, views = [b""] * len(keys), True
-        fetch = self._lookup.batch_fetch(views) if raws is None else None
+        fetch = (
+            self._lookup.batch_fetch(views, asked=raws is not None) if raws is None or None in raws else None
+        )
         prep, skip = self.source.prep, self._skips.skip_or_raise
         watch = self.watch
         on_item = (
@@ -265,12 +271,12 @@ class LoaderSource(torch.utils.data.Dataset):
             if on_item is not None:
                 on_item(index)
             try:
-                if fetch is not None:
+                raw = raws[k] if raws is not None else None
+                if raw is None:
+                    assert fetch is not None  # made whenever an item has no bytes in hand
                     raw = fetch(index) if pace is None else pace.timed_call(fetch, index)
-                else:
-                    raw = raws[k]  # type: ignore[index]  # given whenever fetch is not
-                    if not views:
-                        raw = as_bytes(raw)
+                elif not views:
+                    raw = as_bytes(raw)
                 if seeds is not None and (seed := seeds[k]) is not None:
                     reseed(seed)
                 sample = prep(raw, index)

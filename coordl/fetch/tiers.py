@@ -215,7 +215,7 @@ class TierLookup:
             tally[:] = [0, 0, 0, 0]
             self.counters.add_many({name: n for name, n in counts.items() if n})
 
-    def batch_fetch(self, views: bool = False) -> Callable[[int], Any]:
+    def batch_fetch(self, views: bool = False, asked: bool = False) -> Callable[[int], Any]:
         """:meth:`fetch` for the items of the batch being made, counted once at :meth:`end_batch`.
 
         For the chains nearly every loader has (no tier, or the loader's MinIO cache alone) a function
@@ -225,6 +225,7 @@ class TierLookup:
         at most. Any other chain (a tier added by a profiler, the partitioned cache): :meth:`fetch`.
         Call it from the thread that ends the batch (a loader worker's own), not from read-ahead threads.
         ``views``: a cache hit is given as a view of its row (valid while the cache is open), not bytes.
+        ``asked``: the MinIO cache was asked already and missed (:meth:`peek_memory`): storage, then the cache.
         """
         tiers = self.tiers
         source_fetch = self.source.fetch
@@ -246,19 +247,22 @@ class TierLookup:
         uncached = getattr(self.source, "fetch_uncached", None)
         bypass = self.bypass
 
-        def through_minio(index: int) -> Any:
-            raw = get(index)
-            if raw is not None:
-                tally[0] += 1
-                return raw if views else bytes(raw)
-            tally[1] += 1
+        def missed(index: int) -> Any:
             data = uncached(index) if uncached is not None and bypass() else source_fetch(index)
             tally[2] += len(data)
             tally[3] += 1
             put(index, data)
             return as_bytes(data)
 
-        return through_minio
+        def through_minio(index: int) -> Any:
+            raw = get(index)
+            if raw is not None:
+                tally[0] += 1
+                return raw if views else bytes(raw)
+            tally[1] += 1
+            return missed(index)
+
+        return missed if asked else through_minio
 
     def peek_memory(self, indices: list[int]) -> tuple[list[Any], int] | None:
         """For a chain of the loader's MinIO cache alone: a view of each item's row the cache holds (None
@@ -271,8 +275,7 @@ class TierLookup:
         tiers = self.tiers
         if len(tiers) != 1 or type(tiers[0]) is not MinioTier or self._batch_answers:
             return None
-        get = tiers[0].cache.get
-        raws = [get(i) for i in indices]
+        raws = tiers[0].cache.get_many(indices)
         misses = raws.count(None)
         self._tally[0] += len(raws) - misses
         self._tally[1] += misses
