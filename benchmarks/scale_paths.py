@@ -149,7 +149,7 @@ def _redis_epoch(n: int, work: Path) -> Metrics:
     from coordl.fetch.minio import MinioCache
     from coordl.partitioned.fetch import PartitionedTier
     from coordl.partitioned.ownership import OwnerMap, PartitionedSampler
-    from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
+    from coordl.partitioned.redis_peer import PEER_COUNTERS, RedisPeerClient, key_prefix
     from memcache.server import start_redis
     from shmem.counters import SharedCounters
 
@@ -165,11 +165,13 @@ def _redis_epoch(n: int, work: Path) -> Metrics:
         addresses = [(s.host, s.port) for s in servers]
         tiers = []
         for k in range(2):
-            cache = MinioCache(ITEM_BYTES * n, n, name=f"node{k}")
-            counters = SharedCounters(["cache_hits", "cache_misses"])
+            made.append(cache := MinioCache(ITEM_BYTES * n, n, name=f"node{k}"))
+            made.append(counters := SharedCounters(["cache_hits", "cache_misses"]))
+            made.append(peer := SharedCounters(PEER_COUNTERS))
             client = RedisPeerClient(addresses, password=password, prefix=key_prefix(f"scale-{n}"))
-            tier = PartitionedTier(owners, k, client, counters, local_cache=cache, mirror_local=True)
-            made.append((tier, cache, counters))
+            tier = PartitionedTier(owners, k, client, counters, local_cache=cache, mirror_local=True,
+                                   peer_counters=peer)  # fmt: skip
+            made.append(tier)
             tiers.append(tier)
         t0 = time.perf_counter()
         read = 0
@@ -186,10 +188,8 @@ def _redis_epoch(n: int, work: Path) -> Metrics:
         epoch_s = time.perf_counter() - t0
         keys, mem = zip(*(_redis_info(s, password) for s in servers), strict=True)
     finally:
-        for tier, cache, counters in made:
-            tier.close()
-            cache.close()
-            counters.close()
+        for part in reversed(made):  # each tier before its cache and counters
+            part.close()
         for s in servers:
             s.stop()
     return {
