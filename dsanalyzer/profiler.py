@@ -167,7 +167,7 @@ def assemble_report(
         "prep_memory": results["prep"].get("memory", {}),
         "remedy_probes": scal_res.get("remedy_probes") or {},  # coordinate=, sample_cache=
         "real_cold": results["real"].get("cold", {}),
-        **{k: scal_res[k] for k in ("peer", "gpu_prep") if k in scal_res},  # the remedies' probes
+        **{k: scal_res[k] for k in ("peer", "gpu_prep", "prep_spread") if k in scal_res},  # the probes
     }
     real = results["real"]
     start = epoch_start(real.get("wait_s", []), real.get("epoch_starts") or [], warmup, workers)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dsanalyzer.jobs import coordl_loader
-from dsanalyzer.measure import fetchrate, runs
+from dsanalyzer.measure import fetchrate, prepspread, runs
 
 __all__ = [
     "MemoryFetch",
@@ -29,6 +29,7 @@ __all__ = [
     "dataset_info",
     "serve_from_memory",
     "start_cold",
+    "prep_spread",
 ]
 
 
@@ -184,3 +185,19 @@ def _restore_fetch(source: Any) -> None:
 def start_cold(loader: Any, data_path: str | None = None) -> dict:
     """Drop the loader's files from the page cache so the real run reads storage."""
     return runs.evict_cold(data_files(loader, data_path))
+
+
+def prep_spread(loader: Any) -> dict:
+    """The spread of per-sample prep times (:mod:`dsanalyzer.measure.prepspread`): a coordl item source's
+    ``prep`` (its ``fetch`` untimed), else ``dataset[i]`` of a map-style dataset (its read included)."""
+    source = find_item_source(loader)
+    if source is not None:
+        return prepspread.measure_prep_spread(len(source), source.prep, source.fetch)
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or any(c.__name__ == "IterableDataset" for c in type(dataset).__mro__):
+        return {"error": "not a map-style dataset (no dataset[i] to time)"}
+    try:
+        items = len(dataset)
+    except TypeError:
+        return {"error": f"the dataset ({type(dataset).__qualname__}) has no len()"}
+    return prepspread.measure_prep_spread(items, lambda _raw, i: dataset[i])

@@ -37,6 +37,7 @@ def loader_facts(loader: Any) -> dict:
         "cache_bytes": int(getattr(loader, "cache_bytes", 0) or 0),
         "drop_last": bool(getattr(loader, "drop_last", False)),
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "in_order": bool(getattr(loader, "in_order", True)),
         "batches_per_epoch": _batches_per_epoch(loader),
         "torch_threads": _torch_threads(),
         "site": callsite.site_of(loader),  # the script's line that built it (the fix's patch goes there)
@@ -111,6 +112,7 @@ def _prep_scaling(
         )
         # items still from memory: the probes for coordinated prep and the sample cache (a second or two)
         info["remedy_probes"] = remedy_probes(loader, lambda: take_one_batch(loader, fresh_iter))
+        info["prep_spread"] = item_source.prep_spread(loader)  # per-sample prep times (at most 2 s)
     finally:
         undo()
     if bucket is not None and str(info["memory"].get("method", "")).startswith("none"):

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from dsanalyzer.judge import skew
 from dsanalyzer.judge.loadercode import COORDL_ARGS, change_text, is_dali
 from dsanalyzer.model import gpu_prep, partitioned, remote_prep, sample_cache
 from dsanalyzer.model.rates import Prediction
@@ -176,12 +177,17 @@ def _gpu_prep(model: Model, report: dict) -> list[Remedy]:
     return [gpu_prep.gpu_prep_remedy(model)]
 
 
+def _in_order(model: Model, report: dict) -> list[Remedy]:
+    """``in_order=False`` where skewed prep times bind a prep-bound job (:mod:`dsanalyzer.judge.skew`)."""
+    return skew.in_order_remedy(model, report, current(model))
+
+
 # Each provider: (model, report) -> the remedies it offers this job (none when it does not apply), each a
 # pure function of the model and what the report measured. Coordinated prep is not one of them: it
 # shares one job's prep with other jobs over the same dataset and does not speed up a job alone
 # (``whatif --jobs K`` answers it).
 Provider = Callable[[Model, dict], list[Remedy]]
-PROVIDERS: list[Provider] = [_threads, _workers, _sample_cache, _remote_cpus, _gpu_prep, _nodes]
+PROVIDERS: list[Provider] = [_threads, _in_order, _workers, _sample_cache, _remote_cpus, _gpu_prep, _nodes]
 
 
 def _with_code(r: Remedy, report: dict) -> Remedy:

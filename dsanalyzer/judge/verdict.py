@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dsanalyzer.judge import skew
 from dsanalyzer.judge.epochs import epoch_start_note
 from dsanalyzer.judge.loadercode import is_dali, workers_noun
 from dsanalyzer.judge.remedies import ranked, ranked_text, top_fix
@@ -191,6 +192,7 @@ def verdict(report: dict) -> dict:
         "overhead": _overhead(model),
         "epoch_start": epoch_start_note(report, model, pred),
         "more_cores": _more_cores(report, model, pred),
+        "skew": skew.finding(model, report),  # the in-order loss of the measured prep spread
         "fix": fix,
         "remedies": [r.as_json() for r in remedies],
     }
@@ -307,6 +309,8 @@ def _sentence(model: Model, pred: Prediction, v: dict, noun: str) -> str:
         parts.append(v["overhead"]["text"])
     if v["epoch_start"] is not None:
         parts.append(v["epoch_start"]["text"])
+    if v["skew"] is not None and v["skew"]["binds"]:
+        parts.append(v["skew"]["text"])
     fix, more = v["fix"], v["more_cores"]
     if fix is not None:
         parts.append(f"fix: {fix['code']}, predicted {fix['predicted_samples_per_s']:,.0f} samples/s")

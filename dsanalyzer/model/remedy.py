@@ -18,6 +18,7 @@ __all__ = ["Remedy", "rank", "COST_ORDER"]
 # between remedies that remove the stall by this order, then by the memory they hold.
 COST_ORDER = (
     "threads",
+    "in_order",
     "workers",
     "fetch_ahead",
     "cache",

@@ -5,9 +5,10 @@ Both read only the report (a dict): what they print is in report.json too.
 
 from __future__ import annotations
 
+from dsanalyzer.judge.skew import SKEW_LOSS
 from dsanalyzer.report.remedies import remedies_lines
 
-__all__ = ["summary_text", "verify_text", "source_line"]
+__all__ = ["summary_text", "verify_text", "source_line", "spread_line"]
 
 
 def _ms(x: float | None) -> str:
@@ -55,6 +56,9 @@ def summary_text(report: dict) -> str:
         + " | ".join(f"{k} {_rate(rates.get(k))}" for k in ("compute", "prep", "fetch", "observed"))
     )
     lines += _cpu_lines(report)
+    spread = spread_line(report)
+    if spread:
+        lines.append(spread)
     comm = report.get("comm")
     if isinstance(comm, dict):
         for row in comm.get("per_rank") or []:
@@ -122,6 +126,32 @@ def _cpu_lines(report: dict) -> list[str]:
         cores = (report.get("machine") or {}).get("cpus", "?")
         line += f"; the loader alone kept {params['cpu_share']:.0%} of its {cores} cores busy (the rest: other processes, or idle)"
     return [line]
+
+
+def spread_line(report: dict) -> str:
+    """The text report's line: the measured spread and what in-order hand-out loses ("" when unmeasured)."""
+    spread = report.get("prep_spread") or {}
+    if not spread.get("n"):
+        return f"per-sample prep spread: not measured ({spread['error']})" if spread.get("error") else ""
+    ratio = spread.get("p99_over_p50")
+    line = (
+        f"per-sample prep ({spread['n']} items, CPU): p50 {spread['p50_s'] * 1e3:.2f} ms | p90 "
+        f"{spread['p90_s'] * 1e3:.2f} ms | p99 {spread['p99_s'] * 1e3:.2f} ms | max {spread['max_s'] * 1e3:.2f} ms"
+        + (f" (p99/p50 {ratio:.1f}x)" if ratio else "")
+    )
+    skew = (report.get("verdict") or {}).get("skew")
+    if skew:
+        if skew["binds"]:
+            binds = "binds"
+        elif skew["loss"] < SKEW_LOSS:
+            binds = f"under the {SKEW_LOSS:.0%} that names skew"
+        else:
+            binds = "the loader hands out in any order" if not skew["in_order"] else "not prep-bound"
+        line += (
+            f"; in-order hand-out of batches of {skew['batch_size']} over {skew['workers']} workers loses "
+            f"{skew['loss']:.1%} ({binds})"
+        )
+    return line
 
 
 def verify_text(v: dict) -> str:

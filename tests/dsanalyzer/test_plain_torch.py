@@ -47,7 +47,8 @@ report = dsanalyzer.profile(
 sizes = [os.path.getsize(os.path.join(root, n)) for n in os.listdir(root)]
 print(json.dumps({"avg": report["dataset"]["avg_item_bytes"], "true_avg": sum(sizes) / len(sizes),
                   "coordl_loaded": any(k.startswith("coordl.") for k in sys.modules),
-                  "grid": len(report["whatif"]["grid"]), "model": report["model"]}))
+                  "grid": len(report["whatif"]["grid"]), "model": report["model"],
+                  "spread": report.get("prep_spread")}))
 """
 
 
@@ -64,6 +65,8 @@ def test_plain_torch_job_without_coordl_gets_item_sizes_and_a_model(tmp_path):
     # the spread of PNG sizes of random pixels (all the same shape, so within a few percent)
     assert got["avg"] == pytest.approx(got["true_avg"], rel=0.05)
     assert got["grid"] > 0, got["model"]
+    # dataset[i] of the plain dataset timed at every item but the untimed first (40 items, 64 asked)
+    assert got["spread"]["n"] == 39 and 0 < got["spread"]["p50_s"] <= got["spread"]["max_s"]
 
 
 def test_dsanalyzer_imports_without_coordl():

@@ -36,6 +36,11 @@ def test_api_profile_returns_a_valid_report(tmp_path):
     assert "fetch" not in vars(source)
     assert source.counters.snapshot()["fetch_n"] > fetches_before
     assert (tmp_path / "report.html").is_file()
+    # per-sample prep times of the item source: every item but the untimed first (64 items, 64 asked)
+    spread = loaded["prep_spread"]
+    assert spread["n"] == 63 == len(spread["cpu_s"]) and spread["p50_s"] <= spread["p99_s"] <= spread["max_s"]
+    assert set(spread) >= {"n", "p50_s", "p90_s", "p99_s", "max_s", "p99_over_p50"}
+    assert loaded["verdict"]["skew"]["workers"] == 1 and loaded["verdict"]["skew"]["loss"] == 0.0
 
 
 def test_api_profile_measures_what_starting_each_epoch_costs(tmp_path):
