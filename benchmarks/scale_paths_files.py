@@ -154,17 +154,18 @@ def packed(n: int, work: Path) -> Metrics:
 
 
 def tiny_tree(work: Path, n: int) -> tuple[Path, float]:
-    """``n`` files of 16 bytes in folders of about 1,000: (their root, the seconds it took to write them).
+    """``n`` files of 16 bytes in 10 to 1,000 folders: (their root, the seconds it took to write them).
 
     Under ``work`` by default (deleted with it by the caller). With ``SCALE_TREE_ROOT`` set, the tree is
-    ``$SCALE_TREE_ROOT/tiny-<n>``, written once and reused by later runs (0 s): on a disk mounted with
+    ``$SCALE_TREE_ROOT/tiny-<n>``, written once and reused by later runs (0 s), the same tree as
+    ``bench_scale.py --root $SCALE_TREE_ROOT`` makes for its own sections: on a disk mounted with
     ``discard`` an unlink costs milliseconds (3-4 ms per file measured here), an hour for 10^6 files.
     Both sections only read the tree.
     """
     shared = os.environ.get(TREE_ROOT_ENV)
     root = Path(shared) / f"tiny-{n}" if shared else work / "tiny"
     t0 = time.perf_counter()
-    make_tiny_tree(str(root), n, classes=max(1, min(1000, n // 1000)), size_bytes=16)
+    make_tiny_tree(str(root), n, classes=min(1000, max(10, n // 1000)), size_bytes=16)  # as bench_scale.py's
     os.sync()  # written back now: what is timed later (an fdatasync per file, a cold read) finds no dirty page
     return root, time.perf_counter() - t0
 
