@@ -96,7 +96,9 @@ def in_order_loss(
 ) -> dict:
     """The share of throughput in-order hand-out loses to skew, replayed on batches drawn from ``times_s``.
 
-    ``batches`` (default: 50 per worker, at least 400) batches of ``batch`` samples each, drawn with
+    ``batches`` (default: 200 per worker, at least 2,000, at most 20,000: on 1,000 photographs' times
+    the loss at batch 64 and 16 workers ranged 5.8-11.7% over seeds with 800 batches, 6.1-7.2% with
+    10,000; about 10 ms per 1,000 batches) batches of ``batch`` samples each, drawn with
     replacement by a seeded generator. Returns ``loss`` (1 - in-order rate / out-of-order rate, 0 for
     fewer than 2 workers: one worker preps batches in order anyway), ``gain`` (out-of-order rate /
     in-order rate - 1: what ``in_order=False`` would give a prep-bound job), ``batches`` and ``seed``.
@@ -106,7 +108,7 @@ def in_order_loss(
     t = np.asarray(times_s, dtype=np.float64)
     if t.size == 0 or workers < 2:
         return {"loss": 0.0, "gain": 0.0, "batches": 0, "seed": seed}
-    nb = batches or max(400, 50 * workers)
+    nb = batches or min(20_000, max(2_000, 200 * workers))
     drawn = np.random.default_rng(seed).choice(t, size=(nb, batch))
     costs = drawn.sum(axis=1).tolist()
     ordered = handout_seconds(costs, workers, prefetch, in_order=True)
