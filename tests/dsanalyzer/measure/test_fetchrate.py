@@ -36,3 +36,19 @@ def test_the_cached_pass_reads_the_same_items_through_the_same_path():
     got = measure_fetch_rate(source=SlowSource(), threads=1, max_items=10)
     assert got["items"] == 10
     assert 0.0015 < got["warm_read_cpu_s"] < 0.01 and 0.0015 < got["cold_read_cpu_s"] < 0.01
+
+
+def test_files_just_written_are_evicted_too(tmp_path):
+    """Dirty pages cannot be dropped: evict_files flushes them (one sync for all files, not one per file)."""
+    import os
+
+    from dsanalyzer.measure.fetchrate import evict_files, resident_fraction
+
+    paths = []
+    for i in range(20):
+        p = tmp_path / f"{i}.bin"
+        p.write_bytes(os.urandom(64 << 10))
+        paths.append(str(p))
+    assert resident_fraction(paths) > 0.9
+    assert evict_files(paths) == 20
+    assert resident_fraction(paths) < 0.1
