@@ -12,6 +12,8 @@ prep-bound, the spread and the small loss are one line of the text report.
 
 from __future__ import annotations
 
+import functools
+
 from dsanalyzer.judge.loadercode import change_text, is_dali
 from dsanalyzer.model.rates import Prediction
 from dsanalyzer.model.remedy import Remedy
@@ -23,6 +25,12 @@ __all__ = ["SKEW_LOSS", "finding", "in_order_remedy"]
 SKEW_LOSS = 0.05  # in-order hand-out losing this share of a prep-bound job's rate: skew binds
 
 
+@functools.lru_cache(maxsize=32)
+def _loss(times: tuple[float, ...], batch: int, workers: int, prefetch: int) -> dict:
+    """:func:`in_order_loss`, once per spread and settings (the verdict and its remedies both ask)."""
+    return in_order_loss(times, batch, workers, prefetch)
+
+
 def finding(model: Model, report: dict) -> dict | None:
     """The in-order loss at the job's settings and whether skew binds (None: no spread measured)."""
     spread = report.get("prep_spread") or {}
@@ -32,7 +40,7 @@ def finding(model: Model, report: dict) -> dict | None:
         return None
     workers = int(loader.get("num_workers", model.workers) or 0)
     prefetch = int(loader.get("prefetch_factor") or 2)
-    replay = in_order_loss(times, max(1, model.batch_size), workers, prefetch)
+    replay = _loss(tuple(times), max(1, model.batch_size), workers, prefetch)
     in_order = loader.get("in_order", True) is not False
     prep_bound = model.predict_measured().bound == "prep"
     binds = in_order and prep_bound and replay["loss"] >= SKEW_LOSS
