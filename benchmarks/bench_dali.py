@@ -35,6 +35,9 @@ rounds and tables show medians.
     and each prep it on its own pipeline. Reported: the jobs' combined samples/s, the items each
     pair read from storage per item delivered (DALI alone 1.0; a coordinated pair 0.5 plus what
     the producers fetched ahead), CPU ms per sample.
+
+``--photos``: part (1) also on the photographic dataset of ``--n`` files (``coordl synth --photos``), every
+run alternating it with the synthetic one; a table per dataset.
 """
 
 from __future__ import annotations

@@ -60,6 +60,8 @@ prep-bound table alone over the dataset's own folder (``plainstore.PlainStore``:
 no bound row); with ``--cache-fraction 1`` every loader is fully cached. ``--limit-procs`` sets the limit's loops
 (default: the cores; a run with fewer workers than cores compares with as many loops as workers);
 ``--replicate K`` hardlinks every image K times (a longer epoch: its start and end weigh less).
+``--photos`` runs each recipe's prep-bound rows also on the photographic dataset of ``--n`` files (``coordl synth
+--photos``; crop-indexed for ``standard_indexed``), alternated with the synthetic runs in every round.
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ Also: bytes over the link per remotely prepped sample (both ways), and the Ray p
 
     .venv/bin/python benchmarks/bench_remote_prep.py [--n 2000] [--batch 32] [--workers 1] [--depth 2]
 
-Needs ``pip install 'coordl[ray,raydata]'`` and two cores. On a shared machine, the numbers are
+``--photos``: every configuration (Ray Data aside) also on the photographic dataset of ``--n`` files
+(``coordl synth --photos``), right after the synthetic one; a table per dataset.
+
+Needs ``pip install 'coordl[ray]'`` (``[raydata]`` for the Ray Data row, left out without it) and two cores. On a shared machine, the numbers are
 indicative only.
 """
 

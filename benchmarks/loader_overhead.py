@@ -27,6 +27,8 @@ prep instead (on the crop-indexed copy for ``standard_indexed``), every item cac
 transform's own CPU in the workers is timed per call (``time.thread_time``, summed over the workers in
 shared memory), and the table adds what the workers spend **outside the transform** per sample: the
 loader's own work with the caches as cold as a real prep leaves them, which the no-op run flatters.
+``--photos`` runs every configuration also on the photographic dataset of ``--n`` files (``coordl synth
+--photos``), alternated with the synthetic one: a table per dataset.
 """
 
 from __future__ import annotations
