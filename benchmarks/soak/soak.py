@@ -321,7 +321,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 LEFT_OUT = [
     "(f) remote prep on a local Ray cluster and the Ray-node kill: a Ray head and worker cost ~1 GB and a "
-    "core on this 2-core host beside the other six processes",
+    "core on this 2-core host beside the seven job processes",
 ]
 
 
