@@ -22,5 +22,7 @@ def test_reads_as_the_list_of_objects_and_pickles_flat() -> None:
     assert isinstance(listing.keys, StringArray) and listing.sizes_mtimes.shape == (500, 2)
     back = pickle.loads(pickle.dumps(listing))
     text_bytes = sum(len(o.key.encode()) + len(o.etag) for o in objects)
-    assert back == objects and len(pickle.dumps(listing)) < text_bytes + 32 * 500 + 1024  # offsets, size, mtime
+    assert (
+        back == objects and len(pickle.dumps(listing)) < text_bytes + 32 * 500 + 1024
+    )  # offsets, size, mtime
     assert Listing() == [] and len(Listing()) == 0
