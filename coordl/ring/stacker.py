@@ -31,9 +31,11 @@ class Stacker:
     A worker that keeps its batch's samples until collate holds ``batch_size`` fresh tensors (19 MB for
     32 ImageNet crops) and then stacks them out of cold memory; copying each sample into its row while
     it is still in the CPU cache, and freeing it, lets the allocator hand the same hot memory to the
-    next sample. ``add`` returns None while samples fit the slot's layout; on the first that does not
-    (another shape, dtype or structure) it frees the slot and returns every sample so far as plain
-    objects, and the caller goes on without the stacker (torch's collate then decides).
+    next sample. Samples under :data:`GROUP_BYTES` wait for their group (the group is still in the CPU
+    cache) and are checked and stacked together, with collate's own checks. ``add`` returns None while
+    samples fit the slot's layout; on the first that does not (another shape, dtype or structure; for a
+    small sample, the first group that does not) it frees the slot and returns every sample so far as
+    plain objects, and the caller goes on without the stacker (torch's collate then decides).
     """
 
     def __init__(self, ring: WorkerRing, slot: int, n: int) -> None:
