@@ -53,6 +53,9 @@ def _bench(ctx: Context, extra: list[str], name: str, timeout: float) -> dict:
 
 
 def _prep_table(ctx: Context, prep: dict, runs: int) -> None:
+    prep = prep.get(
+        "synth", prep
+    )  # bench_dali keys part (1) by dataset since --photos (this check: synthetic)
     base = median([r["rate"] for r in prep["dali"]])
     rows = []
     for cfg, results in prep.items():
