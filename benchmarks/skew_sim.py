@@ -22,9 +22,10 @@ The bound is ``workers / mean sample time``.
 from __future__ import annotations
 
 import heapq
-import itertools
 
 import numpy as np
+
+from dsanalyzer.model.skew import handout_seconds
 
 __all__ = ["batch_level", "sample_level", "replay"]
 
@@ -32,48 +33,10 @@ __all__ = ["batch_level", "sample_level", "replay"]
 def batch_level(
     times: np.ndarray, workers: int, batch: int, prefetch: int = 2, in_order: bool = True
 ) -> float:
-    """Seconds to hand out every batch of ``times`` (per-sample seconds, in sampler order) as torch does."""
+    """Seconds to hand out every batch of ``times`` (per-sample seconds, in sampler order) as torch does:
+    dsanalyzer's replay (``dsanalyzer.model.skew.handout_seconds``, the one the profile's verdict uses)."""
     cost = [float(times[i : i + batch].sum()) for i in range(0, len(times), batch)]
-    free_at = [0.0] * workers
-    queued = [0] * workers
-    done_at: list[float] = []
-    owner: list[int] = []
-    cycle = itertools.cycle(range(workers))
-
-    def put(now: float) -> None:
-        for _ in range(workers):
-            w = next(cycle)
-            if in_order or queued[w] < prefetch:
-                break
-        else:
-            return  # every queue full: torch tries again at the next batch taken
-        k = len(done_at)
-        free_at[w] = max(free_at[w], now) + cost[k]
-        done_at.append(free_at[w])
-        owner.append(w)
-        queued[w] += 1
-
-    for _ in range(min(prefetch * workers, len(cost))):
-        put(0.0)
-    now, taken = 0.0, 0
-    waiting: list[
-        tuple[float, int]
-    ] = []  # (done at, batch) of the batches put and not taken (in_order=False)
-    pushed = 0
-    while taken < len(cost):
-        if in_order:
-            k = taken
-        else:
-            for j in range(pushed, len(done_at)):
-                heapq.heappush(waiting, (done_at[j], j))
-            pushed = len(done_at)
-            k = heapq.heappop(waiting)[1]
-        now = max(now, done_at[k])
-        queued[owner[k]] -= 1
-        taken += 1
-        if len(done_at) < len(cost):
-            put(now)
-    return now
+    return handout_seconds(cost, workers, prefetch, in_order)
 
 
 def sample_level(times: np.ndarray, workers: int) -> float:
