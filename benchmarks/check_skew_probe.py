@@ -5,7 +5,7 @@ hand-out on batches drawn from those times (``dsanalyzer.model.skew.in_order_los
 files of ``coordl synth --photos`` with ``coordl.transforms.train_transform(224)``: the probe at several
 seeds (its spread, its wall time and the loss it gives at each batch x workers) against the reference,
 every file timed (warm: a second pass) and replayed over an epoch of 200,000 samples by
-``skew_sim.py`` (the benchmark's replay, a separate implementation).
+``skew_sim.py`` (the benchmark's replay over a whole ImageNet-sized epoch, on the same dispatch model).
 
     .venv/bin/python benchmarks/check_skew_probe.py --n 1000 --seeds 6 [--measure 1x2]
 
