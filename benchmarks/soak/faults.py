@@ -20,6 +20,8 @@ Kinds (those whose target is not running are left out of the draw):
 | ``coord_job_kill`` | SIGKILL one coordinated job mid-epoch | at once |
 | ``stage_disk_full`` | fill the NFS job's stage disk (tmpfs), remove 10 staged copies, 10-30 s | freed |
 | ``staged_corrupt`` | change one byte of 5 staged copies (same size) | at once |
+| ``ray_node_kill`` | SIGKILL the Ray prep node's every process (raylet, workers, the actor), restart the
+  node after 5-15 s | restarted |
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Injector(threading.Thread):
             k += ["coord_job_kill"]
         if c.nfs is not None:
             k += ["staged_corrupt"] + (["stage_disk_full"] if c.nfs.mounted else [])
+        if c.ray is not None:
+            k += ["ray_node_kill"]
         if c.part_jobs:
             k += ["part_redis_stop", "part_redis_kill", "wrong_value"]
             if c.net is not None:
@@ -131,6 +135,13 @@ class Injector(threading.Thread):
     def _staged_corrupt(self, rng: random.Random, hold_s: float) -> dict:
         with self.ctx.nfs_lock:
             return {"jobs": ["nfs"], **self.ctx.nfs.corrupt(rng, count=5)}
+
+    def _ray_node_kill(self, rng: random.Random, hold_s: float) -> dict:
+        with self.ctx.ray_lock:
+            pids = self.ctx.ray.kill_node()
+            time.sleep(hold_s)
+            self.ctx.ray.restart_node()
+        return {"jobs": ["ray"], "pids": len(pids), "down_s": round(hold_s, 1)}
 
     def _redis_kill(self, rng: random.Random, hold_s: float) -> dict:
         nodes = self.ctx.redis

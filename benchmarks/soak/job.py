@@ -41,7 +41,11 @@ STATS = (
     "remote_errors",
     "storage_items_read",
     "cache_hits",
+    "remote_batches",
+    "remote_redone_batches",
+    "remote_actors",
 )  # counted since this loader was built
+RAY_START_S = 20.0  # a loader's wait for its actor (the prep node may be down): then local prep only
 MAX_ERRORS = 500  # a job that keeps failing gives up (the soak reports it)
 
 
@@ -72,6 +76,9 @@ def build_loader(args: argparse.Namespace) -> coordl.DataLoader:
         return coordl.DataLoader(Items(args.n, args.prep_s), coordinate=group, **common)
     if args.kind == "part":
         return coordl.DataLoader(Items(args.n, args.prep_s), cache_bytes=1 << 20, partitioned=True, **common)
+    if args.kind == "ray":  # one local worker and one actor on the Ray prep node (raynodes.py)
+        remote = coordl.RemotePrep(args.ray_address, cpus=1, start_timeout=RAY_START_S)
+        return coordl.DataLoader(Items(args.n, args.prep_s), remote_prep=remote, **common)
     if args.kind == "nfs":
         return coordl.DataLoader(StagedItems(args.n, args.nfs_url, args.stage_dir, args.prep_s), **common)
     raise SystemExit(f"job.py: unknown --kind {args.kind!r}")
@@ -107,6 +114,7 @@ class Checkpoint:
 
 
 def run_epochs(loader: coordl.DataLoader, args: argparse.Namespace, ck: Checkpoint, log: Log, stop) -> None:
+    built = time.time()
     epoch, step = ck.load(loader)
     if epoch == 0 and step == 0 and not ck.path.exists():
         ck.save(loader, 0, 0)  # a kill before the first checkpoint still resumes the same order
@@ -127,11 +135,14 @@ def run_epochs(loader: coordl.DataLoader, args: argparse.Namespace, ck: Checkpoi
         log("stats", epoch=epoch, **{k: st[k] for k in STATS if isinstance(st.get(k), (int, float))})
         epoch, step = epoch + 1, 0
         ck.save(loader, epoch, 0)
+        if args.kind == "ray" and st.get("remote_actors") == 0 and time.time() - built > RAY_START_S:
+            log("rebuild", why="no remote actor left (its Ray node died): a new loader starts a new one")
+            return  # main() builds a new loader, which resumes from the checkpoint just saved
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--kind", required=True, choices=["minio", "sample", "coord", "part", "nfs"])
+    p.add_argument("--kind", required=True, choices=["minio", "sample", "coord", "part", "nfs", "ray"])
     p.add_argument("--name", required=True)
     p.add_argument("--dir", required=True, type=Path)
     p.add_argument("--n", type=int, default=240)
@@ -144,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-dir", default="")
     p.add_argument("--nfs-url", default="")
     p.add_argument("--stage-dir", default="")
+    p.add_argument("--ray-address", default="", help="the Ray head (the token: RAY_AUTH_TOKEN)")
     args = p.parse_args(argv)
     log = Log(args.dir / f"{args.name}.jsonl")
     stopping = {"now": False}
