@@ -13,9 +13,9 @@ Per rank the same process runs, one after the other, ``--epochs`` epochs of:
 * ``minio``: ``coordl.DataLoader(cache_bytes=budget)`` + ``DistributedSampler``: each node caches what
   it reads, alone;
 * ``partitioned``: ``coordl.DataLoader(cache_bytes=budget, partitioned=True)``;
-* ``partitioned-tls``: the same with ``COORDL_PEER_TLS=1``: every node's Redis TLS only, client
-  certificates of the job's CA (``--tls`` runs ``partitioned`` and this, in alternating order per run,
-  and prints the TLS / plain-text ratio).
+* ``partitioned-tls``: the same with ``partitioned=coordl.PartitionedOptions(tls=True)``: every node's
+  Redis TLS only, client certificates of the job's CA, derived from ``COORDL_PEER_SECRET`` (``--tls``
+  runs ``partitioned`` and this, in alternating order per run, and prints the TLS / plain-text ratio).
 
 Reported per mode (median over ``--reps`` runs): epoch-1 and steady-state (median of epochs 2..E)
 samples/s of the whole job (a barrier ends each epoch), and storage MB read per epoch by all nodes.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import statistics
 import subprocess
 import sys
@@ -124,8 +125,8 @@ for mode in modes:
     elif mode == "minio":
         loader = coordl.DataLoader(src, sampler=dss(), cache_bytes=budget, **kw)
     else:
-        os.environ["COORDL_PEER_TLS"] = "1" if mode == "partitioned-tls" else "0"  # read at construction
-        loader = coordl.DataLoader(src, shuffle=True, cache_bytes=budget, partitioned=True, **kw)
+        options = coordl.PartitionedOptions(tls=mode == "partitioned-tls")
+        loader = coordl.DataLoader(src, shuffle=True, cache_bytes=budget, partitioned=options, **kw)
     for epoch in range(epochs):
         loader.sampler.set_epoch(epoch)
         dist.barrier()
@@ -155,7 +156,11 @@ def run_once(args: argparse.Namespace, n_nodes: int, tmp: Path, modes: list[str]
     (tmp / "rank.py").write_text(RANK)
     item_bytes = args.item_kb * 1024
     # The storage stand-in is a redis-server of its own (plain GETs, no cache semantics) on the slow link.
-    env = {"BENCH_STORAGE_SECRET": "bench-storage-secret-0123456789"}
+    # COORDL_PEER_SECRET: the job's CA for TLS across nodes is derived from it (the same on every rank).
+    env = {
+        "BENCH_STORAGE_SECRET": "bench-storage-secret-0123456789",
+        "COORDL_PEER_SECRET": secrets.token_hex(32),
+    }
     with VirtualNetwork(n_nodes + 1, rate_mbit=args.node_mbit, prefix="cdlbench") as net:
         store = net.hosts[n_nodes]
         net.set_rate(n_nodes, args.storage_mbit)

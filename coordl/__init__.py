@@ -16,6 +16,7 @@ _LAZY = {
     "DataLoader": "coordl.dataloader",
     "RemotePrep": "coordl.remote",
     "TuneOptions": "coordl.tune",
+    "PartitionedOptions": "coordl.partitioned.options",
     "RemotePrepError": "coordl.remote",
     "WorkerDiedError": "coordl.errors",
     "CorruptItemError": "coordl.errors",

@@ -39,6 +39,8 @@ from coordl.fetch.sample_cache import SampleCacheTier
 from coordl.fetch.view import DatasetView, unwrap_view
 from coordl.fetch.watch import WorkerWatch, translate_torch_error
 from coordl.options import check_dataset_options, validate_options
+from coordl.partitioned.options import PartitionedOptions, check_partitioned
+from coordl.partitioned.options import building as partitioned_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
 from coordl.remote.dispatch import attach as attach_remote
 from coordl.resume import Resume, torch_iterator
@@ -69,7 +71,7 @@ class _LoaderParts(LoaderStats):
 
     # Set by DataLoader.__init__ (described there) or torch's DataLoader: declared here, where they are read.
     cache_bytes: int
-    partitioned: bool
+    partitioned: bool | PartitionedOptions
     prefetch_factor: int | None
     _iterable: bool
     _source: Any
@@ -101,10 +103,11 @@ class _LoaderParts(LoaderStats):
         self._chain = self._sample_cache_tier = self._view = None
         if self._iterable:
             return
-        self._chain = FetchChain(
-            self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=options["cache_dir"],
-            partitioned=options["partitioned"], name=type(dataset).__name__,
-        )  # fmt: skip
+        with partitioned_options(options["partitioned"]):  # its tls= reaches the partitioned tier
+            self._chain = FetchChain(
+                self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=options["cache_dir"],
+                partitioned=bool(options["partitioned"]), name=type(dataset).__name__,
+            )  # fmt: skip
         if sample_cache is not None:
             self._sample_cache_tier = SampleCacheTier(sample_cache, self.source, self._counters)
         self._view = DatasetView(
@@ -307,7 +310,8 @@ class DataLoader(
         on_error: "raise" (default): a corrupt item raises :class:`CorruptItemError` naming its file;
             "skip": drop it from its batch, log it once and count it in ``stats()["skipped_items"]``.
         sample_cache: a memcache store for the deterministic part of prep (needs a split-prep source).
-        partitioned: share the cache across the nodes of a distributed job (:mod:`coordl.partitioned`).
+        partitioned: share the cache across the nodes of a distributed job (:mod:`coordl.partitioned`):
+            True, or a :class:`coordl.PartitionedOptions` (``tls=True``: the nodes' Redis over TLS).
         coordinate: coordinated prep across jobs on one server (:mod:`coordl.coordinated`).
         batch_ring: with workers and torch's default collate, each worker stacks batches into a
             ring of reused shared-memory slots and the batch's tensors view the slot (no copy); a
@@ -357,7 +361,7 @@ class DataLoader(
         cache_dir: str | None = None,
         on_error: str = "raise",
         sample_cache: Any = None,
-        partitioned: bool = False,
+        partitioned: bool | PartitionedOptions = False,
         coordinate: Any = None,
         batch_ring: bool | str = True,
         fetch_ahead: int | None = None,
@@ -391,6 +395,7 @@ class DataLoader(
         validate_options(
             cache_bytes, on_error, batch_size, batch_sampler, timeout, batch_ring, fetch_ahead, page_cache
         )
+        check_partitioned(partitioned)
         # coordl's own arguments, public like torch's: frameworks rebuild a loader from its attributes
         self.cache_bytes = int(cache_bytes)
         self.cache_dir = cache_dir

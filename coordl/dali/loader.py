@@ -41,6 +41,8 @@ from coordl.epoch import EpochStats, LoaderStats
 from coordl.errors import CoordlError
 from coordl.fetch.chain import FetchChain
 from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
+from coordl.partitioned.options import PartitionedOptions, check_partitioned
+from coordl.partitioned.options import building as partitioned_options
 from shmem.counters import SharedCounters
 
 __all__ = ["DALILoader"]
@@ -89,7 +91,7 @@ class DALILoader(LoaderStats):
         transform: DALITransform | None = None,
         cache_bytes: int = 0,
         cache_dir: str | None = None,
-        partitioned: bool = False,
+        partitioned: bool | PartitionedOptions = False,
         coordinate: Any = None,
         num_threads: int | None = None,
         py_num_workers: int = 1,
@@ -118,12 +120,14 @@ class DALILoader(LoaderStats):
         self.labels = item_labels(self.source)
         self._counters = SharedCounters(list(BASE_COUNTERS))
         self._epoch_stats = EpochStats(BASE_COUNTERS)
-        self._chain = FetchChain(self.source, self._counters, cache_bytes=cache_bytes, cache_dir=cache_dir,
-                                 partitioned=partitioned, name=type(dataset).__name__)  # fmt: skip
+        check_partitioned(partitioned)
+        with partitioned_options(partitioned):  # its tls= reaches the partitioned tier
+            self._chain = FetchChain(self.source, self._counters, cache_bytes=cache_bytes, cache_dir=cache_dir,
+                                     partitioned=bool(partitioned), name=type(dataset).__name__)  # fmt: skip
         thread_safe = getattr(self.source, "thread_safe_fetch", False) is True
         self._reader = LoaderSource(self.source, self._chain.tiers, self._counters)
         self._order = BatchOrder(
-            len(self.source), batch_size, shuffle, sampler, drop_last, generator, partitioned
+            len(self.source), batch_size, shuffle, sampler, drop_last, generator, bool(partitioned)
         )
         threads = (
             fetch_threads if fetch_threads is not None else (DEFAULT_FETCH_THREADS if thread_safe else 0)

@@ -1,13 +1,17 @@
 """TLS for the partitioned cache's Redis: which certificates, and the per-job CA made from the job's secret.
 
-Asked for with ``COORDL_PEER_TLS=1`` (or ``build_partitioned_tier(..., tls=True)``), or a
-``rediss://`` address in ``COORDL_PEER_REDIS``. Three sources of certificates:
+Asked for with ``coordl.DataLoader(partitioned=coordl.PartitionedOptions(tls=True))`` (or
+``build_partitioned_tier(..., tls=True)``), with ``COORDL_PEER_TLS=1`` as the default when the
+keyword leaves it None, or a ``rediss://`` address in ``COORDL_PEER_REDIS``. Three sources of
+certificates:
 
-- **the job's own** (nothing to provide): every rank derives the same CA from the job's secret
-  (:func:`memcache.certs.ca_from_secret`); each node leader signs a certificate for the address it
-  advertises and its Redis serves with it; each process signs a client certificate of its own. Nothing
-  but the secret is shared, and whoever lacks it has no certificate a node's Redis accepts, nor can it
-  pass for one: the clients check the CA and the address.
+- **the job's own** (nothing to provide but the secret): every rank derives the same CA from the job's
+  secret (:func:`memcache.certs.ca_from_secret`); each node leader signs a certificate for the address
+  it advertises and its Redis serves with it; each process signs a client certificate of its own.
+  Nothing but the secret is shared, and whoever lacks it has no certificate a node's Redis accepts, nor
+  can it pass for one: the clients check the CA and the address. On more than one node the secret must
+  be the user's (``COORDL_PEER_SECRET`` on every rank): one rank 0 made would travel the clear-text
+  rendezvous, and the job is refused (:func:`coordl.partitioned.rendezvous.exchange`).
 - **your files** (``MEMCACHE_TLS_CA``/``_CERT``/``_KEY``, or ``tls=memcache.TLS(...)``): each node's
   certificate names that node's advertised address; its Redis and its clients use it.
 - **a shared** ``memcache serve --tls`` **Redis** (``COORDL_PEER_REDIS=rediss://host:port``): your files,
@@ -44,6 +48,8 @@ def wanted(tls: TLS | bool | None, env: Mapping[str, str] | None = None) -> TLS 
     """What a self-started Redis should serve: False (plain text), True (the job's own certificates) or
     your files (``tls`` itself, or ``MEMCACHE_TLS_*`` when TLS is asked for and they are set)."""
     env = os.environ if env is None else env
+    if tls is not None and not isinstance(tls, (bool, TLS)):
+        raise TypeError(f"tls= must be True, False, None or a memcache.TLS, got {type(tls).__name__}")
     if tls is None:
         value = env.get(TLS_ENV, "").strip().lower()
         if value not in _TRUE | _FALSE:

@@ -5,7 +5,8 @@ group (a byte tensor, never pickle); every rank checks the same records, so a mi
 secret, a Redis that refused its password) fails on every rank at once with an error naming the nodes.
 
 The secret: ``COORDL_PEER_SECRET`` (or ``secret=``), the same on every rank; else rank 0 makes one and
-sends it in its record. It becomes the ``requirepass`` of the Redis servers the job starts itself. Nodes
+sends it in its record (except with TLS of the job's own CA across nodes: that job is refused, as the
+CA would follow from a secret sent in clear text). It becomes the ``requirepass`` of the Redis servers the job starts itself. Nodes
 compare a fingerprint (a keyed hash, not the secret) so that another secret is caught at start-up.
 """
 
@@ -145,6 +146,7 @@ def exchange(
     cache_bytes: int,
     seed: int,
     tls: bool = False,
+    secret_ca: bool = False,
 ) -> Agreement:
     """Every node's Redis address and budget, and the job's secret, through one all_gather.
 
@@ -152,11 +154,14 @@ def exchange(
     ``ok`` or why its Redis cannot be used (a key of :data:`_STATUS`). A record: ``node host port cache_bytes num_items
     seed fingerprint secret shared status tls``, where ``secret`` is the hex secret rank 0 made when the user
     gave none ("-" otherwise, or from other ranks) and ``tls`` 1 when its Redis speaks TLS only.
+    ``secret_ca``: the TLS CA is derived from the secret; across nodes rank 0 then sends none
+    (:func:`_refuse_sent_secret`).
     """
     from coordl.errors import CoordlError
 
     rank, world, num_nodes = topo.rank, topo.world_size, topo.num_nodes
-    made = new_secret() if rank == 0 and user_secret is None else None
+    no_sending = secret_ca and num_nodes > 1
+    made = new_secret() if rank == 0 and user_secret is None and not no_sending else None
     record = ""
     if redis is not None:
         host, port, shared, status = redis
@@ -190,6 +195,8 @@ def exchange(
             f"node(s) {', '.join(plain) or 'none'} run their Redis in plain text and others with TLS "
             "(COORDL_PEER_TLS, or a rediss:// COORDL_PEER_REDIS): set the same on every rank"
         )
+    if no_sending:
+        _refuse_sent_secret(records)
     # Rank 0 (always a node leader, so records[0]) either sends the secret it made or holds the user's:
     # its fingerprint is the job's. Every leader checks the same records, so all fail together.
     sent = [bytes.fromhex(r[7]) for r in records if r[7] != "-"]
@@ -211,3 +218,26 @@ def exchange(
     addresses = [(nodes[k][1], int(nodes[k][2])) for k in range(num_nodes)]
     weights = [int(nodes[k][3]) for k in range(num_nodes)]
     return Agreement(addresses, weights, job_secret, records[0][8] == "1", tls)
+
+
+def _refuse_sent_secret(records: list[list[str]]) -> None:
+    """TLS with the job's own CA across nodes: every node leader must hold the user's secret.
+
+    The rendezvous (gloo's links, the ``MASTER_ADDR`` store) is clear text and unauthenticated: a
+    secret sent through it is known to whoever reads it, and so is the CA derived from it, which would
+    let them present a certificate every node's Redis accepts, read and alter items on the path, and
+    pass for a node's Redis. No exchange over that channel can fix it without something shared
+    beforehand, so the job is refused rather than run with TLS that protects nothing.
+    """
+    from coordl.errors import CoordlError
+
+    without = [r[0] for r in records if r[6] == "-" or r[7] != "-"]
+    if without:
+        raise CoordlError(
+            f"TLS with the job's own certificates across nodes needs {SECRET_ENV}, the same on every rank: "
+            f"node(s) {', '.join(without)} have none, and a secret rank 0 made would cross the network in "
+            "clear text with the start-up exchange (whoever read it could make certificates the nodes' "
+            f"Redis accept). Set {SECRET_ENV} to the same random value on every rank (e.g. from your "
+            "secret store, or `openssl rand -hex 32`), or give every node your own certificate files "
+            "(MEMCACHE_TLS_CA, MEMCACHE_TLS_CERT, MEMCACHE_TLS_KEY, or tls=memcache.TLS(...))"
+        )

@@ -9,8 +9,8 @@ with it. Then the records go through one ``all_gather`` (:mod:`coordl.partitione
 self-started Redis takes the job's secret as its password, and a barrier ends the set-up. Who owns item
 ``i`` follows from a shared seed and the budgets (:class:`~coordl.partitioned.ownership.OwnerMap`): no
 metadata service. The fetch tier itself is :class:`coordl.partitioned.fetch.PartitionedTier`.
-With ``COORDL_PEER_TLS=1`` (or ``tls=``) every node's Redis speaks TLS only, client certificates
-required (:mod:`coordl.partitioned.peer_tls`).
+With ``tls=True`` (the loader's ``partitioned=PartitionedOptions(tls=True)``, or ``COORDL_PEER_TLS=1``)
+every node's Redis speaks TLS only, client certificates required (:mod:`coordl.partitioned.peer_tls`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 from coordl.partitioned import peer_tls
 from coordl.partitioned.fetch import PartitionedTier
+from coordl.partitioned.options import asked_tls
 from coordl.partitioned.ownership import NodeTopology, OwnerMap
 from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
 from coordl.partitioned.rendezvous import (
@@ -98,12 +99,15 @@ def build_partitioned_tier(
         identity: names the dataset (``coordl.fetch.node_cache.data_identity``): the keys' prefix, so a
             shared Redis never serves another dataset's item. None: the job's own prefix.
         tls: True: the nodes' Redis speak TLS only (certificates of a CA derived from the job's secret,
+            which on more than one node must then be the user's: ``secret=`` or ``COORDL_PEER_SECRET``;
             or ``MEMCACHE_TLS_*`` files when set); a :class:`memcache.TLS`: those files; False: plain
-            text; None (default): ``COORDL_PEER_TLS``, or what a ``rediss://`` ``redis`` address says.
+            text; None (default): what the loader's ``partitioned=PartitionedOptions(tls=...)`` asked
+            for, else ``COORDL_PEER_TLS``, or what a ``rediss://`` ``redis`` address says.
     """
     topo = topology or NodeTopology.from_env()
     if topo.is_node_leader != (local_cache is not None):
         raise ValueError("build_partitioned_tier: the node leader, and only it, passes its local_cache")
+    tls = asked_tls() if tls is None else tls  # a loader's partitioned=PartitionedOptions(tls=...)
     user_secret = check_secret(secret, "secret=") if secret is not None else secret_from_env()
     external = redis if redis is not None else os.environ.get(REDIS_ENV) or None
     client_tls: TLS | None = None
@@ -140,7 +144,9 @@ def build_partitioned_tier(
                 )  # listening everywhere: peers use the advertised one
                 mine = (advertised if wildcard else server.host, server.port, False, "ok")
         try:
-            agreed = exchange(topo, mine, user_secret, num_items, cache_bytes, seed, tls=bool(want))
+            agreed = exchange(
+                topo, mine, user_secret, num_items, cache_bytes, seed, tls=bool(want), secret_ca=want is True
+            )
             if server is not None:
                 hosts = [mine[0]] if mine is not None else []
                 peer_tls.switch_server(server, agreed.secret, hosts, agreed.secret.hex(), boot_dir)

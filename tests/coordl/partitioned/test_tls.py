@@ -5,9 +5,6 @@ text beside one with TLS is one clear error; a shared ``rediss://`` Redis with y
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +14,7 @@ import pytest
 from coordl.partitioned import peer_tls
 from memcache import certs
 from memcache.server import start_redis
+from tests.coordl.partitioned.ranks import JOB_SECRET, results, run_two_ranks
 
 pytestmark = pytest.mark.redis
 
@@ -84,10 +82,16 @@ if rank == 0 and tier.server is not None:
         "redis_log": password in open(os.path.join(srv.workdir, "redis.log")).read(),
         "repr": password in repr(srv) or password in repr(tier.client.tls),
     }
+    secret = os.environ.get("COORDL_PEER_SECRET", "")
+    out["secret_in"] = {
+        "cmdline": bool(secret) and secret.encode() in open(f"/proc/{srv.pid}/cmdline", "rb").read(),
+        "redis_log": bool(secret) and secret in open(os.path.join(srv.workdir, "redis.log")).read(),
+    }
 dist.barrier()
 tier.close()
 dist.destroy_process_group()
 out["password_in_logs"] = tier.client.password in logs.getvalue() if tier.client.password else False
+out["secret_in_logs"] = bool(os.environ.get("COORDL_PEER_SECRET")) and os.environ["COORDL_PEER_SECRET"] in logs.getvalue()
 out["logs_say_tls"] = "over TLS" in logs.getvalue()
 print("RESULT", json.dumps(out), flush=True)
 """
@@ -122,61 +126,27 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(tmp_path: Path, envs: list[dict], text: str = RANK_SCRIPT) -> list[tuple[int, str, str]]:
-    script = tmp_path / "rank.py"
-    script.write_text(text)
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("COORDL_PEER", "MEMCACHE_"))}
-        env.update(
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), COORDL_PEER_ADDR="127.0.0.1", **envs[rank],
-        )  # fmt: skip
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outs = [p.communicate(timeout=180) for p in procs]
-    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
-
-
-def _results(results: list[tuple[int, str, str]]) -> list[dict]:
-    found = []
-    for rc, out, err in results:
-        assert rc == 0, err[-3000:]
-        found.append(json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT"))[7:]))
-    return found
+TLS_ENV = {"COORDL_PEER_TLS": "1", "COORDL_PEER_SECRET": JOB_SECRET}
 
 
 def test_job_certificates_carry_items_and_refuse_strangers(tmp_path: Path) -> None:
-    r0, r1 = _results(_run(tmp_path, [{"COORDL_PEER_TLS": "1"}, {"COORDL_PEER_TLS": "1"}]))
+    r0, r1 = results(run_two_ranks(tmp_path, [TLS_ENV, TLS_ENV], RANK_SCRIPT))
     for r in (r0, r1):
         assert r["tls"] and r["logs_say_tls"] and r["pushed"] > 0
         assert r["read"] == r["pushed"]  # every item pushed over TLS read back over TLS, bytes equal
-        assert r["password_in_logs"] is False
+        assert r["password_in_logs"] is False and r["secret_in_logs"] is False
     probe = r0["probe"]
     assert probe["ours"] == "accepted"
     assert probe["plain"] != "accepted" and probe["no_cert"] != "accepted"
     assert probe["other_ca_cert"] != "accepted"
     assert "certificate verify failed" in probe["other_secret"]  # the client refuses the server's cert
     assert r0["password_in"] == {"cmdline": False, "redis_log": False, "repr": False}
+    assert r0["secret_in"] == {"cmdline": False, "redis_log": False}
 
 
 def test_plain_node_beside_a_tls_node_is_one_clear_error(tmp_path: Path) -> None:
-    results = _run(tmp_path, [{"COORDL_PEER_TLS": "1"}, {}])
-    for rc, out, err in results:
+    runs = run_two_ranks(tmp_path, [TLS_ENV, {"COORDL_PEER_SECRET": JOB_SECRET}], RANK_SCRIPT)
+    for rc, out, err in runs:
         assert rc == 3, err[-2000:]
         assert "node(s) 1 run their Redis in plain text" in out and "Traceback" not in err
 
@@ -193,7 +163,7 @@ def test_shared_rediss_redis_with_your_own_files(tmp_path: Path) -> None:
             {"COORDL_PEER_REDIS": f"rediss://{s.address}", "MEMCACHE_PASSWORD": password, **files}
             for s in servers
         ]
-        r0, r1 = _results(_run(tmp_path, envs))
+        r0, r1 = results(run_two_ranks(tmp_path, envs, RANK_SCRIPT))  # no COORDL_PEER_SECRET: not needed
     finally:
         for s in servers:
             s.stop()
@@ -203,7 +173,7 @@ def test_shared_rediss_redis_with_your_own_files(tmp_path: Path) -> None:
 def test_dataloader_with_workers_over_tls(tmp_path: Path) -> None:
     """coordl.DataLoader(partitioned=True) with COORDL_PEER_TLS=1: its workers (copies of the client)
     read peers over TLS; storage is read in epoch 1 only."""
-    r0, r1 = _results(_run(tmp_path, [{"COORDL_PEER_TLS": "1"}] * 2, LOADER_SCRIPT))
+    r0, r1 = results(run_two_ranks(tmp_path, [TLS_ENV] * 2, LOADER_SCRIPT))
     for e in range(2):
         assert sorted(r0["seen"][e] + r1["seen"][e]) == list(range(96))
     assert r0["reads"][1] + r1["reads"][1] == 0 and r0["reads"][0] + r1["reads"][0] == 96
