@@ -45,7 +45,7 @@ STATS = (
     "remote_redone_batches",
     "remote_actors",
 )  # counted since this loader was built
-RAY_START_S = 20.0  # a loader's wait for its actor (the prep node may be down): then local prep only
+RAY_START_S = 20.0  # a new loader's wait for its actor (the node may be down): then local prep only
 MAX_ERRORS = 500  # a job that keeps failing gives up (the soak reports it)
 
 
@@ -113,8 +113,14 @@ class Checkpoint:
         return epoch, step
 
 
+def ray_cpu_free() -> bool:
+    """A Ray node offers a free CPU (the killed node is back): a new loader's actor would start at once."""
+    import ray
+
+    return ray.is_initialized() and ray.available_resources().get("CPU", 0) >= 1
+
+
 def run_epochs(loader: coordl.DataLoader, args: argparse.Namespace, ck: Checkpoint, log: Log, stop) -> None:
-    built = time.time()
     epoch, step = ck.load(loader)
     if epoch == 0 and step == 0 and not ck.path.exists():
         ck.save(loader, 0, 0)  # a kill before the first checkpoint still resumes the same order
@@ -135,8 +141,8 @@ def run_epochs(loader: coordl.DataLoader, args: argparse.Namespace, ck: Checkpoi
         log("stats", epoch=epoch, **{k: st[k] for k in STATS if isinstance(st.get(k), (int, float))})
         epoch, step = epoch + 1, 0
         ck.save(loader, epoch, 0)
-        if args.kind == "ray" and st.get("remote_actors") == 0 and time.time() - built > RAY_START_S:
-            log("rebuild", why="no remote actor left (its Ray node died): a new loader starts a new one")
+        if args.kind == "ray" and st.get("remote_actors") == 0 and ray_cpu_free():
+            log("rebuild", why="no remote actor left (its Ray node died), a node is back: a new loader")
             return  # main() builds a new loader, which resumes from the checkpoint just saved
 
 
