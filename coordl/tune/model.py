@@ -20,7 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["EpochMeasure", "Knobs", "data_bound", "predict_rate", "prep_rate", "storage_bound"]
+__all__ = [
+    "EpochMeasure",
+    "Knobs",
+    "data_bound",
+    "merged",
+    "oversubscribed",
+    "predict_rate",
+    "prep_rate",
+    "storage_bound",
+]
 
 # a data stall below this share of the loop's time is noise, not a bound (the trainer's own time binds)
 STALL_SHARE_BOUND = 0.05
@@ -97,6 +106,17 @@ def data_bound(m: EpochMeasure) -> bool:
     return m.stall_share >= STALL_SHARE_BOUND
 
 
+def oversubscribed(intra_op_threads: int, num_workers: int, cores: int) -> bool:
+    """Whether the trainer's intra-op threads and the loader's workers outnumber the cores.
+
+    Then torch's idle intra-op threads spin for a core the workers need, and a worker preempted inside a
+    parallel region stalls the others at its barrier: measured on 2 cores, one intra-op thread gave 2x
+    (1 worker, JPEG prep) to 4.6x (2 workers, a step of dense layers) with nothing else changed. The
+    rate model has no term for that contention (what it costs depends on the scheduler, not on the
+    measures), so a tool that sees it tries one thread as a trial and lets the measurement decide."""
+    return intra_op_threads > 1 and intra_op_threads + num_workers > cores
+
+
 def _main_cores_at(m: EpochMeasure, knobs: Knobs) -> float:
     """The main process's cores at ``knobs``: one intra-op thread uses at most one core."""
     if knobs.intra_op_threads == 1 and m.knobs.intra_op_threads > 1:
@@ -131,6 +151,16 @@ def predict_rate(m: EpochMeasure, knobs: Knobs) -> float:
     at_measured = _model(m, m.knobs)
     scale = m.rate / at_measured if at_measured > 0 and at_measured != float("inf") else 1.0
     return _model(m, knobs) * min(scale, 1.0)
+
+
+def merged(a: EpochMeasure, b: EpochMeasure) -> EpochMeasure:
+    """Two windows at the same knobs as one (a change judged on more batches than one epoch holds)."""
+    if a.knobs != b.knobs:
+        raise ValueError(f"tune: cannot merge epochs at {a.knobs} and {b.knobs}")
+    return EpochMeasure(
+        a.items + b.items, a.wall_s + b.wall_s, a.wait_s + b.wait_s, a.main_cpu_s + b.main_cpu_s,
+        a.workers_cpu_s + b.workers_cpu_s, a.knobs, min(a.cores, b.cores),
+    )  # fmt: skip
 
 
 def with_knob(knobs: Knobs, **change: int) -> Knobs:

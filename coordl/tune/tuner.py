@@ -9,7 +9,10 @@ per epoch, each logged with its predicted and measured rate (``loader.tune_log()
 
 What it changes: ``num_workers`` (up to the cores, or twice them for workers that wait on storage, within
 the memory available), ``prefetch_factor`` (for workers that wait on storage), and the main process's
-intra-op threads (``torch.set_num_threads(1)`` when the trainer's threads take the workers' cores).
+intra-op threads (``torch.set_num_threads(1)`` when the trainer's threads take the workers' cores, or, as a
+trial the model cannot predict, whenever the loop waits while those threads and the workers outnumber the cores).
+A window shorter than ``min_items`` is judged with the next epoch's; a change measured within the noise
+(``doubt``) runs a second epoch and is judged on both.
 What it does not change online, and why: ``cache_bytes`` (the MinIO cache is a shared-memory table sized
 at construction and mapped by every worker: a new size is a new, empty cache), ``batch_size`` (it changes
 the training), ``partitioned``/``coordinate``/``sample_cache``/``remote_prep`` (other processes and servers
@@ -32,6 +35,8 @@ from coordl.tune.model import (
     EpochMeasure,
     Knobs,
     data_bound,
+    merged,
+    oversubscribed,
     predict_rate,
     storage_bound,
     with_knob,
@@ -50,13 +55,18 @@ class TuneOptions:
         knobs: which knobs it may change, of ``"num_workers"``, ``"prefetch_factor"``, ``"intra_op_threads"``.
         min_gain: a change is tried only if predicted, and kept only if measured, this much faster (0.03: 3%).
         max_workers: the most workers it may run (default: twice the cores this process may use).
-        min_items: epochs (steady parts) shorter than this are not judged: too short to tell.
+        min_items: a window (an epoch's steady part) shorter than this is not judged alone: the next
+            epoch's, at the same knobs, is added to it.
+        doubt: a change that measured less than ``min_gain`` faster but no more than this much slower than
+            the rate before is within a shared host's noise between epochs: it runs one more epoch and
+            is judged on both (0.15: 15%).
     """
 
     knobs: tuple[str, ...] = ("num_workers", "prefetch_factor", "intra_op_threads")
     min_gain: float = 0.03
     max_workers: int | None = None
     min_items: int = 256
+    doubt: float = 0.15
 
     def __post_init__(self) -> None:
         unknown = set(self.knobs) - {"num_workers", "prefetch_factor", "intra_op_threads"}
@@ -64,6 +74,8 @@ class TuneOptions:
             raise ValueError(f"tune: unknown knobs {sorted(unknown)}")
         if not 0 <= self.min_gain < 1:
             raise ValueError(f"tune: min_gain must be in [0, 1), got {self.min_gain}")
+        if not 0 <= self.doubt < 1:
+            raise ValueError(f"tune: doubt must be in [0, 1), got {self.doubt}")
 
 
 def cores() -> int:
@@ -135,6 +147,8 @@ class Tuner:
         self.trial: dict[str, Any] | None = None  # the change this epoch runs, judged at its end
         self.pending: Knobs | None = None  # the knobs the next epoch starts with
         self.tried: set[str] = set()
+        self.window: EpochMeasure | None = None  # measured at the knobs now, not judged yet (too short)
+        self.extended = False  # the trial runs a second epoch (it measured within the noise)
 
     # -- the loader's knobs --------------------------------------------------------------------
 
@@ -183,17 +197,31 @@ class Tuner:
             self.observe(m)
 
     def observe(self, m: EpochMeasure) -> None:
-        """Judge the epoch's change on ``m`` (what the epoch measured), then choose the next one."""
+        """Judge the epoch's change on ``m`` (what the epoch measured, with the window before it at the same
+        knobs when that was too short or in doubt), then choose the next one."""
+        if self.window is not None and self.window.knobs == m.knobs:
+            m = merged(self.window, m)
+        self.window = None
         if m.items < self.options.min_items:
-            return  # too short to judge: the same change is judged on the next epoch
+            self.window = m  # too short to judge: the next epoch's window is added to it
+            return
         knobs = m.knobs
         if self.trial is not None:
+            if not self.extended and self._in_doubt(m):
+                self.extended, self.window = True, m  # one more epoch of the trial, judged on both
+                return
             self._judge(self.trial, m)
-            self.trial = None
+            self.trial, self.extended = None, False
         elif self.best is None or knobs == self.best[0]:
             self.best = (knobs, m.rate)  # the kept knobs again: their rate as the host runs now
         if self.pending is None:
             self._choose(m)
+
+    def _in_doubt(self, m: EpochMeasure) -> bool:
+        """Whether the trial measured within the noise of the rate before (neither a gain nor a clear loss)."""
+        assert self.best is not None
+        before = self.best[1]
+        return before * (1 - self.options.doubt) <= m.rate < before * (1 + self.options.min_gain)
 
     def _judge(self, trial: dict[str, Any], m: EpochMeasure) -> None:
         assert self.best is not None
@@ -217,9 +245,14 @@ class Tuner:
             predicted = predict_rate(m, knobs)
             if predicted >= best_rate * (1 + self.options.min_gain):
                 options.append((predicted, name, knobs))
+            elif name == "intra_op_threads=1" and self._contended(m):
+                # the model has no term for the contention: a trial, predicted at the rate measured,
+                # tried first (more workers would add to it)
+                options.append((float("inf"), name, knobs))
         if not options:
             return
         predicted, name, knobs = max(options, key=lambda o: o[0])
+        predicted = best_rate if predicted == float("inf") else predicted
         self.tried.add(name)
         self.pending = knobs
         self.trial = {
@@ -243,9 +276,18 @@ class Tuner:
                     with_knob(k, prefetch_factor=2 * k.prefetch_factor),
                 )
             )
-        if "intra_op_threads" in allowed and k.intra_op_threads > 1 and m.main_cores > 1.0:
+        if (
+            "intra_op_threads" in allowed
+            and k.intra_op_threads > 1
+            and (m.main_cores > 1.0 or self._contended(m))
+        ):
             out.append(("intra_op_threads=1", with_knob(k, intra_op_threads=1)))
         return [(name, knobs) for name, knobs in out if name not in self.tried]
+
+    @staticmethod
+    def _contended(m: EpochMeasure) -> bool:
+        """The loop waited on the loader while the trainer's threads and the workers outnumber the cores."""
+        return data_bound(m) and oversubscribed(m.knobs.intra_op_threads, m.knobs.num_workers, m.cores)
 
     def _memory_for_a_worker(self) -> bool:
         """Whether the memory available holds one more worker twice over (its private memory, measured)."""

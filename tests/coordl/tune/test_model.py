@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordl.tune.model import EpochMeasure, Knobs, data_bound, predict_rate, prep_rate
+from coordl.tune.model import EpochMeasure, Knobs, data_bound, merged, oversubscribed, predict_rate, prep_rate
 
 
 def _m(*, wait_s: float, workers_cpu_s: float, main_cpu_s: float = 0.5, knobs: Knobs | None = None,
@@ -43,3 +43,17 @@ def test_one_intra_op_thread_gives_the_workers_the_cores_the_trainer_took() -> N
 def test_a_prediction_never_exceeds_the_model_scaled_down_by_what_it_missed() -> None:
     m = _m(wait_s=0.8, workers_cpu_s=0.5)  # the model says 2,000/s at these knobs; measured 1,000
     assert predict_rate(m, Knobs(2, 2, 1)) == pytest.approx(2 * m.rate, rel=0.01)
+
+
+def test_threads_and_workers_that_outnumber_the_cores_are_oversubscribed() -> None:
+    assert oversubscribed(2, 1, 2) and oversubscribed(4, 1, 4)  # the README job on 2 cores; torch's default
+    assert not oversubscribed(1, 4, 2)  # one intra-op thread never spins for a core
+    assert not oversubscribed(2, 2, 4)
+
+
+def test_two_windows_at_the_same_knobs_merge_into_one_rate() -> None:
+    a, b = _m(wait_s=0.8, workers_cpu_s=1.0), EpochMeasure(3000, 2.0, 0.4, 1.0, 2.0, Knobs(1, 2, 1), 4)
+    both = merged(a, b)
+    assert both.rate == pytest.approx(4000 / 3.0) and both.stall_share == pytest.approx(1.2 / 3.0)
+    with pytest.raises(ValueError, match="merge"):
+        merged(a, _m(wait_s=0.8, workers_cpu_s=1.0, knobs=Knobs(2, 2, 1)))
