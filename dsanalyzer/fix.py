@@ -8,9 +8,12 @@ unmodified script, measure it, and repeat while another bound binds (at most ``r
    (:mod:`dsanalyzer.measure.apply`: no edit to the script), run under the hook as ``verify`` runs a job
    (from a cold cache, the epochs a new cache needs to fill dropped, then ``iters`` measured), alternated
    ``runs`` times with the changes kept so far alone (round 1: your configuration), so that both see the
-   same minutes of a shared machine. A change is kept only when it measured faster than those; otherwise
-   it is reverted and the next remedy is tried. The speedup over your configuration is the kept rounds'
-   ratios multiplied, each measured within its round.
+   same minutes of a shared machine; while the pairs leave it in doubt (their ratios on both sides of 1,
+   or their medians within :data:`DOUBT` of each other) up to :data:`EXTRA_PAIRS` more pairs are run, so
+   that one noisy run does not decide. A change is kept only when it measured faster than those;
+   otherwise it is reverted and the next remedy is tried (a remedy reverted is tried again only once
+   another change has been kept: the job it was measured on has changed). The speedup over your
+   configuration is the kept rounds' ratios multiplied, each measured within its round.
 3. **The table** (each round's change, predicted and measured samples/s, the speedup over your
    configuration) and **the change to keep**, as a unified diff of the script's loader call (found from
    the loader's construction stack) or the lines to add (:mod:`dsanalyzer.report.patch`).
@@ -40,7 +43,12 @@ from dsanalyzer.report.patch import lines_to_add, script_patch
 from dsanalyzer.report.schema import load_report
 from dsanalyzer.verify import run_once
 
-__all__ = ["fix_command", "memory_budget", "forced_step"]
+__all__ = ["fix_command", "memory_budget", "forced_step", "in_doubt", "DOUBT", "EXTRA_PAIRS"]
+
+# a round whose two sides' medians are closer than this (or whose pairs disagree) is in doubt: on the 2-core
+# host under load 10-15 one run of the same configuration spread +-20-30% from the next (bench_fix's grid)
+DOUBT = 0.15
+EXTRA_PAIRS = 2  # the most pairs added to a round in doubt
 
 
 def memory_budget(report: dict) -> float:
@@ -84,14 +92,28 @@ class _Runner:
         times, so that both see the same minutes of a shared machine; (each side's rates, ``after``'s results)."""
         rates: dict[str, list[float]] = {"before": [], "after": []}
         results = []
-        for i in range(self.runs):
-            part = "" if self.runs == 1 else f" {i + 1}/{self.runs}"
+        i = 0
+        while i < self.runs or (i < self.runs + EXTRA_PAIRS and in_doubt(rates["before"], rates["after"])):
+            i += 1
+            part = f" {i}" if i > 1 or self.runs > 1 else ""
             for side, config in (("before", before), ("after", after)):
-                r = self._one(f"fix-{n}-{side}-{i + 1}", f"round {n} {side}{part}", config)
+                r = self._one(f"fix-{n}-{side}-{i}", f"round {n} {side}{part}", config)
                 rates[side].append(run_rate(r, self.warmup)["samples_per_s"])
                 if side == "after":
                     results.append(r)
         return rates, results
+
+
+def in_doubt(before: list[float], after: list[float]) -> bool:
+    """Whether alternated runs leave a change undecided: the pairs' ratios fall on both sides of 1, or
+    the two sides' medians are within :data:`DOUBT` of each other."""
+    if not before or not after:
+        return False
+    ratios = [a / b for a, b in zip(after, before, strict=True) if b > 0]
+    if any(r > 1 for r in ratios) and any(r <= 1 for r in ratios):
+        return True
+    ratio = statistics.median(after) / max(statistics.median(before), 1e-12)
+    return 1 - DOUBT < ratio < 1 + DOUBT
 
 
 def _not_applied(result: dict, config: Config) -> str | None:
@@ -176,6 +198,7 @@ def fix_command(
         if why is None and ratio > 1.0:
             status, kept, chain = "kept", config, chain * ratio
             result["final_samples_per_s"] = after
+            excluded.clear()  # the job changed: a remedy reverted before may help it now
         else:
             status = f"not applied ({why})" if why else "reverted"
             excluded.add(step.name)

@@ -8,15 +8,25 @@ loader switched to ``coordl.DataLoader``) and sample cache. :func:`next_step` as
 the next step is the remedy of the new bound: those that remove the stall cheapest first, then the one that
 gains most, within this machine's cores and the memory budget. Remedies that need more than this machine
 (nodes, remote CPUs, GPU prep) or a probe the profile did not make are left to the verdict's list.
+
+One step comes before the ranked list: while the job stalls on its data and the trainer's intra-op threads
+plus the loader's workers outnumber the cores (:func:`coordl.tune.model.oversubscribed`), one thread, as a
+trial predicted no lower than the job as it runs. The model prices the threads that spin, not a worker
+preempted at a parallel region's barrier; on the 2-core host the README job ran 2x faster with one thread
+on 1 worker, where the model predicted nothing from it and ranked one more worker first, which measured
+no better with both threads on (benchmarks/bench_fix.py, docs/tune.md). Any other step's prediction
+assumes the cores are not fought over, so this one is settled first.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from coordl.tune.model import oversubscribed
 from dsanalyzer.judge.loadercode import is_dali
 from dsanalyzer.judge.remedies import GAIN, current, ranked
 from dsanalyzer.judge.verdict import recommend
+from dsanalyzer.model.cores import intra_op_threads
 from dsanalyzer.model.whatif import Model
 
 __all__ = ["Config", "Step", "APPLIED", "applied_model", "next_step", "plan"]
@@ -95,6 +105,9 @@ def next_step(
         return None  # a built DALI pipeline's threads cannot be changed through the loader call
     model = applied_model(Model.from_report(report), kept)
     now = current(model).samples_per_s
+    trial = _threads_trial(model, now, excluded)
+    if trial is not None:
+        return trial
     after = _report_after(report, kept)
     for r in ranked(model, after, recommend(model)):
         if r.name not in APPLIED or r.name in excluded or r.samples_per_s is None:
@@ -108,6 +121,20 @@ def next_step(
         return Step(r.name, r.code, r.samples_per_s, r.bound, r.torch_threads, dict(r.loader_args),
                     r.switch_to, r.removes_stall(model.compute_rate()))  # fmt: skip
     return None
+
+
+def _threads_trial(model: Model, now: float, excluded: frozenset[str]) -> Step | None:
+    """One intra-op thread while the job stalls on data and its threads and workers outnumber the cores
+    (the module's docstring), predicted at the model's rate for it or the job's as it runs, the higher."""
+    threads = intra_op_threads(model.cpus, model.torch_threads, model.threads_follow_cores)
+    if "threads" in excluded or not oversubscribed(threads, model.workers, model.cpus):
+        return None
+    pred = current(model)
+    if pred.bound == "compute":
+        return None  # the step binds: its threads are what it runs on
+    one = current(replace(model, torch_threads=1, threads_follow_cores=False))
+    best = one if one.samples_per_s > now else pred
+    return Step("threads", "torch.set_num_threads(1)", max(one.samples_per_s, now), best.bound, 1)
 
 
 def plan(report: dict, rounds: int, memory_budget_bytes: float) -> list[Step]:
