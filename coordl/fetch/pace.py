@@ -90,7 +90,7 @@ class ReadPace:
     def timed_call(self, read: Callable[[A], T], arg: A) -> T:
         """``read(arg)`` in this thread, timed as :meth:`timed` times it: a read the prep thread makes
         without asking :meth:`inline` first, while storage is fast
-        (:meth:`coordl.fetch.pipeline.LoaderSource._load_plain`)."""
+        (:meth:`coordl.fetch.loads.BatchLoads.plain`)."""
         self.inline_reads += 1
         exact = self._exact or self.slow
         cpu = self._cpu() if exact else 0.0

@@ -46,7 +46,7 @@ def prep_batch(
                 raw = fetch(index)
                 read += len(raw)
             if seed is not None:
-                # the CPU generator only, as LoaderSource._seed does (the same draws)
+                # the CPU generator only, as BatchLoads.seed does (the same draws)
                 torch.default_generator.manual_seed(seed)
             samples.append(source.prep(raw, index))
         except CorruptItemError:

@@ -159,7 +159,7 @@ def test_in_memory_hits_are_taken_in_the_prep_thread_and_the_rest_in_read_thread
     counters = SharedCounters(BASE_COUNTERS)
     ls = LoaderSource(src, [near, far], counters, fetch_ahead=3)
     try:
-        got = [int(t[0]) for t in ls._load_ahead(list(range(12)), None)]
+        got = [int(t[0]) for t in ls._loads.ahead(list(range(12)), None)]
         assert got == list(range(12))
         assert set(near.threads) == {threading.current_thread().name} and len(near.threads) == 12
         assert len(far.threads) == 8 and all(t.startswith("coordl-fetch") for t in far.threads)
@@ -182,7 +182,7 @@ def test_with_only_memory_tiers_a_read_thread_only_reads_storage() -> None:
     counters = SharedCounters(BASE_COUNTERS)
     ls = LoaderSource(src, [near], counters, fetch_ahead=3)
     try:
-        got = [int(t[0]) for t in ls._load_ahead(list(range(12)), None)]
+        got = [int(t[0]) for t in ls._loads.ahead(list(range(12)), None)]
         assert got == list(range(12))
         assert len(stored) == 8 and all(
             t.startswith("coordl-fetch") for t in stored
@@ -212,7 +212,7 @@ def test_a_read_thread_error_is_raised_for_its_item_and_later_reads_are_dropped(
     try:
         got: list[int] = []
         with pytest.raises(OSError, match="item 5"):
-            for t in ls._load_ahead(list(range(12)), None):
+            for t in ls._loads.ahead(list(range(12)), None):
                 got.append(int(t[0]))
         assert got == [0, 1, 2, 3, 4]
         assert sorted(near.offered) == [0, 1, 2, 3, 4]  # nothing offered for the failed item

@@ -52,7 +52,7 @@ def reader():
         counters = SharedCounters(BASE_COUNTERS)
         ls = LoaderSource(source, [], counters, fetch_ahead=fetch_ahead)
         pace = ReadPace(wall=lambda: source.now, cpu=lambda: 0.0)
-        ls._ahead._pace = (os.getpid(), pace)
+        ls._loads._ahead._pace = (os.getpid(), pace)
         made.append((ls, counters))
         return ls, pace
 
@@ -63,7 +63,7 @@ def reader():
 
 
 def _load(ls: LoaderSource, indices: list[int]) -> list[int]:
-    return [int(t[0]) for t in ls._load_ahead(indices, None)]
+    return [int(t[0]) for t in ls._loads.ahead(indices, None)]
 
 
 def _in_prep_thread(source: StorageClock) -> list[bool]:
