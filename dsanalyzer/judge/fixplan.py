@@ -9,13 +9,14 @@ the next step is the remedy of the new bound: those that remove the stall cheape
 gains most, within this machine's cores and the memory budget. Remedies that need more than this machine
 (nodes, remote CPUs, GPU prep) or a probe the profile did not make are left to the verdict's list.
 
-One step comes before the ranked list: while the job stalls on its data and the trainer's intra-op threads
-plus the loader's workers outnumber the cores (:func:`coordl.tune.model.oversubscribed`), one thread, as a
-trial predicted no lower than the job as it runs. The model prices the threads that spin, not a worker
-preempted at a parallel region's barrier; on the 2-core host the README job ran 2x faster with one thread
-on 1 worker, where the model predicted nothing from it and ranked one more worker first, which measured
-no better with both threads on (benchmarks/bench_fix.py, docs/tune.md). Any other step's prediction
-assumes the cores are not fought over, so this one is settled first.
+One step comes before the ranked list: while the job stalls on its data, its workers compute (rather than
+wait on storage) and the trainer's intra-op threads plus the loader's workers outnumber the cores (:func:`coordl.tune.model.oversubscribed`), one thread, as a
+trial predicted no lower than the job as it runs, unless the ranked steps come to the threads themselves
+(then the model's order stands). The model prices the threads that spin, not a worker preempted at a
+parallel region's barrier; on the 2-core host the README job ran 2x faster with one thread on 1 worker,
+where the model predicted nothing from it and ranked one more worker first, which measured no better
+with both threads on (benchmarks/bench_fix.py, docs/tune.md). Any other step's prediction assumes the
+cores are not fought over, so this one is settled first.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ __all__ = ["Config", "Step", "APPLIED", "applied_model", "next_step", "plan"]
 # the remedies the hook applies to the script (the sample cache only where the profile predicted it: a
 # coordl loader over a source that splits its prep)
 APPLIED = ("threads", "workers", "fetch_ahead", "cache", "sample_cache")
+# a lone worker on its CPU at least this share of its time computes, rather than waits: its prep needs a core
+WORKERS_COMPUTE = 0.3
 
 
 @dataclass(frozen=True)
@@ -99,22 +102,45 @@ def next_step(
 ) -> Step | None:
     """The next change on top of ``kept``: the first applicable remedy of the ranked list that gains
     more than :data:`~dsanalyzer.judge.remedies.GAIN` and fits the cores and ``memory_budget_bytes``
-    (``excluded``: remedies already tried and reverted); None when none does (the job is compute-bound,
-    or nothing here helps)."""
+    (``excluded``: remedies already tried and reverted), or one intra-op thread first where the job's
+    threads and workers fight over the cores and the ranked steps never reach it (the module's
+    docstring); None when none does (the job is compute-bound, or nothing here helps)."""
     if is_dali(report):
         return None  # a built DALI pipeline's threads cannot be changed through the loader call
     model = applied_model(Model.from_report(report), kept)
+    step = _ranked_step(report, model, kept, memory_budget_bytes, excluded)
+    if _reaches_threads(report, kept, memory_budget_bytes, excluded, step):
+        return step  # the model prices the threads itself, in its own order
+    return _threads_trial(model, current(model).samples_per_s, excluded) or step
+
+
+def _reaches_threads(
+    report: dict, kept: Config, budget: float, excluded: frozenset[str], step: Step | None
+) -> bool:
+    """Whether the ranked steps from ``kept`` (``step`` first) come to the trainer's threads."""
+    for _ in range(len(APPLIED)):
+        if step is None:
+            return False
+        if step.torch_threads is not None:
+            return True
+        kept = kept.with_step(step)
+        model = applied_model(Model.from_report(report), kept)
+        step = _ranked_step(report, model, kept, budget, excluded)
+    return False
+
+
+def _ranked_step(
+    report: dict, model: Model, kept: Config, budget: float, excluded: frozenset[str]
+) -> Step | None:
+    """The first applicable remedy of the ranked list for ``model`` (the job with ``kept``)."""
     now = current(model).samples_per_s
-    trial = _threads_trial(model, now, excluded)
-    if trial is not None:
-        return trial
     after = _report_after(report, kept)
     for r in ranked(model, after, recommend(model)):
         if r.name not in APPLIED or r.name in excluded or r.samples_per_s is None:
             continue
         if r.samples_per_s <= now * (1 + GAIN):
             continue
-        if float(r.cost.get("memory_bytes") or 0.0) > memory_budget_bytes:
+        if float(r.cost.get("memory_bytes") or 0.0) > budget:
             continue
         if int(r.loader_args.get("num_workers") or 0) > model.cpus:
             continue
@@ -129,6 +155,8 @@ def _threads_trial(model: Model, now: float, excluded: frozenset[str]) -> Step |
     threads = intra_op_threads(model.cpus, model.torch_threads, model.threads_follow_cores)
     if "threads" in excluded or not oversubscribed(threads, model.workers, model.cpus):
         return None
+    if (model.prep_cpu_s or 0.0) * model.prep.rate_one_core_per_s < WORKERS_COMPUTE:
+        return None  # the workers wait (on storage, a sleep): the cores are not what they lack
     pred = current(model)
     if pred.bound == "compute":
         return None  # the step binds: its threads are what it runs on
