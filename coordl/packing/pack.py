@@ -6,7 +6,7 @@ label; with ``--crop-index`` each JPEG is first rewritten losslessly with restar
 
 * **resumable**: an LMDB pack commits every few MB and knows how far it got from the record count; a
   tar pack writes each shard as ``*.partial``, renames it when complete and records it in
-  ``DST/.coordl-pack.json``. Running the same command after a kill continues where it stopped; a
+  ``DST/.coordl-pack/`` (:mod:`coordl.packing.tarstate`). Running the same command after a kill continues where it stopped; a
   DST that holds a pack of another source is refused.
 * **verified**: after writing, every record is read back through :class:`coordl.LMDBDataset` /
   :class:`coordl.TarShards` (the readers training will use) and its CRC32 and label compared with

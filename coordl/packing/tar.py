@@ -1,15 +1,16 @@
 """The tar side of ``coordl pack``: WebDataset shards written whole or not at all, then a read-back check.
 
 Each shard is written as ``data-NNNNNN.tar.partial``, fsynced, renamed and indexed (``.idx`` beside
-it); then ``DST/.coordl-pack.json`` records it with the CRC32 of every payload. A rerun after a kill
-drops the ``.partial`` file and continues with the first item of the shard it was writing.
+it); then ``DST/.coordl-pack/data-NNNNNN.json`` records it with the CRC32 of every payload (the resume
+state, :mod:`coordl.packing.tarstate`: bytes written per shard do not grow with the shards before it).
+A rerun after a kill drops the ``.partial`` file and continues with the first item of the shard it was
+writing.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import json
 import os
 import tarfile
 import zlib
@@ -18,39 +19,9 @@ import numpy as np
 
 from coordl.packed.shards import INDEX_SUFFIX, build_index, save_index
 from coordl.packing.items import Progress, SourceItems, Verification, sniff_ext, verify_items
+from coordl.packing.tarstate import STATE_FILE, PackState
 
 __all__ = ["pack_tar", "verify_tar", "tar_pattern", "STATE_FILE"]
-
-STATE_FILE = ".coordl-pack.json"
-
-
-def _load_state(dst: str, identity: str, count: int, shard_bytes: int) -> dict:
-    path = os.path.join(dst, STATE_FILE)
-    if not os.path.exists(path):
-        if os.path.isdir(dst) and [n for n in os.listdir(dst) if not n.endswith(".partial")]:
-            raise FileExistsError(
-                f"coordl pack: {dst} is not empty and holds no coordl pack: use another DST"
-            )
-        return {"format": "coordl-tar", "source": identity, "count": count, "shard_bytes": shard_bytes,
-                "shards": [], "complete": False}  # fmt: skip
-    with open(path, encoding="utf-8") as f:
-        state = json.load(f)
-    if state.get("source") != identity or state.get("count") != count:
-        raise FileExistsError(
-            f"coordl pack: {dst} holds a pack of {state.get('source')!r} ({state.get('count')} items), "
-            f"not of {identity!r} ({count} items): use another DST or delete it"
-        )
-    return state
-
-
-def _save_state(dst: str, state: dict) -> None:
-    path = os.path.join(dst, STATE_FILE)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _add_member(tf: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -99,30 +70,26 @@ def pack_tar(items: SourceItems, dst: str, identity: str, shard_bytes: int, prog
 
     n = len(items.source)
     os.makedirs(dst, exist_ok=True)
-    state = _load_state(dst, identity, n, shard_bytes)
+    state = PackState.start(dst, identity, n, shard_bytes)
     for name in os.listdir(dst):  # a shard a killed run was writing
         if name.endswith(".partial"):
             os.unlink(os.path.join(dst, name))
-    done = sum(s["count"] for s in state["shards"])
+    done = state.items_done
     extensions = tuple(e.lstrip(".") for e in IMG_EXTENSIONS) + ("bin",)
     bar = Progress(n, done, "pack tar", progress)
     writer: _ShardWriter | None = None
     for i in range(done, n):
         if writer is None:
-            writer = _ShardWriter(dst, len(state["shards"]), extensions)
+            writer = _ShardWriter(dst, len(state.shards), extensions)
         payload, label = items.get(i)
         key, ext = items.name(i)
         writer.add(key, ext if ext in extensions else sniff_ext(payload), payload, label, i)
         bar.update()
         if writer.size() >= shard_bytes or i == n - 1:
-            state["shards"].append(writer.finish())
-            _save_state(dst, state)
+            state.add_shard(len(state.shards), writer.finish())
             writer = None
     bar.close()
-    state["complete"] = True
-    classes = list(getattr(items.source, "classes", []) or [])
-    state["classes"] = classes
-    _save_state(dst, state)
+    state.finish(list(getattr(items.source, "classes", []) or []))
     return n - done
 
 
@@ -136,11 +103,12 @@ def verify_tar(items: SourceItems, dst: str, progress: bool) -> Verification:
     from coordl.errors import CorruptItemError
     from coordl.packed.tar import TarShards
 
-    with open(os.path.join(dst, STATE_FILE), encoding="utf-8") as f:
-        state = json.load(f)
-    pattern = tar_pattern(dst, len(state["shards"]))
+    state = PackState.read(dst)
+    if state is None:
+        raise FileNotFoundError(f"coordl pack: {os.path.join(dst, STATE_FILE)} is missing: nothing to verify")
+    pattern = tar_pattern(dst, len(state.shards))
     ds = TarShards(pattern, extensions=tuple(IMG_EXTENSIONS) + (".bin",))
-    crcs = np.concatenate([np.frombuffer(base64.b64decode(s["crc32"]), dtype="<u4") for s in state["shards"]])
+    crcs = np.concatenate([np.frombuffer(base64.b64decode(s["crc32"]), dtype="<u4") for s in state.shards])
     out = Verification(pattern=pattern)
     if len(ds) != len(crcs):
         out.bad.append(f"{pattern}: {len(ds)} samples indexed, {len(crcs)} written")
