@@ -56,11 +56,36 @@ def markdown(r: dict[str, Any]) -> str:
     for name, s in r["resources"].items():
         lines.append(f"| {name} | {s['rss_mib_first']} | {s['rss_mib_last']} | {s['rss_mib_max']} | "
                      f"{s['fds_first']} | {s['fds_last']} | {s['fds_max']} |")  # fmt: skip
+    if r.get("ray"):
+        y = r["ray"]
+        lines += ["", f"Remote prep (`ray`): {y['remote_batches']} of {y['batches']} batches prepped on the Ray node, "
+                  f"{y['redone_batches']} lost with a killed node and prepped again in the trainer; "
+                  f"{y['rebuilds']} new loaders once a killed node was back; the node started "
+                  f"{y['node_starts']}x."]  # fmt: skip
     c = r["cleanup"]
     lines += ["", f"After the run: /dev/shm new entries {c['shm_left']}, temp entries {c['tmp_left']}, "
               f"processes left {c['procs_left']}, namespaces left {c['netns_left']}.", "",
               "![throughput over time, faults marked](soak.png)", ""]  # fmt: skip
     return "\n".join(lines)
+
+
+def ray_summary(records: list[dict], node_starts: int) -> dict[str, int]:
+    """The ``ray`` job's remote prep over the run, from its log: each loader's counters start at 0."""
+    out = {"batches": 0, "remote_batches": 0, "redone_batches": 0, "rebuilds": 0, "node_starts": node_starts}
+    last: dict[str, int] = {}
+    for rec in records:
+        if rec.get("ev") in ("start", "resume") and last:  # a new loader: bank the last one's counters
+            out["remote_batches"] += last.get("remote_batches", 0)
+            out["redone_batches"] += last.get("remote_redone_batches", 0)
+            last = {}
+        elif rec.get("ev") == "stats":
+            last = rec
+        elif rec.get("ev") == "batch":
+            out["batches"] += 1
+        out["rebuilds"] += rec.get("ev") == "rebuild"
+    out["remote_batches"] += last.get("remote_batches", 0)
+    out["redone_batches"] += last.get("remote_redone_batches", 0)
+    return out
 
 
 def plot(

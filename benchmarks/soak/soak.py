@@ -350,6 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "passed_items": not any(inv["total"].get(k, 0) for k in ("lost", "duplicated", "wrong_items")),
         "invariants": inv, "faults": faults, "fault_log": soak.faults, "resources": res, "cleanup": left,
         "exit_codes": rcs,
+        "ray": report.ray_summary(logs_by_job["ray"], soak.ray.node_starts) if soak.ray is not None else None,
     }  # fmt: skip
     out = Path(args.report_dir)
     out.mkdir(parents=True, exist_ok=True)
