@@ -5,9 +5,10 @@ group (a byte tensor, never pickle); every rank checks the same records, so a mi
 secret, a Redis that refused its password) fails on every rank at once with an error naming the nodes.
 
 The secret: ``COORDL_PEER_SECRET`` (or ``secret=``), the same on every rank; else rank 0 makes one and
-sends it in its record (except with TLS of the job's own CA across nodes: that job is refused, as the
-CA would follow from a secret sent in clear text). It becomes the ``requirepass`` of the Redis servers the job starts itself. Nodes
-compare a fingerprint (a keyed hash, not the secret) so that another secret is caught at start-up.
+sends it in its record (not with TLS of the job's own CA across nodes: that job is refused, as the CA
+would follow from a secret sent in clear text). It becomes the ``requirepass`` of the Redis servers the
+job starts itself. Nodes compare a fingerprint (a keyed hash, not the secret) so that another secret is
+caught at start-up.
 """
 
 from __future__ import annotations
