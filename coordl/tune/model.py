@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 __all__ = [
     "EpochMeasure",
     "Knobs",
+    "contended",
     "data_bound",
     "merged",
     "oversubscribed",
@@ -35,6 +36,8 @@ __all__ = [
 STALL_SHARE_BOUND = 0.05
 # a worker busy on its CPU for less than this share of the epoch waits on storage, not on its core
 WORKER_BUSY_PREP_BOUND = 0.6
+# a main process on fewer cores than this while the loop runs its step waits on an accelerator (or sleeps)
+STEP_ON_CPU = 0.1
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,11 @@ class EpochMeasure:
         return self.main_cpu_s / self.wall_s
 
     @property
+    def step_cpu_share(self) -> float:
+        """The main process's cores while the loop ran its own code (not waiting on the loader)."""
+        return self.main_cpu_s / max(self.wall_s - self.wait_s, 1e-9)
+
+    @property
     def workers_busy(self) -> float:
         """Each worker's share of the window on its CPU (1: always computing)."""
         return self.workers_cpu_s / (self.wall_s * max(1, self.knobs.num_workers))
@@ -115,6 +123,18 @@ def oversubscribed(intra_op_threads: int, num_workers: int, cores: int) -> bool:
     rate model has no term for that contention (what it costs depends on the scheduler, not on the
     measures), so a tool that sees it tries one thread as a trial and lets the measurement decide."""
     return intra_op_threads > 1 and intra_op_threads + num_workers > cores
+
+
+def contended(m: EpochMeasure) -> bool:
+    """Whether one intra-op thread is worth a trial: the trainer's threads and the workers outnumber the
+    cores while the loop waits on the loader or its step computes on this CPU (a step that waits on an
+    accelerator, or sleeps, uses almost none: its threads take no core from anyone).
+
+    Not whether the loop waits alone: on the loaded 2-core VM the README job (2 threads, 1 worker) waited
+    on its loader 2-13% of the time, its main process on 0.24-0.28 cores, and ran 2.4x faster on one
+    thread: the step's threads waited for each other at its parallel regions' barriers."""
+    oversub = oversubscribed(m.knobs.intra_op_threads, m.knobs.num_workers, m.cores)
+    return oversub and (data_bound(m) or m.step_cpu_share >= STEP_ON_CPU)
 
 
 def _main_cores_at(m: EpochMeasure, knobs: Knobs) -> float:

@@ -10,7 +10,8 @@ per epoch, each logged with its predicted and measured rate (``loader.tune_log()
 What it changes: ``num_workers`` (up to the cores, or twice them for workers that wait on storage, within
 the memory available), ``prefetch_factor`` (for workers that wait on storage), and the main process's
 intra-op threads (``torch.set_num_threads(1)`` when the trainer's threads take the workers' cores, or, as a
-trial the model cannot predict, whenever the loop waits while those threads and the workers outnumber the cores).
+trial the model cannot predict, whenever those threads and the workers outnumber the cores while the loop
+waits on the loader or its step computes on this CPU: :func:`coordl.tune.model.contended`).
 A window shorter than ``min_items`` is judged with the next epoch's; a change measured within the noise
 (``doubt``) runs a second epoch and is judged on both.
 What it does not change online, and why: ``cache_bytes`` (the MinIO cache is a shared-memory table sized
@@ -34,9 +35,9 @@ from coordl.shutdown import stop_workers
 from coordl.tune.model import (
     EpochMeasure,
     Knobs,
+    contended,
     data_bound,
     merged,
-    oversubscribed,
     predict_rate,
     storage_bound,
     with_knob,
@@ -243,16 +244,15 @@ class Tuner:
         options = []
         for name, knobs in self._candidates(m, best_knobs):
             predicted = predict_rate(m, knobs)
-            if predicted >= best_rate * (1 + self.options.min_gain):
-                options.append((predicted, name, knobs))
-            elif name == "intra_op_threads=1" and self._contended(m):
-                # the model has no term for the contention: a trial, predicted at the rate measured,
-                # tried first (more workers would add to it)
-                options.append((float("inf"), name, knobs))
+            if name == "intra_op_threads=1" and contended(m):
+                # the model has no term for the contention: a trial, predicted no lower than the rate
+                # measured, tried first (more workers would add to it)
+                options.append((float("inf"), max(predicted, best_rate), name, knobs))
+            elif predicted >= best_rate * (1 + self.options.min_gain):
+                options.append((predicted, predicted, name, knobs))
         if not options:
             return
-        predicted, name, knobs = max(options, key=lambda o: o[0])
-        predicted = best_rate if predicted == float("inf") else predicted
+        _, predicted, name, knobs = max(options, key=lambda o: o[0])
         self.tried.add(name)
         self.pending = knobs
         self.trial = {
@@ -276,18 +276,9 @@ class Tuner:
                     with_knob(k, prefetch_factor=2 * k.prefetch_factor),
                 )
             )
-        if (
-            "intra_op_threads" in allowed
-            and k.intra_op_threads > 1
-            and (m.main_cores > 1.0 or self._contended(m))
-        ):
+        if "intra_op_threads" in allowed and k.intra_op_threads > 1 and (m.main_cores > 1.0 or contended(m)):
             out.append(("intra_op_threads=1", with_knob(k, intra_op_threads=1)))
         return [(name, knobs) for name, knobs in out if name not in self.tried]
-
-    @staticmethod
-    def _contended(m: EpochMeasure) -> bool:
-        """The loop waited on the loader while the trainer's threads and the workers outnumber the cores."""
-        return data_bound(m) and oversubscribed(m.knobs.intra_op_threads, m.knobs.num_workers, m.cores)
 
     def _memory_for_a_worker(self) -> bool:
         """Whether the memory available holds one more worker twice over (its private memory, measured)."""

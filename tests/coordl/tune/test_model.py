@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from coordl.tune.model import EpochMeasure, Knobs, data_bound, merged, oversubscribed, predict_rate, prep_rate
+from coordl.tune.model import (
+    EpochMeasure,
+    Knobs,
+    contended,
+    data_bound,
+    merged,
+    oversubscribed,
+    predict_rate,
+    prep_rate,
+)
 
 
 def _m(*, wait_s: float, workers_cpu_s: float, main_cpu_s: float = 0.5, knobs: Knobs | None = None,
@@ -57,3 +66,11 @@ def test_two_windows_at_the_same_knobs_merge_into_one_rate() -> None:
     assert both.rate == pytest.approx(4000 / 3.0) and both.stall_share == pytest.approx(1.2 / 3.0)
     with pytest.raises(ValueError, match="merge"):
         merged(a, _m(wait_s=0.8, workers_cpu_s=1.0, knobs=Knobs(2, 2, 1)))
+
+
+def test_contention_needs_a_step_on_this_cpu_or_a_loop_that_waits() -> None:
+    knobs = Knobs(1, 2, 2)  # 2 threads + 1 worker on 2 cores
+    assert contended(EpochMeasure(400, 1.0, 0.03, 0.25, 0.12, knobs, 2))  # the step computes, threads wait
+    assert contended(EpochMeasure(400, 1.0, 0.5, 0.01, 0.9, knobs, 2))  # the loop waits on the loader
+    assert not contended(EpochMeasure(400, 1.0, 0.01, 0.02, 0.1, knobs, 2))  # a step on an accelerator
+    assert not contended(EpochMeasure(400, 1.0, 0.5, 0.6, 0.9, knobs, 4))  # the cores hold them all

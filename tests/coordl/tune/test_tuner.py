@@ -115,15 +115,26 @@ def test_one_intra_op_thread_is_tried_first_when_threads_and_workers_outnumber_t
         torch.set_num_threads(THREADS)
 
 
+def test_one_intra_op_thread_is_tried_when_the_steps_threads_wait_for_the_cores() -> None:
+    """The README job on the loaded 2-core VM: 2 threads, 1 worker, the loop waits on the loader 3% of the
+    time (no data stall), its main process on 0.25 cores: one thread is a trial (it measured 2.4x)."""
+    try:
+        t = _threads_tuner(2)
+        _epoch(t, 300, wait_share=0.03, workers_cpu_share=0.12, main_cpu_s=0.25, cores=2)
+        assert t.trial is not None and t.trial["knob"] == "intra_op_threads=1"
+    finally:
+        torch.set_num_threads(THREADS)
+
+
 def test_the_trainer_threads_are_left_alone_when_the_cores_hold_them_and_the_workers() -> None:
     try:
         t = _threads_tuner(2)  # 2 threads + 1 worker on 4 cores; the main process under one core
         _epoch(t, 400, wait_share=0.8, workers_cpu_share=1.0, main_cpu_s=0.6, cores=4)
         assert t.trial is not None and t.trial["knob"] == "num_workers=2"
-        t = _threads_tuner(
-            2
-        )  # 2 threads + 1 worker on 2 cores, but the loop does not wait: the trainer binds
-        _epoch(t, 400, wait_share=0.01, workers_cpu_share=0.3, main_cpu_s=0.6, cores=2)
+        # 2 threads + 1 worker on 2 cores, but the loop does not wait and its step waits on an accelerator
+        # (the main process on 0.02 cores): the threads take no core from anyone
+        t = _threads_tuner(2)
+        _epoch(t, 400, wait_share=0.01, workers_cpu_share=0.3, main_cpu_s=0.02, cores=2)
         assert t.trial is None and t.pending is None
     finally:
         torch.set_num_threads(THREADS)
