@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import weakref
 from typing import Any
 
 from coordl.remote.actor import as_tensors
@@ -329,13 +330,21 @@ def torch_may_draw(
 
 
 class _LocalShare:
-    """torch's sampler iterator during a merged epoch: each batch torch draws is numbered local."""
+    """torch's sampler iterator during a merged epoch: each batch torch draws is numbered local.
+
+    It holds its epoch weakly: torch's iterator holds it, and a strong reference back would make a cycle
+    that keeps each finished epoch's iterator, with its queues' pipes, open until a full garbage
+    collection (the soak's remote-prep job: 4 pipes more per epoch, 1,200 descriptors in 4 minutes).
+    """
 
     def __init__(self, merged: MergedEpoch) -> None:
-        self.merged = merged
+        self.merged = weakref.ref(merged)
 
     def __iter__(self) -> _LocalShare:
         return self
 
     def __next__(self) -> list[Any]:
-        return self.merged.draw_local()
+        merged = self.merged()
+        if merged is None:  # the epoch is over and gone: nothing left to draw
+            raise StopIteration
+        return merged.draw_local()
