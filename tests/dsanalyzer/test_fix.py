@@ -65,3 +65,13 @@ def test_a_compute_bound_job_is_left_as_it_is(tmp_path):
     assert result["bound"] == "compute" and result["plan"] == [] and result["rounds"] == []
     assert "nothing changed" in text and "patch" not in result
     assert not list((tmp_path / "prof" / "logs").glob("fix-*"))  # no run beyond the profile
+
+
+def test_a_round_is_in_doubt_while_its_pairs_disagree_or_its_medians_are_close():
+    from dsanalyzer.fix import in_doubt
+
+    assert not in_doubt([], [])
+    assert not in_doubt([100.0], [400.0]) and not in_doubt([100.0], [50.0])  # one pair, clear either way
+    assert in_doubt([100.0], [110.0]) and in_doubt([100.0], [90.0])  # within a shared host's +-15%
+    assert in_doubt([100.0, 100.0], [140.0, 80.0])  # the pairs fall on both sides of 1
+    assert not in_doubt([100.0, 120.0], [150.0, 170.0])
