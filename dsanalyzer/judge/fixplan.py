@@ -16,7 +16,8 @@ trial predicted no lower than the job as it runs, unless the ranked steps come t
 parallel region's barrier; on the 2-core host the README job ran 2x faster with one thread on 1 worker,
 where the model predicted nothing from it and ranked one more worker first, which measured no better
 with both threads on (benchmarks/bench_fix.py, docs/tune.md). Any other step's prediction assumes the
-cores are not fought over, so this one is settled first.
+cores are not fought over, so this one is settled first. Last, where nothing ranked applies and the
+workers wait rather than compute: more items in flight (:func:`_waiting_workers_trial`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from coordl.tune.model import oversubscribed
-from dsanalyzer.judge.loadercode import is_dali
+from dsanalyzer.judge.loadercode import change_text, is_dali
 from dsanalyzer.judge.remedies import GAIN, current, ranked
 from dsanalyzer.judge.verdict import recommend
 from dsanalyzer.model.cores import intra_op_threads
@@ -111,7 +112,9 @@ def next_step(
     step = _ranked_step(report, model, kept, memory_budget_bytes, excluded)
     if _reaches_threads(report, kept, memory_budget_bytes, excluded, step):
         return step  # the model prices the threads itself, in its own order
-    return _threads_trial(model, current(model).samples_per_s, excluded) or step
+    now = current(model).samples_per_s
+    trial = _threads_trial(model, now, excluded) or step
+    return trial or _waiting_workers_trial(report, model, kept, now, excluded)
 
 
 def _reaches_threads(
@@ -155,7 +158,7 @@ def _threads_trial(model: Model, now: float, excluded: frozenset[str]) -> Step |
     threads = intra_op_threads(model.cpus, model.torch_threads, model.threads_follow_cores)
     if "threads" in excluded or not oversubscribed(threads, model.workers, model.cpus):
         return None
-    if (model.prep_cpu_s or 0.0) * model.prep.rate_one_core_per_s < WORKERS_COMPUTE:
+    if _waiting_workers(model):
         return None  # the workers wait (on storage, a sleep): the cores are not what they lack
     pred = current(model)
     if pred.bound == "compute":
@@ -163,6 +166,39 @@ def _threads_trial(model: Model, now: float, excluded: frozenset[str]) -> Step |
     one = current(replace(model, torch_threads=1, threads_follow_cores=False))
     best = one if one.samples_per_s > now else pred
     return Step("threads", "torch.set_num_threads(1)", max(one.samples_per_s, now), best.bound, 1)
+
+
+def _waiting_workers(model: Model) -> bool:
+    """Whether a lone worker spends most of its time off its CPU (storage, a remote reply, a sleep)."""
+    return (model.prep_cpu_s or 0.0) * model.prep.rate_one_core_per_s < WORKERS_COMPUTE
+
+
+def _waiting_workers_trial(
+    report: dict, model: Model, kept: Config, now: float, excluded: frozenset[str]
+) -> Step | None:
+    """More items in flight for workers that wait rather than compute, when nothing ranked applies: twice
+    the workers (up to twice the cores), then twice ``prefetch_factor`` (up to 8); predicted as
+    ``coordl.tune.model`` predicts workers that wait on storage (the rate scales with the items in
+    flight), up to the step's rate. The ranked list's workers stop at the cores: its prep curve is
+    fitted in cores, and a worker that sleeps on storage needs little of one."""
+    if not _waiting_workers(model) or current(model).bound == "compute" or model.workers < 1:
+        return None
+    workers = model.workers
+    prefetch = int(
+        kept.loader_args.get("prefetch_factor") or (report.get("loader") or {}).get("prefetch_factor") or 2
+    )
+    if "workers" not in excluded and workers < 2 * model.cpus:
+        more = min(2 * workers, 2 * model.cpus)
+        name, change, factor = "workers", {"num_workers": more}, more / workers
+    elif "prefetch_factor" not in excluded and prefetch < 8:
+        more = min(2 * prefetch, 8)
+        name, change, factor = "prefetch_factor", {"prefetch_factor": more}, more / prefetch
+    else:
+        return None
+    compute = model.compute_rate()
+    predicted = min(now * factor, compute)
+    bound = "compute" if predicted >= compute else current(model).bound
+    return Step(name, change_text(change, report), predicted, bound, None, change, "", predicted >= compute)
 
 
 def plan(report: dict, rounds: int, memory_budget_bytes: float) -> list[Step]:

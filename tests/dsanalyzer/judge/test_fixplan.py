@@ -72,3 +72,37 @@ def test_a_forced_step_is_predicted_like_any_other():
     step = forced_step(rep, {"num_workers": 0})
     assert step.name == "forced" and step.code == "DataLoader(..., num_workers=0)"
     assert step.predicted_samples_per_s < verdict(rep)["predicted_samples_per_s"]
+
+
+def workers_that_wait() -> dict:
+    """4 cores, 4 workers whose items wait (0.2 ms of CPU in each 6.7 ms): the ranked workers stop at the cores."""
+    mp = {
+        "torch_threads": 1,
+        "threads_follow_cores": False,
+        "step_device": "cpu",
+        "step_cpu_s_per_batch": 0.002,
+    }
+    ps = {"workers": [1, 2, 3, 4], "samples_per_s": [150.0, 300.0, 450.0, 600.0], "cpu_s_per_sample": [0.0002] * 4,
+          "cpu_share": [1.0] * 4, "cores": 4}  # fmt: skip
+    rates = {"compute": 2000.0, "prep": 600.0, "fetch": 50000.0, "observed": 580.0}
+    return at_model_rate(
+        base(
+            machine=_MACHINE,
+            main_process=mp,
+            prep_scaling=ps,
+            fetch=FAST_STORAGE,
+            cache_bytes=1e9,
+            workers=4,
+            rates_per_s=rates,
+        )  # fmt: skip
+    )
+
+
+def test_workers_that_wait_get_more_items_in_flight_when_nothing_ranked_applies():
+    rep = workers_that_wait()
+    steps = plan(rep, 3, 8e9)
+    assert [s.loader_args for s in steps[:2]] == [{"num_workers": 8}, {"prefetch_factor": 4}]
+    now = verdict(rep)["predicted_samples_per_s"]
+    assert steps[0].predicted_samples_per_s > 1.9 * now  # twice the items in flight
+    assert next_step(rep, Config(), 8e9, frozenset({"workers", "prefetch_factor"})) is None
+    assert plan(one_worker_spinning_threads(), 3, 8e9)[0].name == "workers"  # workers that compute: ranked
