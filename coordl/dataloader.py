@@ -40,7 +40,6 @@ from coordl.fetch.view import DatasetView, unwrap_view
 from coordl.fetch.watch import WorkerWatch, translate_torch_error
 from coordl.options import check_dataset_options, validate_options
 from coordl.partitioned.options import PartitionedOptions, check_partitioned
-from coordl.partitioned.options import building as partitioned_options
 from coordl.partitioned.ownership import NodeTopology, PartitionedSampler
 from coordl.remote.dispatch import attach as attach_remote
 from coordl.resume import Resume, torch_iterator
@@ -103,11 +102,10 @@ class _LoaderParts(LoaderStats):
         self._chain = self._sample_cache_tier = self._view = None
         if self._iterable:
             return
-        with partitioned_options(options["partitioned"]):  # its tls= reaches the partitioned tier
-            self._chain = FetchChain(
-                self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=options["cache_dir"],
-                partitioned=bool(options["partitioned"]), name=type(dataset).__name__,
-            )  # fmt: skip
+        self._chain = FetchChain(
+            self.source, self._counters, cache_bytes=self.cache_bytes, cache_dir=options["cache_dir"],
+            partitioned=options["partitioned"], name=type(dataset).__name__,
+        )  # fmt: skip
         if sample_cache is not None:
             self._sample_cache_tier = SampleCacheTier(sample_cache, self.source, self._counters)
         self._view = DatasetView(
@@ -278,9 +276,11 @@ class _LoaderParts(LoaderStats):
         after ``len(loader)`` batches and never ask for the StopIteration that would close them."""
         self._pass_batches += 1
         if self._pass_batches == self._pass_length:
-            self._epoch_stats.end(self._counters.snapshot(), complete=True)
+            self._end_epoch()
 
     def _end_epoch(self) -> None:
+        if self._chain is not None:  # items read from storage reach their owners first (partitioned=)
+            self._chain.end_epoch()
         self._epoch_stats.end(self._counters.snapshot(), complete=True)
 
     def _abandon_epoch(self, torch_iter: Any) -> None:

@@ -110,6 +110,16 @@ class SharedCounters:
         totals = self._totals() - self._zero
         return {n: int(totals[i]) for i, n in enumerate(self.names)}
 
+    def live_snapshot(self) -> dict[str, int]:
+        """What the processes running now counted, by name: the rows of processes that exited (and the
+        reserve) left out, and not since :meth:`reset`. E.g. work a process queued and has not finished,
+        where a process that died never will."""
+        with self._file_locked():
+            owners = [(r, int(self._table[r, 0]), int(self._table[r, 1])) for r in range(1, _ROWS)]
+            rows = [r for r, pid, start in owners if pid and owner_alive(pid, start)]
+            totals = self._table[rows, _HEADER:].sum(axis=0)
+        return {n: int(totals[i]) for i, n in enumerate(self.names)}
+
     def reset(self) -> None:
         """Count from zero again: later snapshots leave out what was counted before (rows stay as they are)."""
         self._zero = self._totals()

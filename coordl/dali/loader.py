@@ -42,7 +42,6 @@ from coordl.errors import CoordlError
 from coordl.fetch.chain import FetchChain
 from coordl.fetch.pipeline import BASE_COUNTERS, FetchTier, LoaderSource
 from coordl.partitioned.options import PartitionedOptions, check_partitioned
-from coordl.partitioned.options import building as partitioned_options
 from shmem.counters import SharedCounters
 
 __all__ = ["DALILoader"]
@@ -121,9 +120,8 @@ class DALILoader(LoaderStats):
         self._counters = SharedCounters(list(BASE_COUNTERS))
         self._epoch_stats = EpochStats(BASE_COUNTERS)
         check_partitioned(partitioned)
-        with partitioned_options(partitioned):  # its tls= reaches the partitioned tier
-            self._chain = FetchChain(self.source, self._counters, cache_bytes=cache_bytes, cache_dir=cache_dir,
-                                     partitioned=bool(partitioned), name=type(dataset).__name__)  # fmt: skip
+        self._chain = FetchChain(self.source, self._counters, cache_bytes=cache_bytes, cache_dir=cache_dir,
+                                 partitioned=partitioned, name=type(dataset).__name__)  # fmt: skip
         thread_safe = getattr(self.source, "thread_safe_fetch", False) is True
         self._reader = LoaderSource(self.source, self._chain.tiers, self._counters)
         self._order = BatchOrder(
@@ -219,6 +217,7 @@ class DALILoader(LoaderStats):
             self._consumed = k
             yield out[0]["data"], out[0]["label"].view(-1)
         self._in_epoch = False
+        self._chain.end_epoch()  # items read from storage reach their owners first (partitioned=)
         self._epoch_stats.end(self._counters.snapshot(), complete=True)
 
     def _finish_epoch(self) -> None:

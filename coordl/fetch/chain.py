@@ -5,8 +5,8 @@ so the MinIO cache and the partitioned cache are made in exactly one place:
 
 * ``cache_bytes > 0``: the node's MinIO cache (:mod:`coordl.fetch.minio`), as a :class:`MinioTier`; the
   ranks of a node in a distributed job share one (:mod:`coordl.fetch.node_cache`);
-* ``partitioned=True``: the partitioned tier (:mod:`coordl.partitioned`), with the MinIO cache on the
-  node leader as its local share.
+* ``partitioned=True`` (or a :class:`coordl.PartitionedOptions`, whose settings it passes on): the
+  partitioned tier (:mod:`coordl.partitioned`), with the MinIO cache on the node leader as its local share.
 
 Reading through the chain (ask the tiers, then storage, offer the bytes back) is
 :meth:`coordl.fetch.pipeline.LoaderSource.fetch`.
@@ -19,6 +19,7 @@ from typing import Any
 from coordl.fetch.minio import MinioCache
 from coordl.fetch.node_cache import close_minio, data_identity, open_minio
 from coordl.fetch.tiers import FetchTier, MinioTier
+from coordl.partitioned.options import PartitionedOptions, as_options
 from coordl.partitioned.ownership import NodeTopology
 from coordl.partitioned.tier import build_partitioned_tier
 from shmem.counters import SharedCounters
@@ -35,7 +36,8 @@ class FetchChain:
         counters: shared counters holding at least ``cache_hits`` and ``cache_misses``.
         cache_bytes: this node's MinIO budget (0: no cache).
         cache_dir: directory for a file-backed cache (see :class:`MinioCache`).
-        partitioned: share the cache across the nodes of a distributed job (needs ``cache_bytes``).
+        partitioned: share the cache across the nodes of a distributed job (needs ``cache_bytes``):
+            True, or a :class:`PartitionedOptions` with its settings.
         name: the dataset's name, for the cache's segment and messages.
     """
 
@@ -46,9 +48,11 @@ class FetchChain:
         *,
         cache_bytes: int = 0,
         cache_dir: str | None = None,
-        partitioned: bool = False,
+        partitioned: bool | PartitionedOptions = False,
         name: str = "dataset",
     ) -> None:
+        settings = as_options(partitioned)
+        partitioned = settings is not None
         opaque = bool(getattr(source, "opaque", False))
         if partitioned and cache_bytes <= 0:
             raise ValueError(
@@ -69,11 +73,17 @@ class FetchChain:
                 cache_bytes, len(source), directory=cache_dir, name=name, identity=identity
             )
         self.tiers: list[FetchTier] = []
-        if partitioned:
+        if settings is not None:
             self.tiers.append(
                 build_partitioned_tier(
-                    len(source), cache_bytes, counters, self.minio, identity=data_identity(source)
-                )
+                    len(source),
+                    cache_bytes,
+                    counters,
+                    self.minio,
+                    identity=data_identity(source),
+                    tls=settings.tls,
+                    push_wait_s=settings.push_wait_s,
+                )  # fmt: skip
             )
         elif self.minio is not None:
             self.tiers.append(MinioTier(self.minio, counters))
@@ -89,6 +99,14 @@ class FetchChain:
         for tier in self.tiers:
             out.update(tier.stats())
         return out
+
+    def end_epoch(self) -> None:
+        """An epoch ended: the tiers finish what they still send in the background (bounded; see
+        :meth:`coordl.partitioned.fetch.PartitionedTier.end_epoch`)."""
+        for tier in self.tiers:
+            end = getattr(tier, "end_epoch", None)
+            if callable(end):
+                end()
 
     def close(self) -> None:
         """Stop the tiers (e.g. the node's cache server), then free the cache."""

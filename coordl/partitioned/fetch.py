@@ -6,29 +6,45 @@ asks the owner: the local cache when this node owns the item, else the owner's R
 (:mod:`coordl.partitioned.redis_peer`, one pipelined request per owner per batch); storage is
 read only for items nobody has yet. An item read from storage is pushed to its owner (in the
 background), so after one epoch the aggregate cache holds the whole dataset and storage is not read
-again. A peer that dies or is cut off is skipped for a backoff period and its items come from storage.
+again: the loader ends each epoch with :meth:`PartitionedTier.end_epoch`, which waits (bounded) until
+the pushes of its processes have reached their owners. A peer that dies or is cut off is skipped for a
+backoff period and its items come from storage.
 
 Set-up (each node's Redis, the address and secret exchange) is :mod:`coordl.partitioned.tier`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from multiprocessing import util as mp_util
 from typing import Any, Protocol
 
+from coordl.partitioned.options import PUSH_WAIT_S
 from coordl.partitioned.ownership import OwnerMap
 from coordl.partitioned.redis_peer import PEER_COUNTERS
 from shmem.counters import SharedCounters
 
-__all__ = ["PartitionedTier", "Transport"]
+__all__ = ["PartitionedTier", "Transport", "PUSH_COUNTERS"]
+
+log = logging.getLogger("coordl")
 
 _PUSH_QUEUE_ITEMS = 256  # pending pushes per process; beyond this a push is dropped (storage still has it)
-_PUSH_FLUSH_S = 10.0
-_PUSH_BATCH = 64  # pushes sent in one pipelined round trip per owner  # how long an exiting worker waits for its pending pushes
+_PUSH_FLUSH_S = 10.0  # how long an exiting worker waits for its pending pushes
+_PUSH_BATCH = 64  # pushes sent in one pipelined round trip per owner
+# Per process, in shared memory: pushes queued and ended (sent, refused, skipped or dropped), so that the
+# loader's process sees what its workers still have in flight; then what stats() shows of the pushes.
+PUSH_COUNTERS = (
+    "push_queued",
+    "push_ended",
+    "remote_push_dropped",
+    "remote_push_late",
+    "remote_push_wait_ms",
+)
 
 
 class Transport(Protocol):
@@ -59,6 +75,7 @@ class PartitionedTier:
         peer_counters: SharedCounters holding :data:`PEER_COUNTERS` (made when None).
         server: the node's self-started :class:`memcache.server.RedisServer` on its leader (stopped by
             :meth:`close`), else None.
+        push_wait_s: the longest :meth:`end_epoch` waits for pushes in flight.
     """
 
     name = "partitioned"
@@ -75,6 +92,7 @@ class PartitionedTier:
         peer_counters: SharedCounters | None = None,
         server: Any = None,
         mirror_local: bool = False,
+        push_wait_s: float = PUSH_WAIT_S,
     ) -> None:
         self.owners = owners
         self.node = node
@@ -88,7 +106,10 @@ class PartitionedTier:
             client.counters = self.peer_counters
         self.server = server
         self.mirror_local = mirror_local
+        self.push_wait_s = push_wait_s
         self._owner_pid = os.getpid()
+        self._pushes = SharedCounters(PUSH_COUNTERS)  # this process's and its workers' (closed here)
+        self._own_pushes = True
         self._pusher: _Pusher | None = None
         self._pusher_pid = -1
 
@@ -141,7 +162,7 @@ class PartitionedTier:
 
     def _get_pusher(self) -> _Pusher:
         if self._pusher is None or self._pusher_pid != os.getpid():
-            self._pusher = _Pusher(self.client)
+            self._pusher = _Pusher(self.client, self._pushes)
             self._pusher_pid = os.getpid()
         return self._pusher
 
@@ -150,8 +171,42 @@ class PartitionedTier:
         if self._pusher is not None and self._pusher_pid == os.getpid():
             self._pusher.flush(timeout_s)
 
+    def end_epoch(self, timeout_s: float | None = None) -> None:
+        """Wait until the items this process and its workers read from storage have reached their owners.
+
+        They are pushed in the background while the epoch runs; one still on its way when a node asks its
+        owner for it in the next epoch would be read from storage again. Waits for the pushes of the
+        processes that run now (one that died never sends its own), at most ``timeout_s`` (default
+        ``push_wait_s``): a push to a node that is down ends at once (skipped), one to a frozen node after
+        the client's timeout; past the bound it logs a warning, counts the pushes left in
+        ``remote_push_late`` (their items are read from storage once more) and returns.
+        """
+        wait = self.push_wait_s if timeout_s is None else timeout_s
+        if not self.push or wait <= 0:
+            return
+        start = time.monotonic()
+        pending, pause = self._pending(), 0.001
+        while pending > 0 and time.monotonic() - start < wait:
+            time.sleep(pause)
+            pending, pause = self._pending(), min(pause * 2, 0.05)
+        waited = time.monotonic() - start
+        self._pushes.add_many(
+            {"remote_push_wait_ms": int(waited * 1000), "remote_push_late": max(pending, 0)}
+        )
+        if pending > 0:
+            log.warning(
+                "coordl: partitioned cache: %d item(s) read from storage had not reached their owners "
+                "%.1f s after the epoch's end (push_wait_s); going on, they will be read from storage again",
+                pending, waited,
+            )  # fmt: skip
+
+    def _pending(self) -> int:
+        live = self._pushes.live_snapshot()
+        return live["push_queued"] - live["push_ended"]
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.peer_counters.snapshot())
+        out.update((k, v) for k, v in self._pushes.snapshot().items() if k.startswith("remote_"))
         if self.local_cache is not None:
             out.update(self.local_cache.stats())
         out["partition_node"] = self.node
@@ -174,6 +229,9 @@ class PartitionedTier:
         if self._own_peer_counters:  # else its /dev/shm segment outlived the loader until the next start
             self._own_peer_counters = False
             self.peer_counters.close()
+        if self._own_pushes:
+            self._own_pushes = False
+            self._pushes.close()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -184,10 +242,16 @@ class PartitionedTier:
 
 
 class _Pusher:
-    """One background thread per process that sends items to their owners without stalling the worker."""
+    """One background thread per process that sends items to their owners without stalling the worker.
 
-    def __init__(self, client: Transport) -> None:
+    Each push is counted in ``counts`` when queued and when it ends (sent, refused, skipped because its
+    owner is down, or dropped on a full queue), in this process's row: the difference over the
+    processes alive is what :meth:`PartitionedTier.end_epoch` waits for.
+    """
+
+    def __init__(self, client: Transport, counts: SharedCounters) -> None:
         self.client = client
+        self.counts = counts
         self.q: queue.Queue = queue.Queue(maxsize=_PUSH_QUEUE_ITEMS)
         self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="coordl-push", daemon=True)
@@ -197,10 +261,12 @@ class _Pusher:
         mp_util.Finalize(self, _Pusher.flush, args=(self, _PUSH_FLUSH_S), exitpriority=10)
 
     def submit(self, node: int, index: int, raw: bytes) -> None:
+        self.counts.add("push_queued")  # before the thread can end it: the difference is never < 0
         try:
             self.q.put_nowait((node, index, raw))
         except queue.Full:
             self.dropped += 1  # the owner gets it from storage next time; never block a worker on this
+            self.counts.add_many({"push_ended": 1, "remote_push_dropped": 1})
 
     def _run(self) -> None:
         while True:
@@ -217,7 +283,12 @@ class _Pusher:
                 for node, items in by_node.items():
                     if not self.client.is_down(node):
                         self.client.put_many(node, items)
+            except Exception:  # noqa: BLE001 - a transport that raised: log it, keep the thread for the next
+                log.exception(
+                    "coordl: partitioned cache: pushing %d item(s) to their owners failed", len(pending)
+                )
             finally:
+                self.counts.add("push_ended", len(pending))
                 for _ in pending:
                     self.q.task_done()
 

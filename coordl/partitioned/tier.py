@@ -23,7 +23,7 @@ from typing import Any
 
 from coordl.partitioned import peer_tls
 from coordl.partitioned.fetch import PartitionedTier
-from coordl.partitioned.options import asked_tls
+from coordl.partitioned.options import PUSH_WAIT_S
 from coordl.partitioned.ownership import NodeTopology, OwnerMap
 from coordl.partitioned.redis_peer import RedisPeerClient, key_prefix
 from coordl.partitioned.rendezvous import (
@@ -77,6 +77,7 @@ def build_partitioned_tier(
     redis: str | None = None,
     identity: str | None = None,
     tls: TLS | bool | None = None,
+    push_wait_s: float = PUSH_WAIT_S,
 ) -> PartitionedTier:
     """Make this process's :class:`PartitionedTier`: node Redis ready, addresses and secret exchanged.
 
@@ -101,13 +102,14 @@ def build_partitioned_tier(
         tls: True: the nodes' Redis speak TLS only (certificates of a CA derived from the job's secret,
             which on more than one node must then be the user's: ``secret=`` or ``COORDL_PEER_SECRET``;
             or ``MEMCACHE_TLS_*`` files when set); a :class:`memcache.TLS`: those files; False: plain
-            text; None (default): what the loader's ``partitioned=PartitionedOptions(tls=...)`` asked
-            for, else ``COORDL_PEER_TLS``, or what a ``rediss://`` ``redis`` address says.
+            text; None (default): ``COORDL_PEER_TLS``, or what a ``rediss://`` ``redis`` address says.
+            A loader passes its ``partitioned=PartitionedOptions(tls=...)`` here.
+        push_wait_s: at an epoch's end, how long :meth:`PartitionedTier.end_epoch` waits at most for
+            the items sent to their owners in the background.
     """
     topo = topology or NodeTopology.from_env()
     if topo.is_node_leader != (local_cache is not None):
         raise ValueError("build_partitioned_tier: the node leader, and only it, passes its local_cache")
-    tls = asked_tls() if tls is None else tls  # a loader's partitioned=PartitionedOptions(tls=...)
     user_secret = check_secret(secret, "secret=") if secret is not None else secret_from_env()
     external = redis if redis is not None else os.environ.get(REDIS_ENV) or None
     client_tls: TLS | None = None
@@ -174,7 +176,7 @@ def build_partitioned_tier(
     )  # fmt: skip
     tier = PartitionedTier(
         owners, topo.node, client, counters, local_cache=local_cache, push=push, server=server,
-        mirror_local=topo.world_size > 1,
+        mirror_local=topo.world_size > 1, push_wait_s=push_wait_s,
     )  # fmt: skip
     log.info(
         "coordl: partitioned cache: node %d of %d owns %d of %d items; Redis %s%s",

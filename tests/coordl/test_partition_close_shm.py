@@ -33,7 +33,8 @@ def _tier(**kw) -> tuple[PartitionedTier, SharedCounters, MinioCache]:
 def test_own_peer_counters_are_freed_at_close() -> None:
     before = _counter_segments()
     tier, base, cache = _tier()
-    assert len(_counter_segments() - before) == 2  # the base counters and the tier's own peer counters
+    # the base counters, the tier's own peer counters and its pushes' (coordl.partitioned.fetch.PUSH_COUNTERS)
+    assert len(_counter_segments() - before) == 3
     tier.close()
     tier.close()  # twice is harmless
     assert len(_counter_segments() - before) == 1  # the base counters: the caller's, closed below
@@ -44,8 +45,10 @@ def test_own_peer_counters_are_freed_at_close() -> None:
 
 def test_peer_counters_given_by_the_caller_stay_the_callers() -> None:
     peer = SharedCounters(PEER_COUNTERS)
+    before = _counter_segments()
     tier, base, cache = _tier(peer_counters=peer)
     tier.close()
     assert peer.snapshot()["remote_hits"] == 0  # still open: the caller closes it
+    assert len(_counter_segments() - before) == 1  # the base counters; the tier's pushes' are freed
     for obj in (peer, base, cache):
         obj.close()

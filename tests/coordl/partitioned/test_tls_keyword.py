@@ -8,9 +8,12 @@ import pytest
 
 import coordl
 from coordl.errors import CoordlError
+from coordl.fetch import chain
+from coordl.fetch.pipeline import BASE_COUNTERS
 from coordl.partitioned import rendezvous
-from coordl.partitioned.options import PartitionedOptions, asked_tls, building
+from coordl.partitioned.options import PUSH_WAIT_S, PartitionedOptions
 from coordl.partitioned.ownership import NodeTopology
+from shmem.counters import SharedCounters
 from tests.coordl.partitioned.ranks import JOB_SECRET, results, run_two_ranks
 
 LOADER_SCRIPT = r"""
@@ -136,11 +139,44 @@ def test_partitioned_option_checks() -> None:
     assert PartitionedOptions(tls=True) == PartitionedOptions(tls=True)  # frameworks compare loader options
 
 
-def test_building_hands_the_keyword_to_the_tier_for_that_call_only() -> None:
-    assert asked_tls() is None
-    with building(PartitionedOptions(tls=True)):
-        assert asked_tls() is True
-        with building(True):  # partitioned=True: the environment decides
-            assert asked_tls() is None
-        assert asked_tls() is True
-    assert asked_tls() is None
+class _Items:
+    def __len__(self) -> int:
+        return 8
+
+    def fetch(self, i: int) -> bytes:
+        return bytes([i]) * 10
+
+    def prep(self, raw: bytes, i: int) -> int:
+        return i
+
+
+class _Tier:
+    name = "partitioned"
+
+    def stats(self) -> dict:
+        return {}
+
+
+def test_the_chain_passes_the_settings_to_the_tier(monkeypatch) -> None:
+    """``partitioned=`` reaches :func:`build_partitioned_tier` as its arguments (no hidden channel);
+    True leaves TLS to the environment; False builds no tier."""
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    seen: list[dict] = []
+
+    def build(num_items, cache_bytes, counters, local_cache, **kw):  # noqa: ANN001, ANN202
+        seen.append(kw)
+        return _Tier()
+
+    monkeypatch.setattr(chain, "build_partitioned_tier", build)
+    counters = SharedCounters(BASE_COUNTERS)
+    try:
+        for value in (PartitionedOptions(tls=True, push_wait_s=2.5), True, False):
+            made = chain.FetchChain(_Items(), counters, cache_bytes=1 << 20, partitioned=value)
+            assert [t.name for t in made.tiers] == (["minio"] if value is False else ["partitioned"])
+            made.close()
+    finally:
+        counters.close()
+    assert [(kw["tls"], kw["push_wait_s"]) for kw in seen] == [(True, 2.5), (None, PUSH_WAIT_S)]
+    with pytest.raises(ValueError, match=r"push_wait_s=\) must be a number of seconds >= 0, got -1"):
+        PartitionedOptions(push_wait_s=-1)
