@@ -110,6 +110,7 @@ class PartitionedTier:
         self._owner_pid = os.getpid()
         self._pushes = SharedCounters(PUSH_COUNTERS)  # this process's and its workers' (closed here)
         self._own_pushes = True
+        self._queued_at_end = 0  # pushes queued (all processes, ever) when end_epoch last looked
         self._pusher: _Pusher | None = None
         self._pusher_pid = -1
 
@@ -182,8 +183,12 @@ class PartitionedTier:
         ``remote_push_late`` (their items are read from storage once more) and returns.
         """
         wait = self.push_wait_s if timeout_s is None else timeout_s
-        if not self.push or wait <= 0:
+        queued = self._pushes.snapshot()["push_queued"]
+        # Nothing queued since the last end: done (the loader ends an epoch at its last batch and again at
+        # its StopIteration; what the first left in flight was waited for, and counted, once).
+        if not self.push or wait <= 0 or queued == self._queued_at_end:
             return
+        self._queued_at_end = queued
         start = time.monotonic()
         pending, pause = self._pending(), 0.001
         while pending > 0 and time.monotonic() - start < wait:
