@@ -13,7 +13,10 @@ just after the first batch and again when the epoch's last batch arrives, on a f
   (what a user writes, and what torch's FAQ warns about);
 * ``staged`` (only when asked: ``--configs staged``): ``coordl.ImageFolder(SRC, stage_dir=DST)`` under
   ``coordl.DataLoader`` once every file is staged (``nfs_cache.stage_all`` first: ~1 minute per 10^5 files),
-  the reads that look each file up in the stage directory's manifest.
+  the reads that look each file up in the stage directory's manifest;
+* ``staging`` (only when asked: ``--configs staging``): the same into an empty stage directory (under
+  ``$TMPDIR``, made anew for each run): the epoch that stages every file, each worker appending to the manifest
+  and reading what the others appended.
 
     .venv/bin/python benchmarks/scale_memory.py [--items 100000 1000000] [--workers 1 2 4] [--root DIR]
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -198,6 +202,11 @@ def _configs(root: str) -> dict[str, Callable[[int], UssGrowth]]:
         stage_all(root, stage_dir, progress=False)  # returns at once when everything is staged
         return coordl.ImageFolder(root, transform=no_decode, stage_dir=stage_dir)
 
+    def staging() -> Any:
+        stage_dir = os.path.join(tempfile.gettempdir(), f"coordl-staging-{os.getpid()}")
+        shutil.rmtree(stage_dir, ignore_errors=True)  # every file staged again, by this epoch's workers
+        return coordl.ImageFolder(root, transform=no_decode, stage_dir=stage_dir)
+
     return {
         "coordl": lambda w: measure_worker_uss_growth(folder, coordl.DataLoader, w),
         "imagefolder+torch": lambda w: measure_worker_uss_growth(folder, torch.utils.data.DataLoader, w),
@@ -205,6 +214,7 @@ def _configs(root: str) -> dict[str, Callable[[int], UssGrowth]]:
             lambda: ListDataset(root), torch.utils.data.DataLoader, w
         ),
         "staged": lambda w: measure_worker_uss_growth(staged, coordl.DataLoader, w),
+        "staging": lambda w: measure_worker_uss_growth(staging, coordl.DataLoader, w),
     }
 
 
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "coordl-scale-memory"))
     ap.add_argument(
         "--configs", nargs="+", default=["coordl", "imagefolder+torch", "list+torch"],
-        choices=["coordl", "imagefolder+torch", "list+torch", "staged"],
+        choices=["coordl", "imagefolder+torch", "list+torch", "staged", "staging"],
     )  # fmt: skip
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # more workers than cores: meant

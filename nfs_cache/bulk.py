@@ -40,7 +40,7 @@ def stage_all(
     staged.manifest.refresh()
     before_files = len(staged.manifest.entries)
     before_bytes = staged.manifest.total_bytes
-    todo = [f for f in files if f.relpath not in staged.manifest.entries]
+    todo = [f for f, done in zip(files, staged.staged_mask(files), strict=True) if not done]
     total_bytes = sum(f.size for f in files)
     start = time.monotonic()
     bar = (
@@ -56,7 +56,6 @@ def stage_all(
                     raise TimeoutError(
                         f"staging {source.url} into {staged.stage_dir} took over {timeout_s} s"
                     )
-                staged.add_listing([f])
                 if staged.staging_stopped:
                     break
                 staged.read(f.relpath)
@@ -73,7 +72,7 @@ def stage_all(
     unstaged = len(files) - len(staged.manifest.entries)
     stopped = staged.staging_stopped
     if unstaged and not stopped:  # copy processes stopped on their own: tell why from here
-        left = [f for f in files if f.relpath not in staged.manifest.entries]
+        left = [f for f, done in zip(files, staged.staged_mask(files), strict=True) if not done]
         stopped = "" if staged.budget.room_for(min(f.size for f in left)) else staged.staging_stopped
     summary = {
         "files": len(files),

@@ -1,17 +1,15 @@
-"""The manifest's entries (``relpath -> Entry``) and a stage's listing (``relpath -> RemoteFile``) held flat, so a
-million files cost no per-file objects.
+"""A stage's listing (``relpath -> RemoteFile``) held flat, so a million files cost no per-file objects; and
+``Entry``, a staged file's record.
 
-A stage directory of 10^6 files used to be read into a dict of 10^6 ``Entry`` objects in every process: ~300
-bytes per file, parsed again by every spawned worker, and in forked workers each read of an entry wrote its
-reference count and copied its page (pytorch/pytorch#13246). :class:`StagedEntries` keeps the bulk in flat
-arrays (names in a :class:`shmem.strings.StringArray`, size, mtime and CRC32 in one int64 array) ordered by the
-names' hashes and found by a binary search over them, and only the records applied since the last compaction in
-a dict. The hashes are Python's ``hash(str)``, which differs between processes: a pickled ``StagedEntries``
-computes them again where it is unpickled. :class:`FlatRecords` is the mapping; :class:`StagedEntries` (the
-manifest's) and :class:`RemoteFiles` (``StagedSource``'s listing, read by each worker as it stages a file) are
-its two kinds of record. :meth:`StagedEntries.settle`
-(called by the manifest after each refresh) merges that dict into the arrays once it holds more than an eighth of
-them: amortised O(1) passes per record, and a first read of a large manifest is merged once.
+A forked worker that reads a Python object writes its reference count and copies its page
+(pytorch/pytorch#13246), so a dict of 10^6 records is copied into every worker that reads it. :class:`FlatRecords`
+keeps the bulk in flat arrays (names in a :class:`shmem.strings.StringArray`, the fields in one int64 array)
+ordered by the names' hashes and found by a binary search over them, and only the records applied since the
+last compaction in a dict. The hashes are Python's ``hash(str)``, which differs between processes: a pickled
+``FlatRecords`` computes them again where it is unpickled. :meth:`FlatRecords.settle` merges that dict into the
+arrays once it holds more than an eighth of them: amortised O(1) passes per record. :class:`RemoteFiles` is
+``StagedSource``'s listing, read by each worker as it stages a file. (The manifest's entries are in an index all
+processes map: :mod:`nfs_cache.index`.)
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import numpy as np
 from nfs_cache.sources import RemoteFile
 from shmem.strings import StringArray
 
-__all__ = ["Entry", "FlatRecords", "RemoteFiles", "StagedEntries"]
+__all__ = ["Entry", "FlatRecords", "RemoteFiles"]
 
 V = TypeVar("V")
 
@@ -158,6 +156,11 @@ class FlatRecords(Mapping[str, V], Generic[V]):
         alive = live[pick]
         self._merge_base(last, [n for n, a in zip(last, alive.tolist(), strict=True) if a], rows[pick[alive]])
 
+    def columns(self) -> tuple[StringArray, np.ndarray]:
+        """Every name and its fields' row, in one order (the arrays themselves: read them, do not change them)."""
+        self.compact()
+        return self._names, self._values
+
     def compact(self) -> None:
         """Merge the records since the last compaction into the arrays."""
         if not self._delta:
@@ -181,15 +184,6 @@ class FlatRecords(Mapping[str, V], Generic[V]):
         self._set(StringArray([merged[i] for i in order.tolist()]), values[order], hashes[order])
         self._delta = {}
         self._count, self.total_bytes = len(merged), int(values[:, 0].sum())
-
-
-class StagedEntries(FlatRecords[Entry]):
-    """``relpath -> Entry`` for the files staged now (the manifest's entries)."""
-
-    FIELDS = ("size", "mtime_ns", "crc32")
-
-    def _record(self, name: str, row: list[int]) -> Entry:
-        return Entry(*row)
 
 
 class RemoteFiles(FlatRecords[RemoteFile]):

@@ -7,6 +7,7 @@ classes). Everything else is hidden in ``DST/.coordl/``, which dataset scanners 
     DST/<relpath>               staged copies (complete files only: they are renamed into place)
     DST/.coordl/source.txt      the source it belongs to (refuses to mix two datasets in one directory)
     DST/.coordl/manifest.log    what is staged, with sizes and CRC32s (see manifest.py)
+    DST/.coordl/index.bin       the manifest's entries as a hash table every process maps (see index.py)
     DST/.coordl/listing.txt     the source's file list when it was last listed (tells a partial stage apart)
     DST/.coordl/tmp/            copies in progress, named <pid>.<thread>.<n>, on DST's filesystem
     DST/.coordl/locks/          lock stripes

@@ -3,8 +3,8 @@
 Why a log: a record is appended (``O_APPEND``, one ``write`` under an exclusive ``flock``) only *after* the staged
 file has been renamed into place, so whatever a ``kill -9`` interrupts, the manifest never names a partial file.
 Each line carries its own CRC, so a torn last line (crash in mid-write, disk full) is recognised and ignored.
-Readers keep an offset and parse only what other processes appended since, so staying current costs one
-``fstat`` per miss.
+The entries are read from an index every process of the node maps (:mod:`nfs_cache.index`): a line is
+parsed once on the node, and staying current costs one ``fstat`` per miss.
 
 Line format (text, one record per line, last record for a path wins)::
 
@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 import urllib.parse
 import zlib
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from nfs_cache.entries import Entry, StagedEntries
+from nfs_cache.entries import Entry
+from nfs_cache.index import StagedIndex
 
-__all__ = ["Entry", "Manifest"]
+__all__ = ["Entry", "Manifest", "StagedEntries", "parse_lines"]
 
 
 def _encode(body: str) -> bytes:
@@ -48,23 +49,59 @@ def _fields(line: bytes) -> tuple[bool, str, int, int, int] | None:
     return None
 
 
-def _decode(line: bytes) -> tuple[str, str, Entry | None] | None:
-    """(op, relpath, entry) of one complete line, or None when it is damaged."""
-    rec = _fields(line)
-    if rec is None:
-        return None
-    added, relpath, size, mtime_ns, crc32 = rec
-    return ("+", relpath, Entry(size, mtime_ns, crc32)) if added else ("-", relpath, None)
+def parse_lines(data: bytes) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The records of complete lines ``data``: (relpaths, rows of size/mtime_ns/crc32, added flags); damaged
+    lines (a torn append, a bad CRC) are left out. Lists of str and int only: no object per record."""
+    names: list[str] = []
+    numbers: list[int] = []
+    for line in data.split(b"\n"):
+        rec = _fields(line) if line else None
+        if rec is not None:
+            names.append(rec[1])
+            numbers.extend(rec[2:])
+            numbers.append(int(rec[0]))
+    table = np.array(numbers, dtype=np.int64).reshape(-1, 4)
+    return names, table[:, :3], table[:, 3].astype(bool)
+
+
+class StagedEntries(Mapping[str, Entry]):
+    """``relpath -> Entry`` of the files staged now, read from the shared index (``Manifest.entries``)."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self._manifest = manifest
+
+    def get(self, relpath: str, default: Entry | None = None) -> Entry | None:  # type: ignore[override]
+        found = self._manifest.get(relpath) if isinstance(relpath, str) else None
+        return default if found is None else found
+
+    def __getitem__(self, relpath: str) -> Entry:
+        found = self.get(relpath)
+        if found is None:
+            raise KeyError(relpath)
+        return found
+
+    def __contains__(self, relpath: object) -> bool:
+        return isinstance(relpath, str) and self._manifest.get(relpath) is not None
+
+    def __len__(self) -> int:
+        return self._manifest.totals()[0]
+
+    def __iter__(self) -> Iterator[str]:
+        """The staged paths, read from the log (a pass over it: for checks and tools, not per item)."""
+        last: dict[str, bool] = {}
+        for names, _, live in self._manifest.read_log():
+            last.update(zip(names, live.tolist(), strict=True))
+        return iter([name for name, alive in last.items() if alive and name in self])
 
 
 class Manifest:
-    """In-memory view of the manifest log at ``path``; ``refresh`` picks up other processes' appends."""
+    """The manifest log at ``path`` and its shared index (:mod:`nfs_cache.index`): every process of the node
+    reads the same entries; ``refresh`` applies what any process appended since the index last caught up."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.entries = StagedEntries()  # held flat: see nfs_cache.entries
-        self._offset = 0
-        self._lock = threading.Lock()
+        self.index = StagedIndex(path, parse_lines)
+        self.entries = StagedEntries(self)
         self._pid = os.getpid()
         self._fd = -1
 
@@ -75,34 +112,38 @@ class Manifest:
         return self._fd
 
     def refresh(self) -> None:
-        """Apply the lines appended since the last refresh (by any process)."""
-        with self._lock:
-            fd = self._file()
-            size = os.fstat(fd).st_size
-            if size <= self._offset:
-                return
-            data = os.pread(fd, size - self._offset, self._offset)
-            end = (
-                data.rfind(b"\n") + 1
-            )  # an incomplete last line is being written (or was torn): skip it for now
-            names: list[str] = []
-            numbers: list[int] = []  # size, mtime_ns, crc32, added of each record: no object per record
-            for line in data[:end].split(b"\n")[:-1]:
-                rec = _fields(line)
-                if rec is not None:
-                    names.append(rec[1])
-                    numbers.extend(rec[2:])
-                    numbers.append(int(rec[0]))
-            table = np.array(numbers, dtype=np.int64).reshape(-1, 4)
-            self.entries.apply_rows(names, table[:, :3], table[:, 3].astype(bool))
-            # A torn last line (crash mid-write) stays unparsed here: the next append starts on a fresh line.
-            self._offset += end
-            self.entries.settle()
+        """Bring the index up to the log's last complete line (lines by any process; each parsed once)."""
+        self.index.catch_up(self._file())
+
+    def reserve(self, files: int) -> None:
+        """Size the index for ``files`` names now (a listing's), not while workers stage them."""
+        self.index.reserve(files, self._file())
 
     @property
     def total_bytes(self) -> int:
         """Bytes of every staged file."""
-        return self.entries.total_bytes
+        return self.totals()[1]
+
+    def totals(self) -> tuple[int, int]:
+        """(staged files, their bytes)."""
+        return self.index.totals(self._file())
+
+    def lookup(self, relpaths: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For every one of ``relpaths`` in one pass: (staged now, its size, the mtime_ns it was staged with),
+        sizes and mtimes 0 where not staged. Costs the same per name at any count (vectorised probes)."""
+        self.refresh()
+        return self.index.lookup(relpaths, self._file())
+
+    def read_log(self) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
+        """The log's records in order, parsed a few MB at a time (what :func:`parse_lines` gives)."""
+        fd, offset = self._file(), 0
+        while True:
+            data = os.pread(fd, 4 << 20, offset)
+            end = data.rfind(b"\n") + 1
+            if not end:
+                return
+            yield parse_lines(data[:end])
+            offset += end
 
     def _append(self, body: str) -> None:
         fd = self._file()
@@ -130,9 +171,12 @@ class Manifest:
         self.refresh()
 
     def get(self, relpath: str) -> Entry | None:
-        return self.entries.get(relpath)
+        """The record of ``relpath`` as far as the index has caught up (``refresh`` first to see the latest)."""
+        found = self.index.get(relpath, self._file())
+        return None if found is None else Entry(*found)
 
     def close(self) -> None:
         if self._fd >= 0 and self._pid == os.getpid():
             os.close(self._fd)
         self._fd = -1
+        self.index.close()

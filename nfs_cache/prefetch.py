@@ -69,8 +69,7 @@ class BackgroundPrefetch:
     in ``workers`` background processes."""
 
     def __init__(self, staged: Any, files: list[RemoteFile], workers: int = 1) -> None:
-        staged.manifest.refresh()
-        todo = [f for f in files if f.relpath not in staged.manifest.entries]
+        todo = [f for f, done in zip(files, staged.staged_mask(files), strict=True) if not done]
         self._procs = spawn_shards(staged.source.url, staged.stage_dir, todo, staged.budget_bytes, workers)
 
     def wait(self, timeout_s: float) -> bool:

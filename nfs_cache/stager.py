@@ -125,13 +125,24 @@ class StagedSource:
         ``.coordl/`` folder at the source's top is another stage directory's bookkeeping and is left out.
         """
         if not self._listed:
-            self._listing.update(
-                (f.relpath, f) for f in self.source.list_files() if f.relpath.split("/", 1)[0] != META_DIR
-            )
+            files = [f for f in self.source.list_files() if f.relpath.split("/", 1)[0] != META_DIR]
+            files.sort(key=lambda f: f.relpath)  # sorted already (the sources' contract): one pass to check
+            known = len(self._listing)
+            self._listing.update((f.relpath, f) for f in files)
             self._listed = True
+            self.manifest.reserve(len(files))  # the index sized now, not while workers stage
             forget_changed(self.layout, self.manifest, self._listing)
-            self.layout.write_listing(sorted(self._listing), f"{os.getpid()}.{threading.get_ident()}.listing")
+            self.layout.write_listing(
+                (f.relpath for f in files), f"{os.getpid()}.{threading.get_ident()}.listing"
+            )
+            if not known:  # nothing added before the listing: the source's list is the answer
+                return files
         return sorted(self._listing.values(), key=lambda f: f.relpath)
+
+    def staged_mask(self, files: list[RemoteFile]) -> list[bool]:
+        """Whether each of ``files`` is staged now, looked up in one pass (flat per file at any count)."""
+        staged = self.manifest.lookup([f.relpath for f in files])[0]
+        return [bool(x) for x in staged.tolist()]
 
     def list_files(self, extensions: list[str] | tuple[str, ...] | None = None) -> list[str]:
         """Sorted relative paths of the remote files (optionally only those ending in one of ``extensions``).
@@ -166,7 +177,7 @@ class StagedSource:
 
     def is_staged(self, relpath: str) -> bool:
         self.manifest.refresh()
-        return relpath in self.manifest.entries
+        return self.manifest.get(relpath) is not None
 
     def local_path(self, relpath: str) -> str:
         """Where the staged copy of ``relpath`` lives (it may not exist yet)."""
@@ -179,9 +190,10 @@ class StagedSource:
         """``staged_items``/``staged_bytes`` (whole node, from the manifest) and ``remote_bytes_read`` (all
         processes when ``counters`` was given, else this process)."""
         self.manifest.refresh()
+        files, staged_bytes = self.manifest.totals()
         return {
-            "staged_items": len(self.manifest.entries),
-            "staged_bytes": self.manifest.total_bytes,
+            "staged_items": files,
+            "staged_bytes": staged_bytes,
             "remote_bytes_read": self.counts.remote_bytes_read(),
         }
 

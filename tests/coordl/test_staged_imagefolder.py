@@ -84,6 +84,7 @@ def test_old_layout_stage_dir_is_refused_and_the_conversion_it_prints_works(tmp_
     (dst / ".coordl" / "locks").rename(dst / "locks")
     (dst / ".coordl" / "tmp").rename(dst / "tmp")
     (dst / ".coordl" / "listing.txt").unlink()
+    (dst / ".coordl" / "index.bin").unlink()  # the manifest's index came later still
     (dst / ".coordl").rmdir()
     with pytest.raises(StageDirError, match="older coordl") as err:
         coordl.ImageFolder(dst)

@@ -1,17 +1,25 @@
-"""nfs_cache.entries: the manifest's entries and a stage's listing held flat read as the dicts they were, before
-and after compaction, and a large manifest read back costs no per-file objects."""
+"""nfs_cache.entries: records held flat (a stage's listing) read as the dicts they were, before and after
+compaction. (The manifest's entries: tests/nfs_cache/test_index.py.)"""
 
 from __future__ import annotations
 
 import pickle
 import random
 
-from nfs_cache.entries import Entry, RemoteFiles, StagedEntries
-from nfs_cache.manifest import Manifest
+from nfs_cache.entries import Entry, FlatRecords, RemoteFiles
 from nfs_cache.sources import RemoteFile
 
 
-def _check(entries: StagedEntries, want: dict[str, Entry]) -> None:
+class Entries(FlatRecords[Entry]):
+    """Records of three fields, as the manifest's entries were held before its shared index."""
+
+    FIELDS = ("size", "mtime_ns", "crc32")
+
+    def _record(self, name: str, row: list[int]) -> Entry:
+        return Entry(*row)
+
+
+def _check(entries: Entries, want: dict[str, Entry]) -> None:
     assert len(entries) == len(want) and sorted(entries) == sorted(want)
     assert dict(entries.items()) == want and entries.total_bytes == sum(e.size for e in want.values())
     for rel, entry in want.items():
@@ -21,7 +29,7 @@ def _check(entries: StagedEntries, want: dict[str, Entry]) -> None:
 
 def test_reads_as_the_dict_of_its_records_through_compactions() -> None:
     rng = random.Random(0)
-    entries, want = StagedEntries(), {}
+    entries, want = Entries(), {}
     names = [f"c{rng.randrange(50)}/{rng.randrange(10**6):07d} ü.jpg" for _ in range(3000)]
     for step, rel in enumerate(names * 4):
         if rng.random() < 0.2:
@@ -38,22 +46,6 @@ def test_reads_as_the_dict_of_its_records_through_compactions() -> None:
     entries.compact()
     assert not entries._delta
     _check(entries, want)
-
-
-def test_a_large_manifest_is_held_in_arrays(tmp_path) -> None:
-    path = str(tmp_path / "manifest.log")
-    writer = Manifest(path)
-    for i in range(20_000):  # what 20,000 staged files leave behind
-        writer._append(f"+ {i} {i * 7} {i:08x} d/{i:06d}.jpg")
-    writer.remove("d/000003.jpg")
-    reader = Manifest(path)
-    reader.refresh()
-    assert len(reader.entries) == 19_999 and reader.get("d/000003.jpg") is None
-    assert reader.get("d/012345.jpg") == Entry(12345, 12345 * 7, 12345)
-    assert reader.total_bytes == sum(range(20_000)) - 3
-    assert not reader.entries._delta  # merged into the arrays once, after the read
-    writer.close()
-    reader.close()
 
 
 def test_remote_files_read_as_the_listing_dict() -> None:

@@ -17,7 +17,7 @@ def test_copies_mirror_the_source_and_bookkeeping_is_hidden(dataset, tmp_path):
         assert (dst / rel).read_bytes() == data
     assert sorted(p.name for p in dst.iterdir()) == [".coordl", "class0", "class1", "class2"]
     assert sorted(p.name for p in (dst / ".coordl").iterdir()) == [
-        "listing.txt", "locks", "manifest.log", "source.txt", "tmp"]  # fmt: skip
+        "index.bin", "listing.txt", "locks", "manifest.log", "source.txt", "tmp"]  # fmt: skip
     assert StageLayout(str(dst)).read_listing() == sorted(files)
     assert stage_status(dst).missing == []
 
