@@ -9,8 +9,9 @@ the next step is the remedy of the new bound: those that remove the stall cheape
 gains most, within this machine's cores and the memory budget. Remedies that need more than this machine
 (nodes, remote CPUs, GPU prep) or a probe the profile did not make are left to the verdict's list.
 
-One step comes before the ranked list: while the job stalls on its data, its workers compute (rather than
-wait on storage) and the trainer's intra-op threads plus the loader's workers outnumber the cores (:func:`coordl.tune.model.oversubscribed`), one thread, as a
+One step comes before the ranked list: while the job stalls on its data, its step computes on this CPU
+(the main process busy at least :data:`~coordl.tune.model.STEP_ON_CPU` of the step's time, not waiting on
+an accelerator) and the trainer's intra-op threads plus the loader's workers outnumber the cores (:func:`coordl.tune.model.oversubscribed`), one thread, as a
 trial predicted no lower than the job as it runs, unless the ranked steps come to the threads themselves
 (then the model's order stands). The model prices the threads that spin, not a worker preempted at a
 parallel region's barrier; on the 2-core host the README job ran 2x faster with one thread on 1 worker,
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from coordl.tune.model import oversubscribed
+from coordl.tune.model import STEP_ON_CPU, oversubscribed
 from dsanalyzer.judge.loadercode import change_text, is_dali
 from dsanalyzer.judge.remedies import GAIN, current, ranked
 from dsanalyzer.judge.verdict import recommend
@@ -158,8 +159,9 @@ def _threads_trial(model: Model, now: float, excluded: frozenset[str]) -> Step |
     threads = intra_op_threads(model.cpus, model.torch_threads, model.threads_follow_cores)
     if "threads" in excluded or not oversubscribed(threads, model.workers, model.cpus):
         return None
-    if _waiting_workers(model):
-        return None  # the workers wait (on storage, a sleep): the cores are not what they lack
+    step_s = model.batch_size / model.compute_per_s if model.compute_per_s > 0 else 0.0
+    if not model.step_on_cpu or (model.step_cpu_s or 0.0) < STEP_ON_CPU * step_s:
+        return None  # a step that waits (an accelerator, a sleep): its threads take no core from anyone
     pred = current(model)
     if pred.bound == "compute":
         return None  # the step binds: its threads are what it runs on

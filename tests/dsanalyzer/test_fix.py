@@ -32,7 +32,8 @@ def test_too_few_workers_are_fixed_measured_and_patched(tmp_path):
     text, plan = _fix("--dry-run", "--out", out, *FAST, job=["--workers", "1"])
     assert plan["plan"][0]["loader_args"] == {"num_workers": 2} and plan["rounds"] == []
     assert "1. DataLoader(..., num_workers=2): predicted" in text and "dry run: nothing was run" in text
-    text, result = _fix("--report", out, *FAST, job=["--workers", "1"])  # the same profile, now run
+    # the same profile, now run; one round (a second would double the workers again: they sleep, not compute)
+    text, result = _fix("--report", out, "--rounds", "1", *FAST, job=["--workers", "1"])
     first = result["rounds"][0]
     assert first["status"] == "kept" and first["change"] == "DataLoader(..., num_workers=2)"
     # 2 workers of sleeping prep against 1: about twice the samples/s; generous for a loaded host
