@@ -62,6 +62,16 @@ loader.close()
 '''
 
 
+_WHOLE: dict[tuple[int, str], list[torch.Tensor]] = {}
+
+
+def _whole(tmp: Path, workers: int, kind: str) -> list[torch.Tensor]:
+    """The uninterrupted run (it does not depend on ``k``): one process per (workers, kind) in this module."""
+    if (workers, kind) not in _WHOLE:
+        _WHOLE[workers, kind] = _run(tmp, "whole", 0, workers, kind)
+    return [b.clone() for b in _WHOLE[workers, kind]]
+
+
 def _run(tmp: Path, mode: str, k: int, workers: int, kind: str) -> list[torch.Tensor]:
     script = tmp / "runner.py"
     script.write_text(RUNNER)
@@ -81,7 +91,7 @@ def _run(tmp: Path, mode: str, k: int, workers: int, kind: str) -> list[torch.Te
         (0, 0, "shuffle"), (5, 2, "shuffle"), (8, 2, "shuffle"), (2, 2, "batch_sampler"), (3, 2, "sequential"))],
 )  # fmt: skip
 def test_resume_in_a_new_process_continues_exactly(tmp_path: Path, k: int, workers: int, kind: str) -> None:
-    whole = _run(tmp_path, "whole", k, workers, kind)
+    whole = _whole(tmp_path, workers, kind)
     first = _run(tmp_path, "stop", k, workers, kind)
     rest = _run(tmp_path, "resume", k, workers, kind)
     per_epoch = len(whole) // 2

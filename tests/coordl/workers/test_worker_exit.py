@@ -99,12 +99,17 @@ def _aborts_with(context: object, tmp_path: Path, tries: int) -> int:
 def test_the_cause_torch_spawned_workers_abort_so_and_coordls_do_not(tmp_path: Path) -> None:
     """The cause, on torch's own loader: with plain ``spawn`` the stop aborts the worker in some of the
     tries (3 of 4 on the 2-core hosts seen; how many depends on the host's timing, so it is printed, not
-    asserted); with coordl's spawn context (what coordl.DataLoader gives torch) never."""
+    asserted); with coordl's spawn context (what coordl.DataLoader gives torch) never.
+
+    torch's own context is tried by hand only (``COORDL_STRESS_RUNS=N``, run with ``-s`` to see the count): it
+    asserts nothing, and CI's ``-q`` run never showed its line (4 spawned workers, ~20 s of CI's parallel phase)."""
     from coordl.workers.start import _FLAGGED
 
-    tries = int(os.environ.get("COORDL_STRESS_RUNS") or 4)
+    runs = os.environ.get("COORDL_STRESS_RUNS")
+    tries = int(runs or 4)
     assert _aborts_with(_FLAGGED[multiprocessing.context.SpawnContext], tmp_path, tries) == 0
-    print(f"torch's own spawn context: {_aborts_with('spawn', tmp_path, tries)} aborts in {tries} tries")
+    if runs:
+        print(f"torch's own spawn context: {_aborts_with('spawn', tmp_path, tries)} aborts in {tries} tries")
 
 
 def _abort_at_exit(worker_id: int) -> None:
