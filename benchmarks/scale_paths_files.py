@@ -117,6 +117,45 @@ def _read_back(open_ds: Callable[[], Any], n: int, prefix: str) -> Metrics:
     }
 
 
+@contextlib.contextmanager
+def _timed(owner: Any, name: str) -> Iterator[list[float]]:
+    """Seconds of every call of ``owner.name`` while inside (the function is wrapped, then put back)."""
+    real = getattr(owner, name)
+    seconds: list[float] = []
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - t0)
+
+    setattr(owner, name, timed)
+    try:
+        yield seconds
+    finally:
+        setattr(owner, name, real)
+
+
+@contextlib.contextmanager
+def _state_writes() -> Iterator[list[int]]:
+    """The size of every file a tar pack writes to its resume state (:mod:`coordl.packing.tarstate`)."""
+    from coordl.packing import tarstate
+
+    sizes: list[int] = []
+    real = tarstate.write_json
+
+    def counted(path: str, doc: dict) -> None:
+        real(path, doc)
+        sizes.append(os.path.getsize(path))
+
+    tarstate.write_json = counted
+    try:
+        yield sizes
+    finally:
+        tarstate.write_json = real
+
+
 def packed(n: int, work: Path) -> Metrics:
     """``coordl pack`` of ``n`` tiny items into LMDB and into tar shards, and reading each back.
 
@@ -132,9 +171,10 @@ def packed(n: int, work: Path) -> Metrics:
     out: Metrics = {"items": n}
     for fmt in ("lmdb", "tar"):
         dst = work / fmt
-        t0, c0 = time.perf_counter(), time.process_time()
-        result = pack(source, dst, fmt, progress=False)
-        pack_s, pack_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        with _state_writes() as state_bytes:
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = pack(source, dst, fmt, progress=False)
+            pack_s, pack_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         if not result.ok:
             raise RuntimeError(f"pack {fmt} of {n} items failed its read-back: {result.mismatches[:3]}")
         files, alloc = _dir_bytes(dst)
@@ -146,6 +186,14 @@ def packed(n: int, work: Path) -> Metrics:
             f"{fmt}_disk_bytes": alloc,
             f"{fmt}_disk_bytes_per_item": alloc / n,
         })  # fmt: skip
+        if fmt == "tar":  # the resume state: each shard's record written once, flat per shard
+            shards = sum(1 for name in os.listdir(dst) if name.endswith(".tar"))
+            out.update({
+                "tar_shards": shards,
+                "tar_state_bytes_written": sum(state_bytes),
+                "tar_state_bytes_written_per_shard": sum(state_bytes) / shards,
+                "tar_state_writes": len(state_bytes),
+            })  # fmt: skip
         if fmt == "lmdb":
             out.update(_read_back(functools.partial(LMDBDataset, dst), n, fmt))
         else:
@@ -234,9 +282,16 @@ def nfs_staging(n: int, work: Path) -> Metrics:
     src, make_s = tiny_tree(work, n)
     dst = work / "stage"
     killed_s, staged_before_kill = _interrupted_stage(src, dst, n)
-    t0 = time.perf_counter()
-    resumed = stage_all(src, dst, progress=False)
-    resume_s = time.perf_counter() - t0
+    import nfs_cache.sources
+    import nfs_cache.stager
+
+    with (
+        _timed(nfs_cache.sources.LocalSource, "list_files") as listing_s,
+        _timed(nfs_cache.stager, "forget_changed") as forget_s,
+    ):
+        t0 = time.perf_counter()
+        resumed = stage_all(src, dst, progress=False)
+        resume_s = time.perf_counter() - t0
     files = int(resumed["files"])  # n and the tree's marker file
     copied = int(resumed["staged_files"])
     if resumed["already_files"] + copied != files or resumed["unstaged_files"]:
@@ -254,6 +309,11 @@ def nfs_staging(n: int, work: Path) -> Metrics:
         "resume_s": resume_s,
         "resume_startup_s": resume_s - copy_s,
         "resume_startup_s_per_item": (resume_s - copy_s) / n,
+        # the start-up's parts: the source's listing (a walk and a stat per file: the file system's cost), and
+        # the check of every staged copy against it (forget_changed: a lookup of every listed name)
+        "resume_listing_s_per_item": sum(listing_s) / n,
+        "resume_forget_changed_s_per_item": sum(forget_s) / n,
+        "resume_bookkeeping_s_per_item": (resume_s - copy_s - sum(listing_s)) / n,
         "resume_already_files": int(resumed["already_files"]),
         "resume_copied_files": copied,
         "resume_recopied_files": copied - (files - staged_before_kill),  # staged once already: ideally 0
@@ -262,6 +322,10 @@ def nfs_staging(n: int, work: Path) -> Metrics:
         "manifest_bytes": manifest_bytes,
         "manifest_bytes_per_item": manifest_bytes / n,
         "listing_bytes": os.path.getsize(layout.listing_file),
+        "index_bytes": os.path.getsize(
+            os.path.join(layout.meta, "index.bin")
+        ),  # shared by the node's processes
+        "index_bytes_per_item": os.path.getsize(os.path.join(layout.meta, "index.bin")) / n,
     }
 
 

@@ -52,7 +52,7 @@ _MAGIC = int.from_bytes(b"CDLIDX01", "little")
 _VERSION = 1
 (_MAGIC_W, _VERSION_W, _SLOTS_W, _PARSED_W, _TAIL_W, _DEV_W, _INO_W, _BOOT_LO_W, _BOOT_HI_W, _MOVED_W,
  _DIRTY_W, _USED_W, _LIVE_W, _LIVE_BYTES_W) = range(14)  # fmt: skip
-_READ_CHUNK_BYTES = 4 << 20  # a catch-up reads the log in pieces: its memory stays flat
+_READ_CHUNK_BYTES = 1 << 20  # a catch-up reads the log in pieces: its memory stays flat (~5 MB of parsing)
 
 
 def _boot_id() -> tuple[int, int]:
@@ -225,7 +225,7 @@ class StagedIndex:
             if not end:
                 if len(data) < _READ_CHUNK_BYTES:
                     return  # an incomplete last line is being written (or was torn): skip it for now
-                end = len(data)  # a 4 MiB line is damage: skip it whole
+                end = len(data)  # a line longer than a chunk (1 MiB) is damage: skip it whole
             names, rows, live = self._parse(data[:end])
             self.reserve(h[_USED_W] + len(names), manifest_fd, locked=True)
             h = self._header  # reserve may have moved to a bigger table
