@@ -14,9 +14,10 @@ For each job:
    default, or 1), each a run of ``--epochs`` epochs, samples/s from the second epoch on; the grid's best
    point and the wall time the whole grid took;
 2. **fix**: ``dsanalyzer fix -- python job.py`` (``--runs 1``), its wall time, and the change it kept;
-3. **tune**: the job with ``coordl.DataLoader(..., tune=True)`` for ``--tune-epochs`` epochs, each epoch's
-   samples/s and ``tune_log()``;
-4. **final**: the user's settings, the grid's best, fix's kept change, alternated ``--runs`` times (the
+3. **final**: the user's settings, the grid's best, fix's kept change (one configuration with the grid's best
+   when fix kept that very point: the same runs count for both) and **tune**, the job with
+   ``coordl.DataLoader(..., tune=True)`` for ``--tune-epochs`` epochs (each epoch's samples/s and
+   ``tune_log()``; its rate from epoch 2 is the median of epochs 2 on), alternated ``--runs`` times (the
    same minutes of a shared host for each), medians.
 
 The targets (issue 60): fix reaches >= 90% of the grid's best in under a fifth of the grid's time; tune
@@ -107,6 +108,7 @@ print("BENCH " + json.dumps({"rates": rates, "tune_log": log}), flush=True)
 '''
 
 JOBS = ("fetch", "prep", "compute", "readme")
+USER = {"fetch": (2, 2), "prep": (1, 2), "compute": (2, 2), "readme": (2, 2)}  # as in JOB: workers, prefetch
 GRID = {"prefetch": (2, 4), "threads": (0, 1)}  # threads 0: torch's default
 
 
@@ -185,28 +187,45 @@ def bench_job(kind: str, script: Path, root: str, args: argparse.Namespace) -> d
         except FileNotFoundError:
             fix = {"error": (proc.stdout + proc.stderr)[-2000:]}
     print(f"  [{kind}] fix kept {fix.get('kept')} in {fix_s:.0f} s (grid {grid_s:.0f} s)", flush=True)
-    tuned = _run_job(script, kind, root, {"BENCH_TUNE": "1", "BENCH_EPOCHS": str(args.tune_epochs)})
-    print(f"  [{kind}] tune epochs {[round(r) for r in tuned['rates']]}", flush=True)
+    tune_env = {"BENCH_TUNE": "1", "BENCH_EPOCHS": str(args.tune_epochs)}
     configs = {
         "user": {"BENCH_EPOCHS": str(args.epochs)},
         "grid_best": _point_env(best, args.epochs),
         "fix": _fix_env(fix, args.epochs),
     }
-    final: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(args.runs):
+    same = _knobs(kind, configs["fix"]) == _knobs(kind, configs["grid_best"])
+    if same:  # fix kept the grid's best point: one configuration, its runs count for both
+        del configs["fix"]
+    final: dict[str, list[float]] = {k: [] for k in (*configs, "tune_from_epoch2", "tune_last")}
+    tunes = []
+    for _ in range(args.runs):  # tune alternated with the others too: the same minutes of the host
         for name, env in configs.items():
             final[name].append(_steady(_run_job(script, kind, root, env)["rates"]))
+        tunes.append(_run_job(script, kind, root, tune_env))
+        final["tune_from_epoch2"].append(_steady(tunes[-1]["rates"]))
+        final["tune_last"].append(tunes[-1]["rates"][-1])
+        print(f"  [{kind}] tune epochs {[round(r) for r in tunes[-1]['rates']]}", flush=True)
+    if same:
+        final["fix"] = final["grid_best"]
     med = {k: statistics.median(v) for k, v in final.items()}
-    tune_rates = tuned["rates"]
     return {
-        "grid": grid, "grid_best": best, "grid_s": grid_s, "fix_s": fix_s, "fix": fix, "tune": tuned,
-        "final": final, "median": med,
+        "grid": grid, "grid_best": best, "grid_s": grid_s, "fix_s": fix_s, "fix": fix, "tune": tunes,
+        "fix_is_grid_best": same, "final": final, "median": med,
         "fix_vs_grid_best": med["fix"] / med["grid_best"], "fix_time_vs_grid": fix_s / grid_s,
         "fix_vs_user": med["fix"] / med["user"],
-        "tune_from_epoch2_vs_grid_best": statistics.median(tune_rates[1:]) / med["grid_best"],
-        "tune_last_vs_grid_best": tune_rates[-1] / med["grid_best"],
-        "tune_vs_user": statistics.median(tune_rates[1:]) / med["user"],
+        "tune_from_epoch2_vs_grid_best": med["tune_from_epoch2"] / med["grid_best"],
+        "tune_last_vs_grid_best": med["tune_last"] / med["grid_best"],
+        "tune_vs_user": med["tune_from_epoch2"] / med["user"],
     }  # fmt: skip
+
+
+def _knobs(kind: str, env: dict[str, str]) -> tuple:
+    """A configuration's knobs as the job reads them (unset: the user's own, ``USER`` in ``JOB``)."""
+    workers, prefetch = USER[kind]
+    return (
+        int(env.get("BENCH_WORKERS", workers)), int(env.get("BENCH_PREFETCH", prefetch)),
+        int(env.get("BENCH_THREADS", "0")), env.get("BENCH_LOADER", ""), env.get("BENCH_LOADER_ARGS", "{}"),
+    )  # fmt: skip
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -255,6 +274,8 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(results, indent=1, default=str))
     print(table(results))
+    for kind, r in results.items():  # the spread behind each median
+        print(f"{kind} runs: " + "; ".join(f"{k} {[round(x) for x in v]}" for k, v in r["final"].items()))
 
 
 if __name__ == "__main__":
