@@ -39,7 +39,7 @@ TARGET = "h"
 # of hardlinked copies (bench_loader --replicate), as many as the transform's speed here needs.
 # epochs 2: the first fills coordl's cache and the page cache, the second is timed.
 REAL = {"n": 1500, "batch": 16, "epochs": 2, "runs": 2, "epoch_s": 1.0, "max_copies": 12}
-DRY = {"n": 160, "batch": 8, "epochs": 2, "runs": 1, "epoch_s": 0.2, "max_copies": 2}
+DRY = {"n": 64, "batch": 8, "epochs": 2, "runs": 1, "epoch_s": 0.2, "max_copies": 2}
 CLASSES = 4
 
 
