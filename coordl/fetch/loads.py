@@ -9,7 +9,7 @@ batch around them (its keys, its number, the ring slot its samples go to, its co
 
 from __future__ import annotations
 
-import functools
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,7 +21,7 @@ from coordl.fetch.ahead import FetchAhead
 from coordl.fetch.keys import DatasetKeys
 from coordl.fetch.pace import ReadPace
 from coordl.fetch.skipping import SkipLog
-from coordl.fetch.tiers import TierLookup, as_bytes
+from coordl.fetch.tiers import TierLookup
 from coordl.fetch.watch import WorkerWatch
 from coordl.resume.order import batch_seeds
 
@@ -63,6 +63,7 @@ class BatchLoads:
         self.watch = watch
         self.fetch_ahead = fetch_ahead
         self._item_seeds: dict[int, int] = {}
+        self._batch_seeds: tuple[Sequence[Any], list[int | None]] | None = None
         # A source whose prep reads views (coordl's Decode first) preps a cached item straight from its
         # cache row: no copy of the item into bytes first.
         self._ahead = FetchAhead(fetch_ahead, lookup, getattr(source, "prep_reads_buffers", False) is True)
@@ -74,15 +75,17 @@ class BatchLoads:
         the first one the epoch's, from which the others' are derived (:func:`batch_seeds`)."""
         first = indices[0] if indices else None
         seeds = batch_seeds(indices) if getattr(first, "seed", None) is not None else None
-        self._item_seeds = (
-            {int(i): seed for i, seed in zip(indices, seeds, strict=True) if seed is not None}
-            if seeds
-            else {}
-        )
+        # index -> seed, made by the first seed() of the batch (the plain loop reads the list instead)
+        self._batch_seeds = (indices, seeds) if seeds else None
+        self._item_seeds = {}
         return seeds
 
     def seed(self, index: int) -> None:
         """Seed torch's RNG for ``index``'s prep when its index carried a seed (resumable epochs)."""
+        if self._batch_seeds is not None:
+            indices, seeds = self._batch_seeds
+            self._batch_seeds = None
+            self._item_seeds = {int(i): s for i, s in zip(indices, seeds, strict=True) if s is not None}
         seed = self._item_seeds.get(index) if self._item_seeds else None
         if seed is not None:
             # The CPU generator only: torch.manual_seed also queues a seed for every accelerator
@@ -100,9 +103,10 @@ class BatchLoads:
         if self.sample_cache_tier is not None:
             return self.split(keys, worker_id)
         lookup.ask_batched(keys)
+        copy = not self._ahead.prep_views  # the cache's hits as the bytes prep reads, not as views
         if self.fetch_ahead > 0 and in_worker and len(keys) > 1:
             # A batch the MinIO cache holds whole reads nothing ahead: its items are in memory.
-            known = lookup.peek_memory(keys)
+            known = lookup.peek_memory(keys, copy)
             pace = self._ahead.pace()
             if known is not None and known[1] == 0:
                 return self.plain(keys, seeds, worker_id, raws=known[0])
@@ -110,7 +114,7 @@ class BatchLoads:
                 # storage that answers at once (the page cache): read in this thread, in turn, timed
                 return self.plain(keys, seeds, worker_id, pace=pace)
             return self.ahead(keys, worker_id, known[0] if known is not None else None)
-        known = lookup.peek_memory(keys)  # the MinIO cache asked once for the whole batch
+        known = lookup.peek_memory(keys, copy)  # the MinIO cache asked once for the whole batch
         return self.plain(keys, seeds, worker_id, raws=known[0] if known is not None else None)
 
     def batched(self, indices: Sequence[int], worker_id: int | None) -> Any:
@@ -157,27 +161,54 @@ class BatchLoads:
             lookup.count_reads(len(keys))
             raws, views = [b""] * len(keys), True
         fetch = lookup.batch_fetch(views, asked=raws is not None) if raws is None or None in raws else None
+        if pace is not None:
+            yield from self._paced(keys, seeds, worker_id, fetch, pace)
+            return
         prep, skip = self.source.prep, self._skips.skip_or_raise
-        watch = self.watch
         on_item = (
-            functools.partial(watch.on_item, worker_id)
-            if worker_id is not None and watch is not None
-            else None
+            self.watch.item_writer(worker_id) if worker_id is not None and self.watch is not None else None
         )
         reseed = torch.default_generator.manual_seed  # the CPU generator only: see seed()
-        for k, index in enumerate(keys):
-            if pace is not None and pace.slow:
-                yield from self.ahead(keys[k:], worker_id)
-                return
+        nothing = itertools.repeat(None)
+        for index, raw, seed in zip(
+            keys, nothing if raws is None else raws, nothing if seeds is None else seeds, strict=False
+        ):  # strict=False: repeat(None) stands for the bytes or seeds a batch has none of
             if on_item is not None:
                 on_item(index)
             try:
-                raw = raws[k] if raws is not None else None
                 if raw is None:
                     assert fetch is not None  # made whenever an item has no bytes in hand
-                    raw = fetch(index) if pace is None else pace.timed_call(fetch, index)
+                    raw = fetch(index)
                 elif not views:
-                    raw = as_bytes(raw)
+                    raw = bytes(raw)  # a cache row's view as the bytes the protocol promises (bytes: as is)
+                if seed is not None:
+                    reseed(seed)
+                sample = prep(raw, index)
+            except CorruptItemError as e:
+                sample = skip(e, index)
+            yield sample
+
+    def _paced(
+        self,
+        keys: list[int],
+        seeds: list[int | None] | None,
+        worker_id: int | None,
+        fetch: Any,
+        pace: ReadPace,
+    ) -> Iterator[Any]:
+        """:meth:`plain` for storage read in this thread with each read timed: once storage is found
+        slow, the rest of the batch is read ahead (:meth:`ahead`)."""
+        prep, skip = self.source.prep, self._skips.skip_or_raise
+        watch = self.watch
+        reseed = torch.default_generator.manual_seed  # the CPU generator only: see seed()
+        for k, index in enumerate(keys):
+            if pace.slow:
+                yield from self.ahead(keys[k:], worker_id)
+                return
+            if worker_id is not None and watch is not None:
+                watch.on_item(worker_id, index)
+            try:
+                raw = pace.timed_call(fetch, index)
                 if seeds is not None and (seed := seeds[k]) is not None:
                     reseed(seed)
                 sample = prep(raw, index)

@@ -5,7 +5,8 @@ random order hits far less than the cached fraction (CoorDL, Mohan et al., VLDB 
 the first items fetched until the budget is full and never replaces them, so from the second epoch
 the hit ratio equals the cached fraction exactly, whatever the access order.
 
-Storage: the project's one never-evicting shared-memory table (:class:`shmem.table.AppendTable`), one
+Storage: the project's one never-evicting shared-memory table (:class:`shmem.table.AppendTable`, read a
+batch of rows at a time: :class:`shmem.dense.DenseTable`), one
 row per item (``dense``), in one segment reclaimed when its owner dies. Writers claim space under a
 file lock and reserve pages first (a full ``/dev/shm`` is a clean "full", never SIGBUS); readers take
 no lock and serve an item only when its checksum matches, which makes publication safe on weakly
@@ -19,9 +20,11 @@ import os
 import tempfile
 import warnings
 from collections.abc import Sequence
+from typing import Any, cast
 
+from shmem.dense import DenseTable
 from shmem.segment import DEFAULT_DIR, Segment, free_bytes, reclaim_stale
-from shmem.table import AppendTable, table_bytes
+from shmem.table import table_bytes
 
 __all__ = ["MinioCache", "default_file_dir"]
 
@@ -66,7 +69,8 @@ class MinioCache:
         size = table_bytes(self.num_items, self.capacity_bytes, dense=True)
         self._segment = Segment.create("minio", size, self.directory)
         try:
-            self._table = AppendTable.create(self._segment, self.num_items, self.capacity_bytes, dense=True)
+            table = DenseTable.create(self._segment, self.num_items, self.capacity_bytes, dense=True)
+            self._table = cast(DenseTable, table)  # create() makes the class it is called on
         except BaseException:
             self._segment.close()
             raise
@@ -130,10 +134,10 @@ class MinioCache:
         """A read-only view of item ``index``'s bytes, or None when it is not cached."""
         return self._table.get(index + 1)
 
-    def get_many(self, indices: Sequence[int]) -> list[memoryview | None]:
-        """:meth:`get` of each of ``indices`` (a batch's worth in one call)."""
-        get = self._table.get
-        return [get(index + 1) for index in indices]
+    def get_many(self, indices: Sequence[int], *, copy: bool = False) -> list[Any]:
+        """:meth:`get` of each of ``indices`` (a batch's worth in one call: the rows read at once,
+        :meth:`shmem.dense.DenseTable.get_rows`); ``copy``: as ``bytes``, not views."""
+        return self._table.get_rows(indices, copy=copy)  # item i is the key i + 1, in row i
 
     def __contains__(self, index: int) -> bool:
         return 0 <= index < self.num_items and (index + 1, 0) in self._table
@@ -184,7 +188,7 @@ class MinioCache:
         for k in ("capacity_bytes", "num_items", "name", "directory", "backend"):
             setattr(self, k, state[k])
         self._segment = state["segment"]
-        self._table = AppendTable(self._segment)
+        self._table = DenseTable(self._segment)
         self._full_logged = False
 
     def __repr__(self) -> str:

@@ -264,18 +264,19 @@ class TierLookup:
 
         return missed if asked else through_minio
 
-    def peek_memory(self, indices: list[int]) -> tuple[list[Any], int] | None:
+    def peek_memory(self, indices: list[int], copy: bool = False) -> tuple[list[Any], int] | None:
         """For a chain of the loader's MinIO cache alone: a view of each item's row the cache holds (None
         where it misses) and the number of misses, counted as :meth:`batch_fetch` counts; else None.
 
         A batch the cache holds whole needs no read-ahead at all (:class:`coordl.fetch.ahead.FetchAhead`
         is given the answers, so no item is asked twice). Views, not copies: a batch of large items is
-        copied one item at a time, as each is prepped.
+        copied one item at a time, as each is prepped. ``copy``: ``bytes`` instead, for a prep that reads
+        bytes (one slice of the mapping, not a view and then its copy).
         """
         tiers = self.tiers
         if len(tiers) != 1 or type(tiers[0]) is not MinioTier or self._batch_answers:
             return None
-        raws = tiers[0].cache.get_many(indices)
+        raws = tiers[0].cache.get_many(indices, copy=copy)
         misses = raws.count(None)
         self._tally[0] += len(raws) - misses
         self._tally[1] += misses

@@ -8,10 +8,12 @@ item, no lock); when torch reports the death, the main process looks the pid up 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,15 @@ class WorkerWatch:
         words = self._words
         words[2 * worker_id] = PID[0]  # kept by a fork hook: on_item runs once per item
         words[2 * worker_id + 1] = index
+
+    def item_writer(self, worker_id: int) -> Callable[[int], None] | None:
+        """:meth:`on_item` for the batch being made by ``worker_id`` (this process): its pid written now,
+        then one store per item (a C call, no Python function per item); None past the table's rows."""
+        if worker_id >= self.num_workers:
+            return None
+        words = self._words
+        words[2 * worker_id] = PID[0]
+        return functools.partial(words.__setitem__, 2 * worker_id + 1)
 
     def idle(self, worker_id: int) -> None:
         if worker_id < self.num_workers:

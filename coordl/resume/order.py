@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import collections
 import copy
-import hashlib
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from coordl.datasets.source import is_index
@@ -70,10 +70,40 @@ class SeededIndex(int):
         return (SeededIndex, (int(self), self.seed, self.batch, self.epoch_seed))
 
 
+# SplitMix64's constants (Steele, Lea and Flood, OOPSLA 2014): the golden-ratio step and the finaliser.
+_GOLDEN, _MIX1, _MIX2 = (
+    np.uint64(0x9E3779B97F4A7C15),
+    np.uint64(0xBF58476D1CE4E5B9),
+    np.uint64(0x94D049BB133111EB),
+)
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser, in place on an array of uint64 (a bijection: distinct in, distinct out)."""
+    z ^= z >> np.uint64(30)
+    z *= _MIX1
+    z ^= z >> np.uint64(27)
+    z *= _MIX2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _seeds_of(epoch_seed: int, indices: Sequence[Any]) -> list[Any]:
+    """The 63-bit seed of each of ``indices`` in the epoch whose seed is ``epoch_seed``: SplitMix64's
+    output at step ``index + 1`` of the stream keyed by the (mixed) epoch seed, one NumPy pass per batch
+    (a hash per item in Python cost 0.5 us, a third of the seeding)."""
+    key = _mix64(np.array([epoch_seed & _MASK64], dtype=np.uint64))
+    z = np.array(indices, dtype=np.int64).astype(np.uint64)
+    z += np.uint64(1)
+    z *= _GOLDEN
+    z += key
+    return (_mix64(z) >> np.uint64(1)).tolist()
+
+
 def item_seed(epoch_seed: int, index: int) -> int:
     """A 63-bit seed for item ``index`` in the epoch whose seed is ``epoch_seed``."""
-    digest = hashlib.blake2b(f"{epoch_seed}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return _seeds_of(epoch_seed, [index])[0]
 
 
 def batch_seeds(batch: Sequence[Any]) -> list[int | None]:
@@ -82,12 +112,7 @@ def batch_seeds(batch: Sequence[Any]) -> list[int | None]:
     epoch_seed = getattr(batch[0], "epoch_seed", None) if batch else None
     if epoch_seed is None:
         return [getattr(i, "seed", None) for i in batch]
-    prefix, blake2b, from_bytes = f"{epoch_seed}:", hashlib.blake2b, int.from_bytes
-    # item_seed, inlined: it runs for every item of an epoch with seeds
-    return [
-        from_bytes(blake2b((prefix + str(int(i))).encode(), digest_size=8).digest(), "little") >> 1
-        for i in batch
-    ]
+    return _seeds_of(epoch_seed, batch)
 
 
 class ResumableSampler:
