@@ -24,8 +24,8 @@ crash may have lost pages of either file) or any mismatch, the index is built ag
 the record. Growing or rebuilding writes a new file (``.coordl/tmp/<pid>.<thread>.index``, renamed over
 ``index.bin``) and marks the old one moved, so a process mapping it opens the new one.
 
-When the stage disk has no room for the index, a process keeps it in its own memory (as before: each process
-reads the log); staging goes on.
+When the stage disk has no room for the index (or its file system cannot reserve blocks), a process keeps it in
+its own memory (as before: each process reads the log); staging goes on.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ _MAGIC = int.from_bytes(b"CDLIDX01", "little")
 _VERSION = 1
 (_MAGIC_W, _VERSION_W, _SLOTS_W, _PARSED_W, _TAIL_W, _DEV_W, _INO_W, _BOOT_LO_W, _BOOT_HI_W, _MOVED_W,
  _DIRTY_W, _USED_W, _LIVE_W, _LIVE_BYTES_W) = range(14)  # fmt: skip
+# A shared file that cannot be reserved: no space, or a file system without fallocate (a sparse mapping would
+# SIGBUS on a full disk).
+_NO_SHARED_FILE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EOPNOTSUPP, errno.EINVAL)
 _READ_CHUNK_BYTES = 1 << 20  # a catch-up reads the log in pieces: its memory stays flat (~5 MB of parsing)
 
 
@@ -89,9 +92,8 @@ class StagedIndex:
     # -- the mapping -------------------------------------------------------------------------------------------------
 
     def _fresh_process(self) -> None:
-        if (
-            self._pid != os.getpid()
-        ):  # after a fork: a lock of our own (an inherited fd would share the parent's)
+        # After a fork: a lock of our own (an inherited fd would share the parent's flock).
+        if self._pid != os.getpid():
             self._thread_lock = threading.Lock()
             os.makedirs(os.path.dirname(self._lock_path), exist_ok=True)
             self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -160,16 +162,14 @@ class StagedIndex:
                 os.makedirs(self._tmp_dir, exist_ok=True)
                 fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
                 try:
-                    os.posix_fallocate(
-                        fd, 0, size
-                    )  # blocks reserved now: a full disk is an error, not SIGBUS
+                    os.posix_fallocate(fd, 0, size)  # reserved now: a full disk is an error, not SIGBUS
                     mm = mmap.mmap(fd, size)
                 finally:
                     os.close(fd)
             except OSError as e:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                if e.errno not in _NO_SHARED_FILE:
                     raise
                 self.private = True  # no room for the shared file: this process keeps its own
         if mm is None:
