@@ -10,7 +10,7 @@ batch around them (its keys, its number, the ring slot its samples go to, its co
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -161,13 +161,24 @@ class BatchLoads:
             lookup.count_reads(len(keys))
             raws, views = [b""] * len(keys), True
         fetch = lookup.batch_fetch(views, asked=raws is not None) if raws is None or None in raws else None
+        watch = self.watch
+        # the worker table's store of each item (a C call), set up once per batch
+        on_item = watch.item_writer(worker_id) if worker_id is not None and watch is not None else None
         if pace is not None:
-            yield from self._paced(keys, seeds, worker_id, fetch, pace)
-            return
+            return self._paced(keys, seeds, worker_id, on_item, fetch, pace)
+        return self._in_turn(keys, seeds, on_item, raws, views, fetch)
+
+    def _in_turn(
+        self,
+        keys: list[int],
+        seeds: list[int | None] | None,
+        on_item: Callable[[int], None] | None,
+        raws: list[Any] | None,
+        views: bool,
+        fetch: Callable[[int], Any] | None,
+    ) -> Iterator[Any]:
+        """:meth:`plain`'s loop: each item's bytes (in hand, else ``fetch``), seed and prep."""
         prep, skip = self.source.prep, self._skips.skip_or_raise
-        on_item = (
-            self.watch.item_writer(worker_id) if worker_id is not None and self.watch is not None else None
-        )
         reseed = torch.default_generator.manual_seed  # the CPU generator only: see seed()
         nothing = itertools.repeat(None)
         for index, raw, seed in zip(
@@ -193,20 +204,20 @@ class BatchLoads:
         keys: list[int],
         seeds: list[int | None] | None,
         worker_id: int | None,
+        on_item: Callable[[int], None] | None,
         fetch: Any,
         pace: ReadPace,
     ) -> Iterator[Any]:
         """:meth:`plain` for storage read in this thread with each read timed: once storage is found
         slow, the rest of the batch is read ahead (:meth:`ahead`)."""
         prep, skip = self.source.prep, self._skips.skip_or_raise
-        watch = self.watch
         reseed = torch.default_generator.manual_seed  # the CPU generator only: see seed()
         for k, index in enumerate(keys):
             if pace.slow:
                 yield from self.ahead(keys[k:], worker_id)
                 return
-            if worker_id is not None and watch is not None:
-                watch.on_item(worker_id, index)
+            if on_item is not None:
+                on_item(index)
             try:
                 raw = pace.timed_call(fetch, index)
                 if seeds is not None and (seed := seeds[k]) is not None:
