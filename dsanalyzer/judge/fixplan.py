@@ -9,11 +9,13 @@ the next step is the remedy of the new bound: those that remove the stall cheape
 gains most, within this machine's cores and the memory budget. Remedies that need more than this machine
 (nodes, remote CPUs, GPU prep) or a probe the profile did not make are left to the verdict's list.
 
-One step comes before the ranked list: while the job stalls on its data, its step computes on this CPU
-(the main process busy at least :data:`~coordl.tune.model.STEP_ON_CPU` of the step's time, not waiting on
-an accelerator) and the trainer's intra-op threads plus the loader's workers outnumber the cores (:func:`coordl.tune.model.oversubscribed`), one thread, as a
-trial predicted no lower than the job as it runs, unless the ranked steps come to the threads themselves
-(then the model's order stands). The model prices the threads that spin, not a worker preempted at a
+One step comes before the ranked list: while the job's step computes on this CPU (the main process busy at
+least :data:`~coordl.tune.model.STEP_ON_CPU` of the step's time, not waiting on an accelerator) and the
+trainer's intra-op threads plus the loader's workers outnumber the cores
+(:func:`coordl.tune.model.oversubscribed`), one thread, as a trial predicted no lower than the job as it
+runs, unless the ranked steps come to the threads themselves (then the model's order stands); a
+compute-bound job too, since the contention slows the step itself (bench_fix's compute job, profiled
+compute-bound on the loaded host, ran 4.6x faster on one thread). The model prices the threads that spin, not a worker preempted at a
 parallel region's barrier; on the 2-core host the README job ran 2x faster with one thread on 1 worker,
 where the model predicted nothing from it and ranked one more worker first, which measured no better
 with both threads on (benchmarks/bench_fix.py, docs/tune.md). Any other step's prediction assumes the
@@ -162,9 +164,7 @@ def _threads_trial(model: Model, now: float, excluded: frozenset[str]) -> Step |
     step_s = model.batch_size / model.compute_per_s if model.compute_per_s > 0 else 0.0
     if not model.step_on_cpu or (model.step_cpu_s or 0.0) < STEP_ON_CPU * step_s:
         return None  # a step that waits (an accelerator, a sleep): its threads take no core from anyone
-    pred = current(model)
-    if pred.bound == "compute":
-        return None  # the step binds: its threads are what it runs on
+    pred = current(model)  # compute-bound or not: the contention slows the step itself, which it then binds
     one = current(replace(model, torch_threads=1, threads_follow_cores=False))
     best = one if one.samples_per_s > now else pred
     return Step("threads", "torch.set_num_threads(1)", max(one.samples_per_s, now), best.bound, 1)
