@@ -20,15 +20,15 @@ def _declared_timeout(item: pytest.Item, default_s: float) -> float:
 
 
 def long_tests_first(items: list[pytest.Item], workers: int, default_timeout_s: float) -> list[pytest.Item]:
-    """The order for ``workers`` pytest-xdist workers under ``--dist worksteal``: each test that declares a timeout
-    above the suite's default (the longest ones: the gpu-check dry run, the wheel, the soak, the stress runs) at
-    the head of a worker's share, longest budget first, the other tests in their collected order after them.
+    """The order for ``workers`` pytest-xdist workers under ``--dist worksteal``: each test that declares a
+    timeout above the suite's default (the longest ones: the gpu-check dry run, the wheel, the soak, the stress
+    runs) at the head of a worker's share, longest budget first, the other tests in their collected order.
 
-    worksteal gives each worker an equal contiguous share of the collection at the start and lets an idle worker
-    take the tail half of the longest queue, never its head: a long test placed at a head starts in the first
-    minutes. In the collected order the longest tests are the last files (tests/scripts, tests/test_soak.py), so
-    they started when the other workers had nothing left: a 4-minute test started last holds the phase 4 minutes
-    after the rest is done."""
+    worksteal gives each worker an equal contiguous share of the collection at the start and lets an idle
+    worker take the tail half of the longest queue, never its head: a long test placed at a head starts in the
+    first minutes. In the collected order the longest tests are the last files (tests/scripts,
+    tests/test_soak.py), so they started when the other workers had nothing left: a 4-minute test started last
+    holds the phase 4 minutes after the rest is done."""
     if workers <= 1:
         return items
     long = [it for it in items if _declared_timeout(it, default_timeout_s) > default_timeout_s]

@@ -1,4 +1,4 @@
-"""The parallel phase's order (tests/conftest.py): the tests that declare a long timeout head the workers' shares."""
+"""The parallel phase's order (tests/conftest.py): tests that declare a long timeout head the workers' shares."""
 
 from __future__ import annotations
 

@@ -79,9 +79,11 @@ def _context(L: Callable, ctx: str | None) -> Any:
     return ctx
 
 
-def _end_of_epoch(L: Callable, make_ds: Callable, workers: int, persistent: bool, ctx: str | None) -> tuple:
+def _end_of_epoch(
+    L: Callable, make_ds: Callable, workers: int, persistent: bool, ctx: str | None, resume: bool = True
+) -> tuple:
     """Three epochs uninterrupted; then a state saved after the first, loaded into a new loader that
-    had started an epoch of its own: its next two epochs."""
+    had started an epoch of its own: its next two epochs (``resume=False``: no second loader, None)."""
     kwargs = {"num_workers": workers, "persistent_workers": persistent, "collate_fn": _identity}
     if workers:
         kwargs["multiprocessing_context"] = _context(L, ctx)
@@ -90,6 +92,8 @@ def _end_of_epoch(L: Callable, make_ds: Callable, workers: int, persistent: bool
     state = _round_trip(dl.state_dict())
     rest = _epochs(dl, 2)
     _close(dl)
+    if not resume:
+        return first, rest, None
     dl = L(make_ds(), **kwargs)
     it = iter(dl)
     next(it)
@@ -115,7 +119,11 @@ def test_state_at_an_epochs_end_yields_the_next_epoch(
         cls = EpochStream if dataset == "stateful" else PlainStream
         return cls(sizes=[0, 9, 5] if workers == 3 else None, n=14)
 
-    got = {name: _end_of_epoch(L, make, workers, persistent, ctx) for name, L in LOADERS.items()}
+    # torchdata's resumed epochs are compared without persistent workers only (below): with them it stops there
+    got = {
+        name: _end_of_epoch(L, make, workers, persistent, ctx, resume=name == "coordl" or not persistent)
+        for name, L in LOADERS.items()
+    }
     first, rest, resumed = got["coordl"]
     assert len(first) == 14 and all(len(epoch) == 14 for epoch in rest)
     assert resumed == rest, "the resumed loader's next epochs are not the uninterrupted run's"

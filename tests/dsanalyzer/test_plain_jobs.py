@@ -25,8 +25,8 @@ from tests.dsanalyzer.report.test_trace import check_trace_format
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-# Only the job pinned to 1 and 2 cores is ``exclusive`` (its rates on pinned cores: run alone, scripts/test.sh); the
-# others assert what the report holds and how its bounds agree, not a rate, and run in CI's parallel phase.
+# Only the job pinned to 1 and 2 cores is ``exclusive`` (its rates on pinned cores: run alone, scripts/test.sh);
+# the others assert what the report holds and how its bounds agree, not a rate, and run in CI's parallel phase.
 pytestmark = pytest.mark.slow
 
 PREP_BOUND = r"""

@@ -12,9 +12,16 @@ pytest.importorskip("lightning")
 pytestmark = pytest.mark.slow  # each Trainer.fit of 2 ranks: 8-15 s here
 
 
-def test_sharded_as_torchs_with_the_cache_shared_by_the_node(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def coordl_ranks(tmp_path_factory) -> list:
+    """The plain 2-epoch DDP run with coordl's loader: what the sharding test checks and the resume test's
+    whole run (the same command: one Trainer run for both)."""
+    return lightning(tmp_path_factory.mktemp("lightning") / "coordl", "--loader", "coordl")
+
+
+def test_sharded_as_torchs_with_the_cache_shared_by_the_node(tmp_path, coordl_ranks) -> None:
     torch_ranks = lightning(tmp_path / "torch", "--loader", "torch")
-    ranks = lightning(tmp_path / "coordl", "--loader", "coordl")
+    ranks = coordl_ranks
     assert_sharded(torch_ranks, NUM_ITEMS, epochs=2)
     assert_sharded(ranks, NUM_ITEMS, epochs=2)
     for ours, theirs in zip(ranks, torch_ranks, strict=True):
@@ -34,8 +41,8 @@ def test_sharded_as_torchs_with_the_cache_shared_by_the_node(tmp_path) -> None:
     assert ranks[0]["minio_paths"] == ranks[1]["minio_paths"] and ranks[0]["capacity_bytes"] == 1 << 20
 
 
-def test_a_mid_epoch_checkpoint_resumes_exactly(tmp_path) -> None:
-    full = lightning(tmp_path / "full", "--loader", "coordl")
+def test_a_mid_epoch_checkpoint_resumes_exactly(tmp_path, coordl_ranks) -> None:
+    full = coordl_ranks
     ckpt = tmp_path / "mid.ckpt"
     # 8 batches per rank and epoch: global step 11 is batch 3 of epoch 1 (the second epoch).
     cut = lightning(tmp_path / "cut", "--loader", "coordl", "--save-at", "11", "--ckpt", str(ckpt))

@@ -101,8 +101,9 @@ def test_the_cause_torch_spawned_workers_abort_so_and_coordls_do_not(tmp_path: P
     tries (3 of 4 on the 2-core hosts seen; how many depends on the host's timing, so it is printed, not
     asserted); with coordl's spawn context (what coordl.DataLoader gives torch) never.
 
-    torch's own context is tried by hand only (``COORDL_STRESS_RUNS=N``, run with ``-s`` to see the count): it
-    asserts nothing, and CI's ``-q`` run never showed its line (4 spawned workers, ~20 s of CI's parallel phase)."""
+    torch's own context is tried by hand only (``COORDL_STRESS_RUNS=N``, run with ``-s`` to see the count):
+    it asserts nothing, and CI's ``-q`` run never showed its line (4 spawned workers, ~20 s of CI's parallel
+    phase)."""
     from coordl.workers.start import _FLAGGED
 
     runs = os.environ.get("COORDL_STRESS_RUNS")
