@@ -10,7 +10,8 @@ gains most, within this machine's cores and the memory budget. Remedies that nee
 (nodes, remote CPUs, GPU prep) or a probe the profile did not make are left to the verdict's list.
 
 One step comes before the ranked list: while the job's step computes on this CPU (the main process busy at
-least :data:`~coordl.tune.model.STEP_ON_CPU` of the step's time, not waiting on an accelerator) and the
+least :data:`~coordl.tune.model.STEP_ON_CPU` of the step's time, of the CPU other processes left it: on a
+host under load 30 a CPU step ran 7% of its time; not a step that waits on an accelerator) and the
 trainer's intra-op threads plus the loader's workers outnumber the cores
 (:func:`coordl.tune.model.oversubscribed`), one thread, as a trial predicted no lower than the job as it
 runs, unless the ranked steps come to the threads themselves (then the model's order stands); a
@@ -162,7 +163,8 @@ def _threads_trial(model: Model, now: float, excluded: frozenset[str]) -> Step |
     if "threads" in excluded or not oversubscribed(threads, model.workers, model.cpus):
         return None
     step_s = model.batch_size / model.compute_per_s if model.compute_per_s > 0 else 0.0
-    if not model.step_on_cpu or (model.step_cpu_s or 0.0) < STEP_ON_CPU * step_s:
+    left = max(model.free_share or 1.0, 0.05)  # of the host's CPU, what other processes left the job
+    if not model.step_on_cpu or (model.step_cpu_s or 0.0) < STEP_ON_CPU * step_s * left:
         return None  # a step that waits (an accelerator, a sleep): its threads take no core from anyone
     pred = current(model)  # compute-bound or not: the contention slows the step itself, which it then binds
     one = current(replace(model, torch_threads=1, threads_follow_cores=False))
