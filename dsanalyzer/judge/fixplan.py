@@ -10,8 +10,9 @@ gains most, within this machine's cores and the memory budget. Remedies that nee
 (nodes, remote CPUs, GPU prep) or a probe the profile did not make are left to the verdict's list.
 
 One step comes before the ranked list: while the job's step computes on this CPU (the main process busy at
-least :data:`~coordl.tune.model.STEP_ON_CPU` of the step's time, of the CPU other processes left it: on a
-host under load 30 a CPU step ran 7% of its time; not a step that waits on an accelerator) and the
+least :data:`~coordl.tune.model.STEP_ON_CPU` of the step's time, of the CPU other processes left it: a CPU
+step's share of its time falls with the host's load, a sleeping one's does not; measured at load ~4, 33%
+(bench_fix's fetch and prep jobs) against 0.3% (a sleep); not a step that waits on an accelerator) and the
 trainer's intra-op threads plus the loader's workers outnumber the cores
 (:func:`coordl.tune.model.oversubscribed`), one thread, as a trial predicted no lower than the job as it
 runs, unless the ranked steps come to the threads themselves (then the model's order stands); a
