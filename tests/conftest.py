@@ -65,8 +65,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="redis-server is not installed: run scripts/setup.sh"))
         if "netns" in item.keywords and (os.geteuid() != 0 or shutil.which("ip") is None):
             item.add_marker(pytest.mark.skip(reason="network namespaces need root and iproute2"))
-    # set by pytest-xdist in each worker (each collects, and all must reach the same order)
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    # an xdist worker's (each collects, and all must reach the same order); not the environment variable, which
+    # a test's own pytest run (the gpu-check dry run's tests section) inherits
+    worker_input = getattr(config, "workerinput", None)
+    workers = int(worker_input["workercount"]) if worker_input else 1
     try:
         default_timeout_s = float(config.getini("timeout") or 0)  # pytest-timeout's (pyproject.toml: 300)
     except ValueError:  # pytest-timeout not installed: no test declares a longer budget that it would read
