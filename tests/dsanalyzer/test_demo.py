@@ -24,9 +24,9 @@ def test_demo_report_shows_a_stall_a_rising_cache_curve_and_the_verified_fix(tmp
             "demo",
             "--quiet",
             "--items",
-            "400",
+            "160",  # the dataset of the gpu-check dry run's demo (made once per machine, tempdir)
             "--iters",
-            "20",
+            "10",  # a fetch stall of ~0.4 s a batch against a 30 ms step: 10 batches name it (20 took 96 s)
             "--verify-runs",
             "2",
             "--min-seconds",
