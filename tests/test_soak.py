@@ -1,6 +1,6 @@
 """The soak's 5-minute form (``make soak`` runs it for an hour): every technique at once under seeded faults.
 
-Runs ``benchmarks/soak/soak.py`` for 3.5 minutes of faults (plus start, a fault-free settle and the
+Runs ``benchmarks/soak/soak.py`` for 2.5 minutes of faults (plus start, a fault-free settle and the
 stop): a MinIO-cache job, a sample-cache job on two Redis nodes, two coordinated jobs and a 2-rank
 partitioned job (in network namespaces as root, else on loopback) and a job staging from NFS, with worker,
 job and Redis kills, frozen Redis nodes, cut links and wrong values in the caches. The ``ray`` job (remote
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MINUTES = 3.5
+MINUTES = 2.5  # (3.5 until CI ran past its 20 minutes: about 15 faults then, 10-12 now)
 # "Back within 10% of the pre-fault rate": the median over faults of how long that took. A job that
 # recovers never takes more than a few of its 10 s windows; 90 s only fails when one stays stuck.
 RECOVERY_P50_BOUND_S = 90.0

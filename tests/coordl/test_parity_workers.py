@@ -58,11 +58,12 @@ def test_unequal_shards_stress(method: str, persistent: bool) -> None:
     methods run one round of every shape in CI (8 loaders, up to 4 workers each; before the fix 2 runs of 6
     failed at three rounds) and fork 100 loaders (the fast suite runs 16 more); ``COORDL_STRESS_RUNS=100``
     runs the long stress by hand (about 5 minutes a case on the VM; fork then runs 300). forkserver with
-    persistent workers runs by hand only: each of its paths is in another CI case (persistent workers under
-    spawn, forkserver's start without them), and it cost CI's parallel phase 30-90 s.
+    persistent workers and spawn without them run by hand only: each of their paths is in another CI case
+    (persistent workers under spawn, fresh workers each epoch under forkserver), and each cost CI's parallel
+    phase 30-90 s.
     """
     runs = os.environ.get("COORDL_STRESS_RUNS")
-    if method == "forkserver" and persistent and not runs:
+    if (method, persistent) in (("forkserver", True), ("spawn", False)) and not runs:
         pytest.skip(
             "by hand only (COORDL_STRESS_RUNS=N): spawn-True and forkserver-False cover its paths in CI"
         )

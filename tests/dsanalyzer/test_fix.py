@@ -1,7 +1,9 @@
 """``dsanalyzer fix`` end to end on small jobs of known shape (tests/dsanalyzer/fix_job.py, whose prep and
 step are sleeps: the same on a loaded host): a fix that helps (too few workers), a change that measured
 worse and was reverted (forced with the test-only ``--force-step``), and a compute-bound job where nothing
-helps. Each profile and run lasts seconds."""
+helps. Each profile and run lasts seconds. Not ``exclusive``: what they assert (2 sleeping workers against
+1, prep in series against beside the step) holds by a wide margin beside CI's other tests, and fix pairs its
+runs and widens a round in doubt by itself."""
 
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ def _fix(*args: str, job: list[str]) -> tuple[str, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.exclusive
 def test_too_few_workers_are_fixed_measured_and_patched(tmp_path):
     out = str(tmp_path / "prof")
     text, plan = _fix("--dry-run", "--out", out, *FAST, job=["--workers", "1"])
@@ -44,7 +45,6 @@ def test_too_few_workers_are_fixed_measured_and_patched(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.exclusive
 def test_a_change_that_measured_worse_is_reverted_and_nothing_is_kept(tmp_path):
     force = json.dumps({"num_workers": 0})  # prep in series with the step: slower, whatever the model says
     text, result = _fix("--out", str(tmp_path / "prof"), "--rounds", "1", "--force-step", force, *FAST,

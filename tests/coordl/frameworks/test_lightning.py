@@ -19,8 +19,14 @@ def coordl_ranks(tmp_path_factory) -> list:
     return lightning(tmp_path_factory.mktemp("lightning") / "coordl", "--loader", "coordl")
 
 
-def test_sharded_as_torchs_with_the_cache_shared_by_the_node(tmp_path, coordl_ranks) -> None:
-    torch_ranks = lightning(tmp_path / "torch", "--loader", "torch")
+@pytest.fixture(scope="module")
+def torch_ranks(tmp_path_factory) -> list:
+    """The same run with torch's own loader: the items each rank must see (DistributedSampler's shards depend on
+    its seed and epoch, not on the strategy that started the ranks: the ddp_spawn test compares against it too)."""
+    return lightning(tmp_path_factory.mktemp("lightning") / "torch", "--loader", "torch")
+
+
+def test_sharded_as_torchs_with_the_cache_shared_by_the_node(coordl_ranks, torch_ranks) -> None:
     ranks = coordl_ranks
     assert_sharded(torch_ranks, NUM_ITEMS, epochs=2)
     assert_sharded(ranks, NUM_ITEMS, epochs=2)
@@ -53,8 +59,7 @@ def test_a_mid_epoch_checkpoint_resumes_exactly(tmp_path, coordl_ranks) -> None:
         assert after["steps"]["1"] == [11, 12, 13, 14, 15]
 
 
-def test_ddp_spawn_shards_it_too(tmp_path) -> None:
-    torch_ranks = lightning(tmp_path / "torch", "--loader", "torch", "--strategy", "ddp_spawn")
+def test_ddp_spawn_shards_it_too(tmp_path, torch_ranks) -> None:
     ranks = lightning(tmp_path / "coordl", "--loader", "coordl", "--strategy", "ddp_spawn")
     assert_sharded(ranks, NUM_ITEMS, epochs=2)
     for ours, theirs in zip(ranks, torch_ranks, strict=True):
