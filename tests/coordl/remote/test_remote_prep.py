@@ -234,6 +234,7 @@ def _connect_in_new_process(address: str, token: str | None) -> list:
     """``[message, seconds]`` of the RemotePrepError a fresh process gets from ``address``."""
     code = (
         "import json, sys, time, coordl\n"
+        "import ray, torch  # imported before the clock starts: their import is seconds of CPU on a loaded host\n"
         "t = time.monotonic()\n"
         "try:\n"
         "    coordl.DataLoader(list(range(4)), batch_size=2,\n"
