@@ -57,16 +57,14 @@ def test_unequal_shards_stress(method: str, persistent: bool) -> None:
     A spawned or forkserver worker imports torch afresh (2-3 s of CPU each on the 2-core VM), so in CI those
     methods run one round of every shape in CI (8 loaders, up to 4 workers each; before the fix 2 runs of 6
     failed at three rounds) and fork 100 loaders (the fast suite runs 16 more); ``COORDL_STRESS_RUNS=100``
-    runs the long stress by hand (about 5 minutes a case on the VM; fork then runs 300). forkserver with
-    persistent workers and spawn without them run by hand only: each of their paths is in another CI case
-    (persistent workers under spawn, fresh workers each epoch under forkserver), and each cost CI's parallel
-    phase 30-90 s.
+    runs the long stress by hand (about 5 minutes a case on the VM; fork then runs 300). Of the slow
+    methods only spawn with persistent workers runs in CI: each other case's paths are in a CI case (a fresh
+    interpreter per worker under spawn, workers started anew each epoch under fork), and each cost CI's
+    parallel phase 30-90 s.
     """
     runs = os.environ.get("COORDL_STRESS_RUNS")
-    if (method, persistent) in (("forkserver", True), ("spawn", False)) and not runs:
-        pytest.skip(
-            "by hand only (COORDL_STRESS_RUNS=N): spawn-True and forkserver-False cover its paths in CI"
-        )
+    if method != "fork" and (method, persistent) != ("spawn", True) and not runs:
+        pytest.skip("by hand only (COORDL_STRESS_RUNS=N): spawn-True and fork cover its paths in CI")
     slow_start = int(runs or len(SHAPES))
     run_many(method, (300 if runs else 100) if method == "fork" else slow_start, persistent)
 

@@ -27,11 +27,11 @@ def test_demo_report_shows_a_stall_a_rising_cache_curve_and_the_verified_fix(tmp
             "400",  # (160 items and 10 iterations once gave no verified fix in CI: a verdict too rough to act on)
             "--iters",
             "20",
-            # storage at 4 MB/s, not the demo's 1.5: still 10x under the loader's prep and the step (fetch-bound
+            # storage at 6 MB/s, not the demo's 1.5: still 5x under the loader's prep and the step (fetch-bound
             # by far), and the reads of every run (the dataset held in memory, the real run, each verify's first
-            # epoch) take a third of the time (CI's serial phase: 105 s before)
+            # epoch) take a quarter of the time (CI's serial phase: 105 s before)
             "--storage-mbps",
-            "4",
+            "6",
             "--verify-runs",
             "2",
             "--min-seconds",

@@ -22,6 +22,7 @@ import dsanalyzer
 from tests.dsanalyzer.workloads import TimedSource, sleep_step
 
 B, FETCH_S, PREP_S, STEP_S = 4, 0.020, 0.025, 0.050
+ITERS = 28  # per run; the medians held at 40 too (CI's serial phase: 28 saves ~10 s a test)
 
 
 def _producer_s(run: dict, with_fetch: bool) -> float:
@@ -74,7 +75,7 @@ def _check(tmp_path, prep_spins: bool) -> None:
         sources.append(TimedSource(400, 10_000, FETCH_S, PREP_S, prep_spins=prep_spins))
         return DataLoader(sources[-1], batch_size=B, shuffle=True, num_workers=1)
 
-    report = dsanalyzer.profile(make_loader, sleep_step(STEP_S, steps), iters=40, warmup=4, out=tmp_path)
+    report = dsanalyzer.profile(make_loader, sleep_step(STEP_S, steps), iters=ITERS, warmup=3, out=tmp_path)
     # make_loader is called once per run, in the order of dsanalyzer.measure.plan.MODES
     scaling, _compute, prep_run, real_run = (s.realized_s() for s in sources)
     expected = truth(statistics.median(steps), prep_run, real_run)
@@ -145,8 +146,8 @@ def _check_cli(tmp_path) -> None:
     report = profile_command(
         [sys.executable, str(script), str(tmp_path)],
         out_dir=tmp_path / "run",
-        iters=40,
-        warmup=4,
+        iters=ITERS,
+        warmup=3,
         show_progress=False,
     )
     realized = {
