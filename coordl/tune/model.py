@@ -4,7 +4,8 @@ An epoch is measured in its steady part (after the workers' first round): the it
 time the training loop spent waiting inside ``next()`` (the data stall), and the CPU of the main process
 and of the workers. From those:
 
-* the trainer's own time per item, ``t_c = (wall - wait) / items``: the rate can never pass ``1 / t_c``;
+* the trainer's own time per item, ``t_c = (wall - wait + receive) / items`` (``receive``: the loop's CPU
+  inside ``next()`` taking a batch that was ready): the rate can never pass ``1 / t_c``;
 * the workers' CPU per item ``c_w``; ``W`` workers on the cores the main process leaves them prep at
   ``min(W, cores - main) / c_w`` items per second (a worker that waits on storage does not count its wait
   in ``c_w``: such a job is fetch-bound, and more items in flight, not more cores, is what helps);
@@ -61,6 +62,11 @@ class EpochMeasure:
         workers_cpu_s: the workers' CPU in the window.
         knobs: the settings the epoch ran with.
         cores: the CPUs this process may run on.
+        receive_cpu_s: of ``wait_s``, the loop's own thread's CPU inside ``next()``: receiving a batch that
+            was ready (torch's unpickling and descriptor passing), not waiting for one. No loader knob
+            shortens it, so it is neither a stall nor the step's CPU. (On the 2-core VM a ready batch's
+            ``next()`` took 4 ms after a 100 ms step and 20-40 ms of CPU after a 300 ms one, torch's own
+            loader alike: a sleeping trainer looked 10% data-bound and got a trial.)
     """
 
     items: int
@@ -70,6 +76,7 @@ class EpochMeasure:
     workers_cpu_s: float
     knobs: Knobs
     cores: int
+    receive_cpu_s: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -77,11 +84,13 @@ class EpochMeasure:
 
     @property
     def stall_share(self) -> float:
-        return self.wait_s / self.wall_s
+        """The share of the window the loop waited for a batch (receiving a ready one is not waiting)."""
+        return max(self.wait_s - self.receive_cpu_s, 0.0) / self.wall_s
 
     @property
     def compute_s_per_item(self) -> float:
-        return max(self.wall_s - self.wait_s, 0.0) / self.items
+        """The loop's own time per item: its step, and receiving each batch (no knob of the loader's removes it)."""
+        return max(self.wall_s - self.wait_s + self.receive_cpu_s, 0.0) / self.items
 
     @property
     def worker_cpu_s_per_item(self) -> float:
@@ -93,8 +102,10 @@ class EpochMeasure:
 
     @property
     def step_cpu_share(self) -> float:
-        """The main process's cores while the loop ran its own code (not waiting on the loader)."""
-        return self.main_cpu_s / max(self.wall_s - self.wait_s, 1e-9)
+        """The main process's cores while the loop ran its own code (not waiting on the loader): its CPU but
+        the loop's thread's inside ``next()``, over the time outside it (idle intra-op threads that spin
+        while the loop waits count: they take cores as the step would)."""
+        return max(self.main_cpu_s - self.receive_cpu_s, 0.0) / max(self.wall_s - self.wait_s, 1e-9)
 
     @property
     def workers_busy(self) -> float:
@@ -179,7 +190,7 @@ def merged(a: EpochMeasure, b: EpochMeasure) -> EpochMeasure:
         raise ValueError(f"tune: cannot merge epochs at {a.knobs} and {b.knobs}")
     return EpochMeasure(
         a.items + b.items, a.wall_s + b.wall_s, a.wait_s + b.wait_s, a.main_cpu_s + b.main_cpu_s,
-        a.workers_cpu_s + b.workers_cpu_s, a.knobs, min(a.cores, b.cores),
+        a.workers_cpu_s + b.workers_cpu_s, a.knobs, min(a.cores, b.cores), a.receive_cpu_s + b.receive_cpu_s,
     )  # fmt: skip
 
 

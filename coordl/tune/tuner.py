@@ -103,19 +103,21 @@ class EpochClock:
         self.skip, self.batch_size = skip_batches, batch_size
         self.batches = 0
         self.wait_s = 0.0
+        self.receive_cpu_s = 0.0
         self.start: tuple[float, float, float] | None = None
         self.end: tuple[float, float, float] | None = None
 
     def _now(self) -> tuple[float, float, float]:
         return time.perf_counter(), time.process_time(), _children_cpu_s()
 
-    def waited(self, seconds: float) -> None:
-        """A batch arrived after the loop waited ``seconds`` for it."""
+    def waited(self, seconds: float, cpu_s: float = 0.0) -> None:
+        """A batch arrived after the loop waited ``seconds`` for it, ``cpu_s`` of them on its thread's CPU."""
         self.batches += 1
         if self.batches == self.skip:
             self.start = self._now()
         elif self.batches > self.skip:
             self.wait_s += seconds
+            self.receive_cpu_s += min(cpu_s, seconds)
             self.end = None
 
     def close(self) -> None:
@@ -132,7 +134,7 @@ class EpochClock:
             return None
         return EpochMeasure(
             items, wall, min(self.wait_s, wall), self.end[1] - self.start[1], self.end[2] - self.start[2],
-            knobs, cores(),
+            knobs, cores(), min(self.receive_cpu_s, self.wait_s),
         )  # fmt: skip
 
 
@@ -317,13 +319,13 @@ class TunedEpoch:
         return self
 
     def __next__(self) -> Any:
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         try:
             batch = next(self._inner)
         except StopIteration:
             self._tuner.epoch_ended()
             raise
-        self._clock.waited(time.perf_counter() - t)
+        self._clock.waited(time.perf_counter() - t, time.thread_time() - cpu)
         self._given += 1
         if self._given == self._length:  # Lightning and Accelerate stop here, never asking for StopIteration
             self._clock.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from coordl.tune.model import (
@@ -74,3 +76,17 @@ def test_contention_needs_a_step_on_this_cpu_or_a_loop_that_waits() -> None:
     assert contended(EpochMeasure(400, 1.0, 0.5, 0.01, 0.9, knobs, 2))  # the loop waits on the loader
     assert not contended(EpochMeasure(400, 1.0, 0.01, 0.02, 0.1, knobs, 2))  # a step on an accelerator
     assert not contended(EpochMeasure(400, 1.0, 0.5, 0.6, 0.9, knobs, 4))  # the cores hold them all
+
+
+def test_receiving_a_ready_batch_is_neither_a_stall_nor_the_steps_cpu() -> None:
+    knobs = Knobs(1, 2, 2)
+    # a sleeping step: the loop's 10% inside next() was its own CPU, receiving batches that were ready
+    m = EpochMeasure(288, 3.0, 0.3, 0.32, 0.15, knobs, 2, receive_cpu_s=0.29)
+    assert not data_bound(m) and m.stall_share < 0.01 and m.step_cpu_share < 0.02
+    assert not contended(m) and predict_rate(m, Knobs(2, 4, 1)) == pytest.approx(m.rate, rel=0.01)
+    # the same window counted as waiting (no receive CPU known) is data-bound and worth a threads trial
+    assert data_bound(replace(m, receive_cpu_s=0.0)) and contended(replace(m, receive_cpu_s=0.0))
+    # waiting idle stays a stall: the loop's thread used no CPU inside next()
+    assert data_bound(EpochMeasure(288, 3.0, 0.3, 0.05, 0.15, knobs, 2, receive_cpu_s=0.0))
+    both = merged(m, m)
+    assert both.receive_cpu_s == 0.58 and both.stall_share == m.stall_share
