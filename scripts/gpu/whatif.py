@@ -14,6 +14,7 @@ cores, which nobody here could measure in advance.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -145,13 +146,15 @@ def run(ctx: Context) -> None:
         ctx.note(f"The heavy job (width {heavy}) is {reports[heavy].get('bound')}-bound, not compute-bound: the "
                  "GPU axis is only exercised by how little a faster step changes.")  # fmt: skip
     for w in roles.values():
-        if (
-            w not in reports and dry
-        ):  # the wiring only: the heavy profile stands in (a second is the same code)
+        if w in reports:
+            continue
+        if dry:  # the wiring only: the heavy profile stands in for the light one (a second is the same code)
             (ctx.work / f"width-{w}").mkdir(parents=True, exist_ok=True)
-            (ctx.work / f"width-{w}" / "report.json").write_text(json.dumps(reports[heavy]))
+            shutil.copyfile(
+                ctx.work / f"width-{heavy}" / "report.json", ctx.work / f"width-{w}" / "report.json"
+            )
             reports[w] = reports[heavy]
-        elif w not in reports:
+        else:
             reports[w] = _profile(ctx, w, blocks, job, iters)
     rows = [_row(ctx, role, w, t, reports[w], (heavy, reports[heavy])) for role, w in roles.items()]
     preps = ", ".join(fmt((reports[w].get("rates_per_s") or {}).get("prep"), 0) for w in roles.values())
