@@ -51,7 +51,7 @@ def test_profile_names_the_bucket_models_its_rate_and_verify_checks_a_cache(tmp_
         url = "s3://data/train"
         out = tmp_path / "run"
         report = profile_command(
-            _job(url, workers=2, fetch_ahead=1), out_dir=out, iters=20, warmup=3, show_progress=False
+            _job(url, workers=2, fetch_ahead=1), out_dir=out, iters=30, warmup=3, show_progress=False
         )
         src = report["source"]
         assert src["kind"] == "bucket" and src["url"] == url and src["endpoint"] == srv.endpoint
@@ -69,7 +69,7 @@ def test_profile_names_the_bucket_models_its_rate_and_verify_checks_a_cache(tmp_
         assert "a bucket:" in v["sentence"]
         assert not v["disagrees"] or v["causes"], v["sentence"]  # agrees within the real run's own spread
         half = int(report["dataset"]["bytes"] / 2)
-        result = verify_command(out, _job(url, workers=2, fetch_ahead=1, cache_bytes=half), iters=20,
+        result = verify_command(out, _job(url, workers=2, fetch_ahead=1, cache_bytes=half), iters=30,
                                 show_progress=False)  # fmt: skip
     assert result["change"] == {"cache_bytes": half}
     assert result["predicted_bound"] == "fetch"
