@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lint, format check and type check (seconds; any failure ends the run), then the test suite.
-# Slow tests run when CI=true or COORDL_SLOW=1.
+# Slow tests run when CI=true or COORDL_SLOW=1; `long` ones only with COORDL_LONG=1 (make test-long).
 #
 # The suite runs in two phases (docs/testing.md):
 #   1. every test not marked `exclusive`, in parallel over COORDL_TEST_WORKERS pytest-xdist workers (default 4 on
@@ -26,6 +26,8 @@ if [ "${CI:-}" = "true" ] || [ "${COORDL_SLOW:-0}" = "1" ]; then
 else
   mark="not slow and "
 fi
+# `long` tests (the long forms of checks CI runs short: docs/testing.md) only with COORDL_LONG=1 (make test-long)
+[ "${COORDL_LONG:-0}" = "1" ] || mark="${mark}not long and "
 workers="${COORDL_TEST_WORKERS:-4}"
 parallel=()
 [ "$workers" != "0" ] && parallel=(-n "$workers" --dist worksteal)

@@ -4,6 +4,7 @@ parallel phase (the suite's longest tests start first)."""
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 
 import pytest
@@ -75,3 +76,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if default_timeout_s > 0:
         items[:] = long_tests_first(items, workers, default_timeout_s)
+
+
+def _cpu_s(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """With ``COORDL_TEST_CPU=<file>``: one line per test appended to that file, ``cpu_s own_s children_s nodeid``
+    (tab-separated): the CPU seconds of the test's setup, call and teardown in its pytest process and in the
+    processes it started and waited for (loader workers, jobs, torchrun and its ranks; not daemons left to
+    others, such as Ray's). On 2 cores a parallel phase takes at least its tests' CPU over 2: the numbers
+    behind docs/testing.md "Where the time goes"."""
+    out = os.environ.get("COORDL_TEST_CPU")
+    if not out:
+        yield
+        return
+    own, kids = _cpu_s(resource.RUSAGE_SELF), _cpu_s(resource.RUSAGE_CHILDREN)
+    yield
+    own, kids = _cpu_s(resource.RUSAGE_SELF) - own, _cpu_s(resource.RUSAGE_CHILDREN) - kids
+    with open(out, "a") as f:  # one short line per write: the xdist workers' lines do not interleave
+        f.write(f"{own + kids:.2f}\t{own:.2f}\t{kids:.2f}\t{item.nodeid}\n")

@@ -47,24 +47,29 @@ def test_unequal_shards_fork(persistent: bool) -> None:
     run_many("fork", 16, persistent)  # before the fix: about one epoch in six failed
 
 
+_FORK_LONG = (
+    pytest.mark.long
+)  # 100 loaders each (18 CPU s): the fast suite's test_unequal_shards_fork runs 16
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3000)
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("method", [pytest.param("fork", marks=_FORK_LONG), "spawn", "forkserver"])
 def test_unequal_shards_stress(method: str, persistent: bool) -> None:
     """Hundreds of epochs per start method (before the fix, 2 runs of 6 failed under spawn).
 
     A spawned or forkserver worker imports torch afresh (2-3 s of CPU each on the 2-core VM), so in CI those
     methods run one round of every shape in CI (8 loaders, up to 4 workers each; before the fix 2 runs of 6
-    failed at three rounds) and fork 100 loaders (the fast suite runs 16 more); ``COORDL_STRESS_RUNS=100``
-    runs the long stress by hand (about 5 minutes a case on the VM; fork then runs 300). Of the slow
-    methods only spawn with persistent workers runs in CI: each other case's paths are in a CI case (a fresh
-    interpreter per worker under spawn, workers started anew each epoch under fork), and each cost CI's
-    parallel phase 30-90 s.
+    failed at three rounds); fork's 100 loaders run with ``make test-long`` (the fast suite's 16 per case are
+    CI's fork stress); ``COORDL_STRESS_RUNS=100`` runs the long stress by hand (about 5 minutes a case on the
+    VM; fork then runs 300). Of the slow methods only spawn with persistent workers runs in CI: each other
+    case's paths are in a CI case (a fresh interpreter per worker under spawn, workers started anew each epoch
+    under fork), and each cost CI's parallel phase 30-90 s.
     """
     runs = os.environ.get("COORDL_STRESS_RUNS")
     if method != "fork" and (method, persistent) != ("spawn", True) and not runs:
-        pytest.skip("by hand only (COORDL_STRESS_RUNS=N): spawn-True and fork cover its paths in CI")
+        pytest.skip("by hand only (COORDL_STRESS_RUNS=N): spawn-True and fork cover its paths")
     slow_start = int(runs or len(SHAPES))
     run_many(method, (300 if runs else 100) if method == "fork" else slow_start, persistent)
 
