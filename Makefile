@@ -12,13 +12,13 @@ demo: setup
 # The tests also cover coordl.dali on DALI's CPU backend: the `dali` extra is installed for them
 # (not for the demo or the core install); `s3` (boto3) for s3:// sources, whose tests start a moto server;
 # `frameworks` (Lightning, Accelerate) for tests/coordl/frameworks; `ray` for tests/coordl/remote.
-test: setup
+test:
 	@COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray bash scripts/setup.sh
 	@bash scripts/test.sh
 
 # the long forms of checks CI runs short (docs/testing.md "Keeping CI short"): the gpu-check dry run of every
 # section, the fork stress's hundreds of loaders; before a release or a device session (about 6 minutes here)
-test-long: setup
+test-long:
 	@COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray bash scripts/setup.sh
 	COORDL_LONG=1 COORDL_SLOW=1 .venv/bin/python -m pytest -q -ra -p no:cacheprovider -m long tests
 
@@ -35,11 +35,11 @@ lint: setup
 	.venv/bin/ruff format --check .
 
 # mypy over shmem, memcache, nfs_cache, coordl and dsanalyzer at the level set in pyproject.toml ([tool.mypy]).
-typecheck: setup
+typecheck:
 	@COORDL_EXTRAS=dev,nfs,dali,s3,frameworks bash scripts/setup.sh
 	.venv/bin/python -m mypy
 
-bench: setup
+bench:
 	COORDL_EXTRAS=dev,nfs,dali,s3,frameworks,ray,raydata bash scripts/setup.sh
 	@echo "Each benchmark is one command; see benchmarks/README.md"
 
