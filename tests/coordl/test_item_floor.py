@@ -2,8 +2,9 @@
 
 10^5 tiny items (16-byte payloads, no decode), batch 256, 2 persistent workers: coordl.DataLoader's
 items/s against torch's DataLoader over the same items, measured in the same test, epochs alternated,
-with generous slack (0.6x; the benchmark's figures are 1.3-2.1x without a cache, 1.4x with it, 1.05x with
-the cache and generator=, 0.84-0.89x with generator= alone: ``benchmarks/bench_item_floor.py``). Before
+with generous slack (0.6x; the benchmark's figures on a quiet host are 1.2-1.9x without a cache, 1.4x with
+it, 1.05x with the cache and generator=, 1.06-1.36x with generator= alone: ``benchmarks/bench_item_floor.py``,
+docs/dataloader.md "Per-item cost"). Before
 issue 59 the ratios were 0.43-0.52x, 0.2-0.4x with a cache.
 """
 
