@@ -47,15 +47,11 @@ def test_unequal_shards_fork(persistent: bool) -> None:
     run_many("fork", 16, persistent)  # before the fix: about one epoch in six failed
 
 
-_FORK_LONG = (
-    pytest.mark.long
-)  # 100 loaders each (18 CPU s): the fast suite's test_unequal_shards_fork runs 16
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(3000)
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("method", [pytest.param("fork", marks=_FORK_LONG), "spawn", "forkserver"])
+# fork's 100 loaders a case (18 CPU s) are `long`: the fast suite's test_unequal_shards_fork runs 16 in CI
+@pytest.mark.parametrize("method", [pytest.param("fork", marks=pytest.mark.long), "spawn", "forkserver"])
 def test_unequal_shards_stress(method: str, persistent: bool) -> None:
     """Hundreds of epochs per start method (before the fix, 2 runs of 6 failed under spawn).
 
