@@ -8,7 +8,8 @@ and of the workers. From those:
   inside ``next()`` taking a batch that was ready): the rate can never pass ``1 / t_c``;
 * the workers' CPU per item ``c_w``; ``W`` workers on the cores the main process leaves them prep at
   ``min(W, cores - main) / c_w`` items per second (a worker that waits on storage does not count its wait
-  in ``c_w``: such a job is fetch-bound, and more items in flight, not more cores, is what helps);
+  in ``c_w``: such a job is fetch-bound, and more reads in flight, one per worker, not more cores, is what
+  helps; ``prefetch_factor`` adds none: a worker makes one batch at a time);
 * the rate of the loop is the slower of the two. A prediction is that model at the new knobs, scaled by
   what the model gave at the measured knobs against what was measured (the pipeline's own losses cancel).
 
@@ -39,6 +40,10 @@ STALL_SHARE_BOUND = 0.05
 WORKER_BUSY_PREP_BOUND = 0.6
 # a main process on fewer cores than this while the loop runs its step waits on an accelerator (or sleeps)
 STEP_ON_CPU = 0.1
+# the model missed the measured rate by more than this: the pipeline loses to bursts a deeper queue may absorb
+QUEUE_LOSS = 0.15
+# this share of the cores idle over a window: nothing waits for a core, so nothing contends for one
+IDLE_CORES_FREE = 0.25
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class EpochMeasure:
             shortens it, so it is neither a stall nor the step's CPU. (On the 2-core VM a ready batch's
             ``next()`` took 4 ms after a 100 ms step and 20-40 ms of CPU after a 300 ms one, torch's own
             loader alike: a sleeping trainer looked 10% data-bound and got a trial.)
+        idle_cores: the cores (of those this process may run on) the host left idle over the window, on
+            average, whoever's work took the rest (None: not measured). Cores left idle are cores nobody
+            waited for: the trainer's threads and the workers did not contend for them.
     """
 
     items: int
@@ -77,6 +85,7 @@ class EpochMeasure:
     knobs: Knobs
     cores: int
     receive_cpu_s: float = 0.0
+    idle_cores: float | None = None
 
     @property
     def rate(self) -> float:
@@ -143,9 +152,15 @@ def contended(m: EpochMeasure) -> bool:
 
     Not whether the loop waits alone: on the loaded 2-core VM the README job (2 threads, 1 worker) waited
     on its loader 2-13% of the time, its main process on 0.24-0.28 cores, and ran 2.4x faster on one
-    thread: the step's threads waited for each other at its parallel regions' barriers."""
+    thread: the step's threads waited for each other at its parallel regions' barriers.
+
+    Not while the host leaves a quarter of the cores idle (``idle_cores``): then no thread waits for a core.
+    On the quiet 2-core VM a job whose workers wait 5 ms per read (2 threads, 2 workers, the loop waiting
+    95% of the time) measured the same on one thread, and the trial cost it two epochs before more workers.
+    """
     oversub = oversubscribed(m.knobs.intra_op_threads, m.knobs.num_workers, m.cores)
-    return oversub and (data_bound(m) or m.step_cpu_share >= STEP_ON_CPU)
+    idle = m.idle_cores is not None and m.idle_cores >= IDLE_CORES_FREE * m.cores
+    return oversub and not idle and (data_bound(m) or m.step_cpu_share >= STEP_ON_CPU)
 
 
 def _main_cores_at(m: EpochMeasure, knobs: Knobs) -> float:
@@ -161,11 +176,9 @@ def prep_rate(m: EpochMeasure, knobs: Knobs) -> float:
     if workers == 0:  # the main process preps itself, in the loop's own time
         return 1.0 / max(m.worker_cpu_s_per_item, 1e-9)
     cores_free = max(m.cores - _main_cores_at(m, knobs), 0.5)
-    if storage_bound(m):  # fetch-bound: items in flight, not cores, set the rate
-        in_flight = workers * knobs.prefetch_factor
-        now = max(1, m.knobs.num_workers * m.knobs.prefetch_factor)
+    if storage_bound(m):  # fetch-bound: the reads in flight, one per worker, set the rate, not cores
         per_core = 1.0 / max(m.worker_cpu_s_per_item, 1e-9)
-        return min(m.rate * in_flight / now, min(workers, cores_free) * per_core)
+        return min(m.rate * workers / max(1, m.knobs.num_workers), min(workers, cores_free) * per_core)
     return min(workers, cores_free) / max(m.worker_cpu_s_per_item, 1e-9)
 
 
@@ -181,6 +194,8 @@ def predict_rate(m: EpochMeasure, knobs: Knobs) -> float:
         return m.rate  # the trainer binds: the loader's knobs cannot move the rate
     at_measured = _model(m, m.knobs)
     scale = m.rate / at_measured if at_measured > 0 and at_measured != float("inf") else 1.0
+    if knobs.prefetch_factor > m.knobs.prefetch_factor and scale < 1 - QUEUE_LOSS:
+        scale = 1.0  # a deeper queue recovers at most what the pipeline lost to bursts: the model's miss
     return _model(m, knobs) * min(scale, 1.0)
 
 
@@ -188,9 +203,12 @@ def merged(a: EpochMeasure, b: EpochMeasure) -> EpochMeasure:
     """Two windows at the same knobs as one (a change judged on more batches than one epoch holds)."""
     if a.knobs != b.knobs:
         raise ValueError(f"tune: cannot merge epochs at {a.knobs} and {b.knobs}")
+    idle = None
+    if a.idle_cores is not None and b.idle_cores is not None:
+        idle = (a.idle_cores * a.wall_s + b.idle_cores * b.wall_s) / max(a.wall_s + b.wall_s, 1e-12)
     return EpochMeasure(
         a.items + b.items, a.wall_s + b.wall_s, a.wait_s + b.wait_s, a.main_cpu_s + b.main_cpu_s,
-        a.workers_cpu_s + b.workers_cpu_s, a.knobs, min(a.cores, b.cores), a.receive_cpu_s + b.receive_cpu_s,
+        a.workers_cpu_s + b.workers_cpu_s, a.knobs, min(a.cores, b.cores), a.receive_cpu_s + b.receive_cpu_s, idle,
     )  # fmt: skip
 
 

@@ -4,14 +4,16 @@ Each epoch's steady part is measured (:class:`EpochClock`: the items, the wall t
 waited in ``next()``, the main process's and the workers' CPU). At the epoch's end the tuner judges the
 change it made at that epoch's start (kept if the epoch measured faster than the best so far by
 ``min_gain``, else reverted at the next epoch's start), then picks the next change: the untried knob
-whose predicted rate (:mod:`coordl.tune.model`) is highest, if it promises ``min_gain`` or more. One change
-per epoch, each logged with its predicted and measured rate (``loader.tune_log()``).
+whose predicted rate (:mod:`coordl.tune.model`) is highest, if it promises ``min_gain`` or more; where more
+than one promises it, all of them together first (the model's best point in one epoch), then one at a time if
+that measured worse. One trial per epoch, each logged with its predicted and measured rate (``loader.tune_log()``).
 
 What it changes: ``num_workers`` (up to the cores, or twice them for workers that wait on storage, within
-the memory available), ``prefetch_factor`` (for workers that wait on storage), and the main process's
-intra-op threads (``torch.set_num_threads(1)`` when the trainer's threads take the workers' cores, or, as a
-trial the model cannot predict, whenever those threads and the workers outnumber the cores while the loop
-waits on the loader or its step computes on this CPU: :func:`coordl.tune.model.contended`).
+the memory available), ``prefetch_factor`` (where the pipeline lost to bursts what a deeper queue may
+absorb), and the main process's intra-op threads (``torch.set_num_threads(1)`` when the trainer's threads
+take the workers' cores, or, as a trial the model cannot predict, whenever those threads and the workers
+outnumber the cores while the loop waits on the loader or its step computes on this CPU and the host leaves
+no quarter of the cores idle: :func:`coordl.tune.model.contended`).
 A window shorter than ``min_items`` is judged with the next epoch's; a change measured within the noise
 (``doubt``) runs a second epoch and is judged on both.
 What it does not change online, and why: ``cache_bytes`` (the MinIO cache is a shared-memory table sized
@@ -83,6 +85,16 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _idle_s() -> float:
+    """Seconds the CPUs this process may run on have been idle (waiting on I/O counts), summed over them."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    total = 0.0
+    for i, c in enumerate(psutil.cpu_times(percpu=True)):
+        if allowed is None or i in allowed:
+            total += c.idle + getattr(c, "iowait", 0.0)
+    return total
+
+
 def _children_cpu_s() -> float:
     """CPU of this process's children, live and reaped (a worker that exited counts too)."""
     t = os.times()
@@ -104,11 +116,11 @@ class EpochClock:
         self.batches = 0
         self.wait_s = 0.0
         self.receive_cpu_s = 0.0
-        self.start: tuple[float, float, float] | None = None
-        self.end: tuple[float, float, float] | None = None
+        self.start: tuple[float, float, float, float] | None = None
+        self.end: tuple[float, float, float, float] | None = None
 
-    def _now(self) -> tuple[float, float, float]:
-        return time.perf_counter(), time.process_time(), _children_cpu_s()
+    def _now(self) -> tuple[float, float, float, float]:
+        return time.perf_counter(), time.process_time(), _children_cpu_s(), _idle_s()
 
     def waited(self, seconds: float, cpu_s: float = 0.0) -> None:
         """A batch arrived after the loop waited ``seconds`` for it, ``cpu_s`` of them on its thread's CPU."""
@@ -134,7 +146,7 @@ class EpochClock:
             return None
         return EpochMeasure(
             items, wall, min(self.wait_s, wall), self.end[1] - self.start[1], self.end[2] - self.start[2],
-            knobs, cores(), min(self.receive_cpu_s, self.wait_s),
+            knobs, cores(), min(self.receive_cpu_s, self.wait_s), max(self.end[3] - self.start[3], 0.0) / wall,
         )  # fmt: skip
 
 
@@ -254,7 +266,13 @@ class Tuner:
                 options.append((predicted, predicted, name, knobs))
         if not options:
             return
-        _, predicted, name, knobs = max(options, key=lambda o: o[0])
+        if len(options) > 1:  # every promising change at once: the model's best point in one epoch
+            knobs = _joined(best_knobs, [o[3] for o in options])
+            name = "+".join(o[2] for o in sorted(options, key=lambda o: o[2]))
+            if name not in self.tried:
+                predicted = max(predict_rate(m, knobs), *(o[1] for o in options))
+                options.append((float("inf"), predicted, name, knobs))
+        _, predicted, name, knobs = max(options, key=lambda o: (o[0], "+" in o[2]))
         self.tried.add(name)
         self.pending = knobs
         self.trial = {
@@ -271,7 +289,7 @@ class Tuner:
         if "num_workers" in allowed and k.num_workers < most and self._memory_for_a_worker():
             more = min(most, max(k.num_workers + 1, 2 * k.num_workers if waits else k.num_workers + 1))
             out.append((f"num_workers={more}", with_knob(k, num_workers=more)))
-        if "prefetch_factor" in allowed and waits and k.prefetch_factor < 8:
+        if "prefetch_factor" in allowed and k.prefetch_factor < 8:  # promising only where the model missed
             out.append(
                 (
                     f"prefetch_factor={2 * k.prefetch_factor}",
@@ -293,6 +311,15 @@ class Tuner:
                 pass
         need = 2 * max(sizes, default=256 << 20)
         return psutil.virtual_memory().available > need
+
+
+def _joined(base: Knobs, changes: list[Knobs]) -> Knobs:
+    """``base`` with every knob that any of ``changes`` moves set as that change sets it."""
+    b = asdict(base)
+    joined = dict(b)
+    for k in changes:
+        joined.update({name: v for name, v in asdict(k).items() if v != b[name]})
+    return Knobs(**joined)
 
 
 def _change(before: Knobs, after: Knobs) -> str:

@@ -62,6 +62,24 @@ def other_cpu_cores(report: dict, run: str = "real") -> float | None:
     return None
 
 
+def host_idle_cores(report: dict, run: str = "real") -> float | None:
+    """Mean cores the host left idle during ``run``, whoever used the rest (``sysmon``'s per-core
+    utilisation; None when not recorded)."""
+    mon = report.get("sysmon") or {}
+    series = mon.get("cpu_percent_per_core")
+    if not series:
+        return None
+    start = 0
+    for part in mon.get("runs") or []:
+        if part.get("run") == run:
+            rows = [r for r in series[start : start + int(part["samples"])] if r]
+            return (
+                sum(sum(1.0 - min(p, 100.0) / 100.0 for p in r) for r in rows) / len(rows) if rows else None
+            )
+        start += int(part.get("samples") or 0)
+    return None
+
+
 def main_process_costs(report: dict, cpus: int) -> dict:
     """The CPU the job's processes spend, per batch and per sample, and the share of its cores it got.
 

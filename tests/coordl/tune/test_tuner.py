@@ -19,13 +19,22 @@ def _tuner() -> Tuner:
 
 
 def _epoch(tuner: Tuner, rate: float, *, wait_share: float, workers_cpu_share: float, main_cpu_s: float = 0.2,
-           cores: int = 4) -> None:  # fmt: skip
+           cores: int = 4, idle_cores: float | None = None) -> None:  # fmt: skip
     """One epoch at the tuner's knobs now: ``rate`` items/s, the loop waiting ``wait_share`` of the time."""
     tuner.epoch_starts()  # applies the pending change to the loader
     k = tuner.knobs()
     tuner.clock = None
     tuner.observe(
-        EpochMeasure(int(rate), 1.0, wait_share, main_cpu_s, workers_cpu_share * k.num_workers, k, cores)
+        EpochMeasure(
+            int(rate),
+            1.0,
+            wait_share,
+            main_cpu_s,
+            workers_cpu_share * k.num_workers,
+            k,
+            cores,
+            idle_cores=idle_cores,
+        )
     )
     tuner.epoch += 1
 
@@ -105,12 +114,12 @@ def test_one_intra_op_thread_is_tried_first_when_threads_and_workers_outnumber_t
     anyway, before more workers, at the rate measured, and keeps it on what the next epoch measures."""
     try:
         t = _threads_tuner(2)
+        t.options = TuneOptions(knobs=("intra_op_threads",))  # one knob: no joined step
         _epoch(t, 400, wait_share=0.8, workers_cpu_share=0.9, main_cpu_s=0.6, cores=2)
         assert t.trial is not None and t.trial["knob"] == "intra_op_threads=1", t.trial
         assert t.trial["predicted_items_per_s"] == 400  # a trial: the model has no term for the contention
         _epoch(t, 800, wait_share=0.5, workers_cpu_share=1.0, main_cpu_s=0.6, cores=2)
         assert t.log[-1]["kept"] is True and torch.get_num_threads() == 1
-        assert t.trial is not None and t.trial["knob"] == "num_workers=2"  # then the workers, one thread on
     finally:
         torch.set_num_threads(THREADS)
 
@@ -136,5 +145,37 @@ def test_the_trainer_threads_are_left_alone_when_the_cores_hold_them_and_the_wor
         t = _threads_tuner(2)
         _epoch(t, 400, wait_share=0.01, workers_cpu_share=0.3, main_cpu_s=0.02, cores=2)
         assert t.trial is None and t.pending is None
+    finally:
+        torch.set_num_threads(THREADS)
+
+
+def test_every_promising_change_is_tried_at_once_then_one_at_a_time_if_that_measured_worse() -> None:
+    """2 cores, 2 intra-op threads, 1 worker: one thread (a trial) and a second worker (predicted) together
+    first, the model's best point in one epoch; reverted, they come one at a time, the thread first."""
+    try:
+        t = _threads_tuner(2)
+        _epoch(t, 400, wait_share=0.8, workers_cpu_share=0.9, main_cpu_s=0.6, cores=2)
+        assert t.trial is not None and t.trial["knob"] == "intra_op_threads=1+num_workers=2", t.trial
+        assert t.pending == Knobs(2, 2, 1)
+        _epoch(t, 300, wait_share=0.8, workers_cpu_share=0.5, main_cpu_s=0.6, cores=2)  # -25%: reverted
+        assert t.log[-1]["kept"] is False and t.pending == Knobs(1, 2, 2)
+        _epoch(t, 400, wait_share=0.8, workers_cpu_share=0.9, main_cpu_s=0.6, cores=2)
+        assert t.trial is not None and t.trial["knob"] == "intra_op_threads=1"
+        _epoch(t, 800, wait_share=0.5, workers_cpu_share=1.0, main_cpu_s=0.6, cores=2)
+        assert t.log[-1]["kept"] is True and torch.get_num_threads() == 1
+        assert t.trial is not None and t.trial["knob"] == "num_workers=2"  # then the workers, one thread on
+    finally:
+        torch.set_num_threads(THREADS)
+
+
+def test_threads_are_left_alone_while_the_host_leaves_cores_idle() -> None:
+    """Workers that wait 5 ms per read, 2 threads and 2 workers on 2 cores, a core and a half idle: nothing
+    waits for a core, so no thread trial; more workers (one read in flight each) instead."""
+    try:
+        t = _threads_tuner(2)
+        t.loader.num_workers = t.loader._torch.num_workers = 2
+        t.tried.clear()
+        _epoch(t, 360, wait_share=0.9, workers_cpu_share=0.05, main_cpu_s=0.3, cores=2, idle_cores=1.5)
+        assert t.trial is not None and t.trial["knob"] == "num_workers=4", t.trial
     finally:
         torch.set_num_threads(THREADS)

@@ -55,6 +55,17 @@ def test_a_reverted_remedy_is_not_tried_again_and_the_next_one_is():
     assert next_step(rep, after, 8e9, frozenset({"threads"})) is None
 
 
+def test_no_thread_trial_where_the_profile_left_the_cores_idle():
+    rep = one_worker_spinning_threads()
+    cores = int(rep["machine"]["cpus"])
+    busy = {"cpu_percent_per_core": [[100.0] * cores] * 4, "runs": [{"run": "real", "samples": 4}]}
+    idle = {"cpu_percent_per_core": [[10.0] * cores] * 4, "runs": [{"run": "real", "samples": 4}]}
+    step = next_step({**rep, "sysmon": busy}, Config(), 8e9, frozenset({"workers"}))
+    assert step is not None and step.name == "threads"
+    step = next_step({**rep, "sysmon": idle}, Config(), 8e9, frozenset({"workers"}))
+    assert step is None or step.name != "threads"
+
+
 def test_the_plan_keeps_to_this_machines_memory():
     rep = fetch_bound_torch()
     steps = plan(rep, 3, 8e9)
@@ -101,8 +112,9 @@ def workers_that_wait() -> dict:
 def test_workers_that_wait_get_more_items_in_flight_when_nothing_ranked_applies():
     rep = workers_that_wait()
     steps = plan(rep, 3, 8e9)
-    assert [s.loader_args for s in steps[:2]] == [{"num_workers": 8}, {"prefetch_factor": 4}]
+    # twice the workers, then nothing: a worker makes one batch at a time, a deeper queue adds no read
+    assert [s.loader_args for s in steps] == [{"num_workers": 8}]
     now = verdict(rep)["predicted_samples_per_s"]
-    assert steps[0].predicted_samples_per_s > 1.9 * now  # twice the items in flight
-    assert next_step(rep, Config(), 8e9, frozenset({"workers", "prefetch_factor"})) is None
+    assert steps[0].predicted_samples_per_s > 1.9 * now  # twice the reads in flight
+    assert next_step(rep, Config(), 8e9, frozenset({"workers"})) is None
     assert plan(one_worker_spinning_threads(), 3, 8e9)[0].name == "workers"  # workers that compute: ranked
