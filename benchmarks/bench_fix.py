@@ -212,11 +212,17 @@ def bench_job(kind: str, script: Path, root: str, args: argparse.Namespace) -> d
         "grid": grid, "grid_best": best, "grid_s": grid_s, "fix_s": fix_s, "fix": fix, "tune": tunes,
         "fix_is_grid_best": same, "final": final, "median": med,
         "fix_vs_grid_best": med["fix"] / med["grid_best"], "fix_time_vs_grid": fix_s / grid_s,
-        "fix_vs_user": med["fix"] / med["user"],
+        "fix_vs_user": med["fix"] / med["user"], "fix_runs": _fix_runs(fix), "grid_points": len(grid),
         "tune_from_epoch2_vs_grid_best": med["tune_from_epoch2"] / med["grid_best"],
         "tune_last_vs_grid_best": med["tune_last"] / med["grid_best"],
         "tune_vs_user": med["tune_from_epoch2"] / med["user"],
     }  # fmt: skip
+
+
+def _fix_runs(fix: dict[str, Any]) -> int:
+    """The runs of the job ``dsanalyzer fix`` made: the profile's four, then each round's pairs."""
+    rounds = fix.get("rounds") or []
+    return 4 + sum(len(r.get("before_runs") or []) + len(r.get("after_runs") or []) for r in rounds)
 
 
 def _knobs(kind: str, env: dict[str, str]) -> tuple:
@@ -230,8 +236,8 @@ def _knobs(kind: str, env: dict[str, str]) -> tuple:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     rows = [
-        "| job | user | grid best (w, p, threads) | fix kept | fix / best | fix time / grid | fix / user "
-        "| tune ep.2+ / best | tune last / best | tune / user |",
+        "| job | user | grid best (w, p, threads) | fix kept | fix / best | fix time / grid (runs / points) "
+        "| fix / user | tune ep.2+ / best | tune last / best | tune / user |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, r in results.items():
@@ -239,7 +245,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         kept = r["fix"].get("kept") or {}
         rows.append(
             f"| {kind} | {m['user']:.0f} | {m['grid_best']:.0f} ({b['workers']}, {b['prefetch']}, {b['threads'] or 'default'}) "
-            f"| {json.dumps(kept)} | {r['fix_vs_grid_best']:.2f} | {r['fix_time_vs_grid']:.2f} | {r['fix_vs_user']:.2f} "
+            f"| {json.dumps(kept)} | {r['fix_vs_grid_best']:.2f} | {r['fix_time_vs_grid']:.2f} "
+            f"({r.get('fix_runs', '?')} / {r.get('grid_points', '?')}) | {r['fix_vs_user']:.2f} "
             f"| {r['tune_from_epoch2_vs_grid_best']:.2f} | {r['tune_last_vs_grid_best']:.2f} | {r['tune_vs_user']:.2f} |"
         )
     return "\n".join(rows)

@@ -116,6 +116,12 @@ def in_doubt(before: list[float], after: list[float]) -> bool:
     return 1 - DOUBT < ratio < 1 + DOUBT
 
 
+def _median_idle(results: list[dict]) -> float | None:
+    """The cores the host left idle in these runs, their median (None: not measured)."""
+    idle = [r["idle_cores"] for r in results if r.get("idle_cores") is not None]
+    return statistics.median(idle) if idle else None
+
+
 def _not_applied(result: dict, config: Config) -> str | None:
     """Why the run did not have the configuration asked for (None: it had it), from its loader's facts."""
     loader = result.get("loader") or {}
@@ -183,8 +189,13 @@ def fix_command(
     runner = _Runner(command, out, iters, warm, runs, min_seconds, timeout_s, show_progress, site)
     result.update(iters=iters, warmup_iters=warm, runs=runs)
     kept, chain, excluded = Config(), 1.0, set[str]()  # chain: the kept changes' speedup, round by round
+    idle: float | None = None  # the cores the host left idle in the runs at ``kept`` (None: the profile's)
     for n in range(1, rounds + 1):
-        step = first if n == 1 and first is not None else next_step(report, kept, budget, frozenset(excluded))
+        step = (
+            first
+            if n == 1 and first is not None
+            else next_step(report, kept, budget, frozenset(excluded), idle)
+        )
         if step is None:
             result["stopped"] = "no further step"  # nothing else the hook can change is predicted to gain
             break
@@ -197,6 +208,7 @@ def fix_command(
         ratio = after / before if before > 0 else 0.0
         if why is None and ratio > 1.0:
             status, kept, chain = "kept", config, chain * ratio
+            idle = _median_idle(runs_)
             result["final_samples_per_s"] = after
             excluded.clear()  # the job changed: a remedy reverted before may help it now
         else:

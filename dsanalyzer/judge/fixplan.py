@@ -106,13 +106,19 @@ def _report_after(report: dict, config: Config) -> dict:
 
 
 def next_step(
-    report: dict, kept: Config, memory_budget_bytes: float, excluded: frozenset[str] = frozenset()
+    report: dict,
+    kept: Config,
+    memory_budget_bytes: float,
+    excluded: frozenset[str] = frozenset(),
+    idle_cores: float | None = None,
 ) -> Step | None:
     """The next change on top of ``kept``: the first applicable remedy of the ranked list that gains
     more than :data:`~dsanalyzer.judge.remedies.GAIN` and fits the cores and ``memory_budget_bytes``
     (``excluded``: remedies already tried and reverted), or one intra-op thread first where the job's
     threads and workers fight over the cores and the ranked steps never reach it (the module's
-    docstring); None when none does (the job is compute-bound, or nothing here helps)."""
+    docstring); None when none does (the job is compute-bound, or nothing here helps). ``idle_cores``:
+    the cores the host left idle in a run of the job with ``kept`` (default: the profile's real run's
+    while nothing is kept; unknown after a change)."""
     if is_dali(report):
         return None  # a built DALI pipeline's threads cannot be changed through the loader call
     model = applied_model(Model.from_report(report), kept)
@@ -120,7 +126,9 @@ def next_step(
     if _reaches_threads(report, kept, memory_budget_bytes, excluded, step):
         return step  # the model prices the threads itself, in its own order
     now = current(model).samples_per_s
-    trial = _threads_trial(model, now, excluded, host_idle_cores(report)) or step
+    if idle_cores is None and kept == Config():
+        idle_cores = host_idle_cores(report)
+    trial = _threads_trial(model, now, excluded, idle_cores) or step
     return trial or _waiting_workers_trial(report, model, kept, now, excluded)
 
 

@@ -72,12 +72,17 @@ def host_idle_cores(report: dict, run: str = "real") -> float | None:
     start = 0
     for part in mon.get("runs") or []:
         if part.get("run") == run:
-            rows = [r for r in series[start : start + int(part["samples"])] if r]
-            return (
-                sum(sum(1.0 - min(p, 100.0) / 100.0 for p in r) for r in rows) / len(rows) if rows else None
-            )
+            return idle_cores(series[start : start + int(part["samples"])])
         start += int(part.get("samples") or 0)
     return None
+
+
+def idle_cores(cpu_percent_per_core: list[list[float]]) -> float | None:
+    """Mean cores left idle over samples of each core's use in percent (None: no sample)."""
+    rows = [r for r in cpu_percent_per_core if r]
+    if not rows:
+        return None
+    return sum(sum(1.0 - min(p, 100.0) / 100.0 for p in r) for r in rows) / len(rows)
 
 
 def main_process_costs(report: dict, cpus: int) -> dict:

@@ -64,6 +64,14 @@ def test_no_thread_trial_where_the_profile_left_the_cores_idle():
     assert step is not None and step.name == "threads"
     step = next_step({**rep, "sysmon": idle}, Config(), 8e9, frozenset({"workers"}))
     assert step is None or step.name != "threads"
+    # a change kept since: the profile's idle cores no longer tell; a run with the change does
+    kept = Config(loader_args={"prefetch_factor": 4})
+    step = next_step({**rep, "sysmon": idle}, kept, 8e9, frozenset({"workers"}))
+    assert step is not None and step.name == "threads"
+    step = next_step({**rep, "sysmon": busy}, kept, 8e9, frozenset({"workers"}), idle_cores=0.1 * cores)
+    assert step is not None and step.name == "threads"
+    step = next_step({**rep, "sysmon": busy}, kept, 8e9, frozenset({"workers"}), idle_cores=0.9 * cores)
+    assert step is None or step.name != "threads"
 
 
 def test_the_plan_keeps_to_this_machines_memory():
