@@ -117,8 +117,9 @@ def in_doubt(before: list[float], after: list[float]) -> bool:
 
 
 def _median_idle(results: list[dict]) -> float | None:
-    """The cores the host left idle in these runs, their median (None: not measured)."""
-    idle = [r["idle_cores"] for r in results if r.get("idle_cores") is not None]
+    """The cores the host left idle in these runs' measured batches, their median (None: not measured)."""
+    idle = [(r.get("job_cpu") or {}).get("idle_cores") for r in results]
+    idle = [i for i in idle if i is not None]
     return statistics.median(idle) if idle else None
 
 

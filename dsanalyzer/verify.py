@@ -21,7 +21,6 @@ from dsanalyzer.judge.verify import verify_result, warmup_for
 from dsanalyzer.measure.hookconfig import HookConfig
 from dsanalyzer.measure.launch import ProfileError, ProgressBar, run_child
 from dsanalyzer.measure.sysmon import SysMonitor
-from dsanalyzer.model.measured import idle_cores
 from dsanalyzer.report.schema import load_report, write_report
 
 __all__ = ["verify_command", "run_once"]
@@ -93,8 +92,6 @@ def run_once(
             result = run_child(command, cfg, log, timeout_s, bar.update, extra_env)
         finally:
             bar.close()
-    series = mon.series()
-    others = [v for v in series["other_cpu_cores"] if v is not None]
+    others = [v for v in mon.series()["other_cpu_cores"] if v is not None]
     result["other_cpu_cores"] = statistics.mean(others) if others else None
-    result["idle_cores"] = idle_cores(series["cpu_percent_per_core"][1:])  # the first: since the last run
     return result

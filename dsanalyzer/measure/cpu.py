@@ -42,6 +42,7 @@ def main_process_section(results: dict[str, dict], warmup: int, workers: int, sc
             out["job_cpu_run"] = "in-memory" if mode == "prep" else "real"
             out["job_main_cpu_s_per_batch"] = job.get("main_cpu_s_per_batch")
             out["job_cpu_share"] = job.get("cpu_share")
+            out["job_idle_cores"] = job.get("idle_cores")
             out["job_main_preempts_per_batch"] = job.get("main_preempts_per_batch")
             if mode == "prep":
                 out["in_memory_job_cpu_s_per_sample"] = job["cpu_s_per_sample"]

@@ -63,8 +63,12 @@ def other_cpu_cores(report: dict, run: str = "real") -> float | None:
 
 
 def host_idle_cores(report: dict, run: str = "real") -> float | None:
-    """Mean cores the host left idle during ``run``, whoever used the rest (``sysmon``'s per-core
-    utilisation; None when not recorded)."""
+    """Mean cores the host left idle during ``run``, whoever used the rest: over the real run's measured
+    batches (``main_process.job_idle_cores``), else over the whole run (``sysmon``'s per-core utilisation,
+    which holds the process's start too); None when not recorded."""
+    mp = report.get("main_process") or {}
+    if run == "real" and mp.get("job_cpu_run") == "real" and mp.get("job_idle_cores") is not None:
+        return float(mp["job_idle_cores"])
     mon = report.get("sysmon") or {}
     series = mon.get("cpu_percent_per_core")
     if not series:

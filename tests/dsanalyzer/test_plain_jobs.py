@@ -109,6 +109,8 @@ def test_readme_profiling_example_gets_a_report_with_one_bound(tmp_path):
     assert all(c > 0 for c in report["prep_scaling"]["cpu_s_per_sample"])
     # the real run's CPU per sample, workers and main process together; torch's threads as the script left them
     assert mp["job_cpu_s_per_sample"] > 0 and mp["job_cpu_run"] == "real"
+    # the cores the host left idle over the measured batches: at most the cores this job may use
+    assert 0 <= mp["job_idle_cores"] <= len(os.sched_getaffinity(0)) + 0.05
     assert mp["threads_follow_cores"] and mp["threads_fixed_by"] is None and mp["step_device"] == "cpu"
 
 
