@@ -10,7 +10,8 @@ unmodified script, measure it, and repeat while another bound binds (at most ``r
    ``runs`` times with the changes kept so far alone (round 1: your configuration), so that both see the
    same minutes of a shared machine; while the pairs leave it in doubt (their ratios on both sides of 1,
    or their medians within :data:`DOUBT` of each other) up to :data:`EXTRA_PAIRS` more pairs are run, so
-   that one noisy run does not decide. A change is kept only when it measured faster than those;
+   that one noisy run does not decide. A change is kept only when it measured at least
+   :data:`KEEP_GAIN` (3%) faster than those;
    otherwise it is reverted and the next remedy is tried (a remedy reverted is tried again only once
    another change has been kept: the job it was measured on has changed). The speedup over your
    configuration is the kept rounds' ratios multiplied, each measured within its round.
@@ -43,12 +44,15 @@ from dsanalyzer.report.patch import lines_to_add, script_patch
 from dsanalyzer.report.schema import load_report
 from dsanalyzer.verify import run_once
 
-__all__ = ["fix_command", "memory_budget", "forced_step", "in_doubt", "DOUBT", "EXTRA_PAIRS"]
+__all__ = ["fix_command", "memory_budget", "forced_step", "in_doubt", "DOUBT", "EXTRA_PAIRS", "KEEP_GAIN"]
 
 # a round whose two sides' medians are closer than this (or whose pairs disagree) is in doubt: on the 2-core
 # host under load 10-15 one run of the same configuration spread +-20-30% from the next (bench_fix's grid)
 DOUBT = 0.15
 EXTRA_PAIRS = 2  # the most pairs added to a round in doubt
+# a change is kept only if it measured at least this much faster (tune=True's min_gain): a change that
+# does nothing measures +-1-3% by noise alone, and keeping it would print a patch for nothing
+KEEP_GAIN = 0.03
 
 
 def memory_budget(report: dict) -> float:
@@ -118,8 +122,7 @@ def in_doubt(before: list[float], after: list[float]) -> bool:
 
 def _median_idle(results: list[dict]) -> float | None:
     """The cores the host left idle in these runs' measured batches, their median (None: not measured)."""
-    idle = [(r.get("job_cpu") or {}).get("idle_cores") for r in results]
-    idle = [i for i in idle if i is not None]
+    idle = [float(c) for r in results if (c := (r.get("job_cpu") or {}).get("idle_cores")) is not None]
     return statistics.median(idle) if idle else None
 
 
@@ -207,7 +210,7 @@ def fix_command(
             result["base_samples_per_s"] = before  # your configuration, measured beside round 1
         why = _not_applied(runs_[0], config)
         ratio = after / before if before > 0 else 0.0
-        if why is None and ratio > 1.0:
+        if why is None and ratio >= 1.0 + KEEP_GAIN:
             status, kept, chain = "kept", config, chain * ratio
             idle = _median_idle(runs_)
             result["final_samples_per_s"] = after

@@ -62,12 +62,19 @@ def test_a_change_that_measured_worse_is_reverted_and_nothing_is_kept(tmp_path):
 @pytest.mark.slow
 def test_a_compute_bound_job_is_left_as_it_is(tmp_path):
     # a 120 ms step against 0.8 ms of prep a batch: compute-bound with a wide margin even while other tests
-    # starve the workers (at 40 ms, a CI run with 4 tests in parallel once profiled it prep-bound)
+    # starve the workers (at 40 ms, a CI run with 4 tests in parallel once profiled it prep-bound). Yet each
+    # ready batch costs the loop torch's hand-off, which on the shared 2-core VM ran cold after the step's
+    # sleep: 8-30 ms of next() a batch (1.7 ms of it in one record_function call), ~7% of any step from
+    # 20 ms to 300 ms, so 1 profile in 4-6 read it as a 5% prep stall. Then fix may try a step; nothing helps,
+    # so nothing may be kept: at 3% (KEEP_GAIN) noise alone no longer keeps a change that does nothing
     text, result = _fix("--out", str(tmp_path / "prof"), *FAST,
                         job=["--workers", "2", "--prep-ms", "0.1", "--step-ms", "120"])  # fmt: skip
-    assert result["bound"] == "compute" and result["plan"] == [] and result["rounds"] == []
-    assert "nothing changed" in text and "patch" not in result
-    assert not list((tmp_path / "prof" / "logs").glob("fix-*"))  # no run beyond the profile
+    assert result.get("speedup", 1.0) == 1.0 and "patch" not in result, text
+    assert "nothing changed" in text or "keep the script as it is" in text, text
+    assert all(r["status"] != "kept" for r in result["rounds"])
+    if result["bound"] == "compute":  # as profiled in most runs: nothing planned, nothing run
+        assert result["plan"] == [] and result["rounds"] == []
+        assert not list((tmp_path / "prof" / "logs").glob("fix-*"))  # no run beyond the profile
 
 
 def test_a_round_is_in_doubt_while_its_pairs_disagree_or_its_medians_are_close():
