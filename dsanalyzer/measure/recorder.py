@@ -31,6 +31,10 @@ class RunComplete(Exception):
     """The run has recorded what it was asked for: the hook writes the result and stops the script."""
 
 
+# RunRecorder._cpu_from, read at the first measured batch: (wall, main CPU, workers' CPU, the main thread's
+# involuntary context switches, the seconds the cores were idle)
+
+
 class RunRecorder:
     """The batches of one run in one process: their waits, how many are left, progress and the result."""
 
@@ -41,8 +45,7 @@ class RunRecorder:
         self.remaining = cfg.warmup + cfg.iters
         self.measure_from: float | None = None  # when the first measured (post-warm-up) batch was asked for
         self._last_progress = 0.0
-        # (wall, main CPU, workers' CPU, the main thread's involuntary context switches, the cores' idle) then
-        self._cpu_from: tuple[float, float, float, int | None, float | None] | None = None
+        self._cpu_from: tuple[float, float, float, int | None, float | None] | None = None  # (see above)
         # the loader's own counters, read when the measured batches start and at the result (the
         # intercept sets it for a loader that keeps some: coordl's remote_items, the remote side's share)
         self.counters: Callable[[], dict[str, float]] | None = None
@@ -119,7 +122,6 @@ class RunRecorder:
         except AttributeError:
             cores = os.cpu_count() or 1
         preempts, preempts_from = _main_preempts(), self._cpu_from[3]
-        idle, idle_from = _idle_s(), self._cpu_from[4]
         return {
             "main_cpu_s_per_batch": main / batches,
             # how often the main thread lost its core mid-work: each time, torch's other intra-op threads
@@ -129,9 +131,7 @@ class RunRecorder:
             else (preempts - preempts_from) / batches,
             "cpu_s_per_sample": (main + workers) / samples,
             "cpu_share": (main + workers) / (wall * cores),
-            # the cores the host left idle over the measured batches, whoever used the rest: none idle is
-            # where the trainer's threads and the workers may contend (dsanalyzer.judge.fixplan)
-            "idle_cores": None if idle is None or idle_from is None else max(idle - idle_from, 0.0) / wall,
+            "idle_cores": _idle_cores_since(self._cpu_from[4], wall),
             "cores": cores,
             "batches": batches,
         }
@@ -197,6 +197,13 @@ def _main_preempts() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _idle_cores_since(idle_from: float | None, wall: float) -> float | None:
+    """The cores the host left idle since ``idle_from`` (:func:`_idle_s`), ``wall`` seconds ago, whoever used
+    the rest: none idle is where the trainer's threads and the workers may contend (dsanalyzer.judge.fixplan)."""
+    idle = _idle_s()
+    return None if idle is None or idle_from is None else max(idle - idle_from, 0.0) / wall
 
 
 def _idle_s() -> float | None:
