@@ -45,7 +45,7 @@ from coordl.tune.model import (
     with_knob,
 )
 
-__all__ = ["EpochClock", "TunedEpoch", "TuneOptions", "Tuner"]
+__all__ = ["EpochClock", "TunedEpoch", "TuneOptions", "Tuner", "idle_cpu_s"]
 
 log = logging.getLogger("coordl")
 
@@ -85,7 +85,7 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _idle_s() -> float:
+def idle_cpu_s() -> float:
     """Seconds the CPUs this process may run on have been idle (waiting on I/O counts), summed over them."""
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     total = 0.0
@@ -120,7 +120,7 @@ class EpochClock:
         self.end: tuple[float, float, float, float] | None = None
 
     def _now(self) -> tuple[float, float, float, float]:
-        return time.perf_counter(), time.process_time(), _children_cpu_s(), _idle_s()
+        return time.perf_counter(), time.process_time(), _children_cpu_s(), idle_cpu_s()
 
     def waited(self, seconds: float, cpu_s: float = 0.0) -> None:
         """A batch arrived after the loop waited ``seconds`` for it, ``cpu_s`` of them on its thread's CPU."""

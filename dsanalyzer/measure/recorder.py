@@ -207,20 +207,15 @@ def _idle_cores_since(idle_from: float | None, wall: float) -> float | None:
 
 
 def _idle_s() -> float | None:
-    """Seconds the CPUs this process may run on have been idle (I/O wait counts), summed (None: unknown)."""
+    """Seconds the CPUs this process may run on have been idle, as ``tune=True`` reads them (None: unknown)."""
     import psutil  # lazy, as in _job_cpu
 
+    from coordl.tune.tuner import idle_cpu_s
+
     try:
-        allowed = os.sched_getaffinity(0)
-    except AttributeError:
-        allowed = None
-    try:
-        per_cpu = psutil.cpu_times(percpu=True)
+        return idle_cpu_s()
     except (psutil.Error, OSError):
         return None
-    return sum(
-        c.idle + getattr(c, "iowait", 0.0) for i, c in enumerate(per_cpu) if allowed is None or i in allowed
-    )
 
 
 def _job_cpu() -> tuple[float, float]:

@@ -47,19 +47,24 @@ def _number(value: Any) -> float | None:
     return value if value >= 0 and math.isfinite(value) else None
 
 
-def other_cpu_cores(report: dict, run: str = "real") -> float | None:
-    """Mean cores used by processes outside the job during ``run`` (``sysmon.runs``; None when not recorded)."""
+def _run_samples(report: dict, key: str, run: str) -> list | None:
+    """The system monitor's ``key`` samples taken during ``run`` (``sysmon.runs``; None when not recorded)."""
     mon = report.get("sysmon") or {}
-    series = mon.get("other_cpu_cores")
+    series = mon.get(key)
     if not series:
         return None
     start = 0
     for part in mon.get("runs") or []:
         if part.get("run") == run:
-            values = [v for v in series[start : start + int(part["samples"])] if v is not None]
-            return sum(values) / len(values) if values else None
+            return series[start : start + int(part["samples"])]
         start += int(part.get("samples") or 0)
     return None
+
+
+def other_cpu_cores(report: dict, run: str = "real") -> float | None:
+    """Mean cores used by processes outside the job during ``run`` (``sysmon.runs``; None when not recorded)."""
+    values = [v for v in _run_samples(report, "other_cpu_cores", run) or [] if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def host_idle_cores(report: dict, run: str = "real") -> float | None:
@@ -69,16 +74,7 @@ def host_idle_cores(report: dict, run: str = "real") -> float | None:
     mp = report.get("main_process") or {}
     if run == "real" and mp.get("job_cpu_run") == "real" and mp.get("job_idle_cores") is not None:
         return float(mp["job_idle_cores"])
-    mon = report.get("sysmon") or {}
-    series = mon.get("cpu_percent_per_core")
-    if not series:
-        return None
-    start = 0
-    for part in mon.get("runs") or []:
-        if part.get("run") == run:
-            return idle_cores(series[start : start + int(part["samples"])])
-        start += int(part.get("samples") or 0)
-    return None
+    return idle_cores(_run_samples(report, "cpu_percent_per_core", run) or [])
 
 
 def idle_cores(cpu_percent_per_core: list[list[float]]) -> float | None:
