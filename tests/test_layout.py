@@ -121,9 +121,8 @@ def test_dsanalyzer_rooms_point_down() -> None:
 
 
 COORDL_FLOOR = {
-    "errors": 0, "argtypes": 0, "sharding": 0, "_version": 0,
+    "errors": 0, "argtypes": 0, "sharding": 0, "_version": 0, "shutdown": 0,
     "ring": 1, "fileread": 1, "objectstore": 1, "partitioned": 1, "coordinated": 1, "graph": 1, "epoch": 1,
-    "shutdown": 1,
     "prep": 2,
     "datasets": 3,
     "packed": 4, "resume": 4,

@@ -12,7 +12,6 @@ import functools
 import os
 import re
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from coordl.datasets.source import describe_item
 from coordl.errors import CoordlTimeoutError, WorkerDiedError
-from coordl.shutdown import WORKER_PIDS_RE, is_worker_death
+from coordl.shutdown import WORKER_PIDS_RE, is_worker_death, worker_death
 from shmem.forklock import PID
 from shmem.segment import DEFAULT_DIR, Segment
 
@@ -134,31 +133,13 @@ def translate_torch_error(
 ) -> BaseException | None:
     """coordl's error for one of torch's ``RuntimeError``s (a worker's death, a timeout), else None.
 
-    A worker killed while the main process unpickles its batch (torch's file-descriptor sharing asks the
-    worker for the fd) surfaces as a ``ConnectionError`` or ``EOFError`` from the data queue: that is a
-    death too when a worker has exited (waited for briefly: the reset may arrive before the exit is seen;
-    torch's SIGCHLD handler may raise its own report of the death inside that wait).
+    A worker's death is recognised by :func:`coordl.shutdown.worker_death`, also when it surfaced as the
+    data queue's ``ConnectionError`` or ``EOFError``.
     """
-    if isinstance(error, (ConnectionError, EOFError)):
-        workers = list(getattr(torch_iter, "_workers", []))
-        deadline = time.monotonic() + 1.0
-        try:
-            while workers and all(w.is_alive() for w in workers) and time.monotonic() < deadline:
-                time.sleep(0.02)
-        except RuntimeError as death:  # torch's SIGCHLD handler reported the death meanwhile, in this wait
-            if not is_worker_death(death):
-                raise
-            return worker_died_error(death, watch, source, {w.pid: w.exitcode for w in workers})
-        dead = {w.pid: w.exitcode for w in workers if not w.is_alive()}
-        if not dead:
-            return None
-        return worker_died_error(
-            RuntimeError(f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly ({error!r})"),
-            watch, source, dead,
-        )  # fmt: skip
-    if is_worker_death(error):
+    death = worker_death(error, torch_iter)
+    if death is not None:
         exitcodes = {w.pid: w.exitcode for w in getattr(torch_iter, "_workers", [])}
-        return worker_died_error(error, watch, source, exitcodes)
+        return worker_died_error(death, watch, source, exitcodes)
     if "DataLoader timed out after" in str(error):
         return CoordlTimeoutError(f"{error} (the timeout= option of coordl.DataLoader)")
     return None

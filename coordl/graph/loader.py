@@ -32,6 +32,7 @@ from coordl.graph.batch import Batch
 from coordl.graph.cache import FeatureCache
 from coordl.graph.graph import Graph
 from coordl.graph.maker import COUNTERS, BatchMaker
+from coordl.shutdown import worker_death
 from shmem.counters import SharedCounters
 from shmem.segment import DEFAULT_DIR
 
@@ -207,11 +208,11 @@ class NeighborLoader:
                 batch = next(it)
             except StopIteration:
                 return
-            except RuntimeError as e:
-                msg = str(e)
-                if "exited unexpectedly" in msg or "killed by signal" in msg:
-                    raise WorkerDiedError(f"a NeighborLoader worker died in epoch {epoch}: {msg}") from e
-                if "timed out" in msg:
+            except (RuntimeError, ConnectionError, EOFError) as e:
+                death = worker_death(e, it)  # also a reset of the data queue by a killed worker
+                if death is not None:
+                    raise WorkerDiedError(f"a NeighborLoader worker died in epoch {epoch}: {death}") from e
+                if isinstance(e, RuntimeError) and "timed out" in str(e):
                     raise CoordlTimeoutError(
                         f"no batch from the NeighborLoader workers in {self.timeout_s:.0f} s"
                     ) from e

@@ -51,3 +51,31 @@ def test_closed_loader_refuses_to_iterate(rmat):
     loader.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         iter(loader)
+
+
+class _ResetByADeadWorker:
+    """torch's iterator when a worker is SIGKILLed while its batch is unpickled: the data queue is reset
+    and torch's own look at the workers (before the exit can be seen) re-raised the bare reset."""
+
+    class _Worker:
+        pid, exitcode = 6543, -9
+
+        def is_alive(self) -> bool:
+            return False
+
+    _workers = [_Worker()]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def test_a_worker_killed_while_its_batch_is_read_is_a_worker_died_error(rmat):
+    from coordl.errors import WorkerDiedError
+
+    with NeighborLoader(rmat, rmat.train_idx, [3], batch_size=16, num_workers=1, seed=0) as loader:
+        loader._torch = _ResetByADeadWorker()  # type: ignore[assignment]
+        with pytest.raises(WorkerDiedError, match=r"died in epoch 0: DataLoader worker \(pid\(s\) 6543\)"):
+            next(iter(loader))
