@@ -169,6 +169,8 @@ def _run_fix(args: argparse.Namespace) -> int:
         print("dsanalyzer fix: give the training command after `--`, e.g. dsanalyzer fix -- python train.py",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.online:
+        return _run_fix_online(args, command)
     force = None
     if args.force_step:
         try:
@@ -187,6 +189,21 @@ def _run_fix(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_fix_online(args: argparse.Namespace, command: list[str]) -> int:
+    from dsanalyzer.fix_online import fix_online
+    from dsanalyzer.report.fixtext import fix_text
+
+    if args.dry_run or args.force_step:
+        print("dsanalyzer fix: error: --online runs the job to find its plan: --dry-run needs the profile's plan "
+              "(drop --online)", file=sys.stderr)  # fmt: skip
+        return 2
+    result = fix_online(command, out_dir=args.out, report_path=args.report, epochs=args.epochs,
+                        timeout_s=args.timeout, show_progress=not args.quiet)  # fmt: skip
+    print(fix_text(result))
+    print(f"fix: {result['path']}")
+    return 0
+
+
 def add_fix_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "fix",
@@ -195,9 +212,16 @@ def add_fix_parser(sub: argparse._SubParsersAction) -> None:
         description="Profiles the command, then runs it with the cheapest remedy that removes the stall on this "
         "machine (the trainer's intra-op threads, num_workers, coordl.DataLoader's cache or read-ahead) applied "
         "through the import hook, measured beside your own configuration; keeps it only if it measured faster, "
-        "then takes the next step while another bound binds. Prints one table and the change to keep as a patch.",
+        "then takes the next step while another bound binds. Prints one table and the change to keep as a patch. "
+        "--online: no profile; one run of the job whose loader tunes its workers, prefetch_factor and the "
+        "trainer's threads at each epoch's start (coordl.DataLoader(tune=True)), kept only where measured faster.",
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan without running it")
+    p.add_argument("--online", action="store_true",
+                   help="no profile: one run of the job with its loader tuning itself (coordl.DataLoader(tune=True)), "
+                   "stopped once the tuner has nothing left to try; for jobs whose epochs last seconds to minutes")  # fmt: skip
+    p.add_argument("--epochs", type=_positive_int, default=8,
+                   help="with --online: the most epochs the run may last (default 8)")  # fmt: skip
     p.add_argument("--rounds", type=_positive_int, default=3, help="most changes to try (default 3)")
     p.add_argument("--report", help="an existing profile (report.json or its directory) instead of profiling")
     p.add_argument("--out", help="output directory of the profile (default reports/runs/<time>-<script>)")

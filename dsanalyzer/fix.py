@@ -44,7 +44,16 @@ from dsanalyzer.report.patch import lines_to_add, script_patch
 from dsanalyzer.report.schema import load_report
 from dsanalyzer.verify import run_once
 
-__all__ = ["fix_command", "memory_budget", "forced_step", "in_doubt", "DOUBT", "EXTRA_PAIRS", "KEEP_GAIN"]
+__all__ = [
+    "fix_command",
+    "write_fix",
+    "memory_budget",
+    "forced_step",
+    "in_doubt",
+    "DOUBT",
+    "EXTRA_PAIRS",
+    "KEEP_GAIN",
+]
 
 # a round whose two sides' medians are closer than this (or whose pairs disagree) is in doubt: on the 2-core
 # host under load 10-15 one run of the same configuration spread +-20-30% from the next (bench_fix's grid)
@@ -188,7 +197,7 @@ def fix_command(
     first = forced_step(report, force_step) if force_step else None
     result["plan"] = [s.as_json() for s in ([first] if first else plan(report, rounds, budget))]
     if dry_run or not result["plan"]:
-        return _finish(result, out, Config())
+        return write_fix(result, out, Config())
     warm = warmup_for(report) if warmup is None else warmup
     runner = _Runner(command, out, iters, warm, runs, min_seconds, timeout_s, show_progress, site)
     result.update(iters=iters, warmup_iters=warm, runs=runs)
@@ -222,10 +231,10 @@ def fix_command(
         result["rounds"].append({**row, "before_runs": rates["before"], "after_runs": rates["after"]})
     result["speedup"] = chain
     result.setdefault("final_samples_per_s", result["base_samples_per_s"])
-    return _finish(result, out, kept)
+    return write_fix(result, out, kept)
 
 
-def _finish(result: dict, out: Path, kept: Config) -> dict:
+def write_fix(result: dict, out: Path, kept: Config) -> dict:
     """The change to keep (its patch, or the lines to add), written to ``fix.json`` beside the report."""
     result["kept"] = kept.as_json()
     if kept != Config():

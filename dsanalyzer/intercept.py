@@ -30,6 +30,7 @@ from typing import Any
 from dsanalyzer.jobs import comm
 from dsanalyzer.measure import apply, threads
 from dsanalyzer.measure.hookconfig import ENV_MODE, HookConfig
+from dsanalyzer.measure.online import OnlineTune
 from dsanalyzer.measure.plan import MODES
 from dsanalyzer.measure.recorder import RunComplete, RunRecorder
 from dsanalyzer.measure.timeline import cuda_sync_or_none
@@ -67,12 +68,17 @@ class ProbeState:
         # A DALI iterator has no __iter__ per epoch to mark a new epoch: its first batch is the first
         # __next__ after the previous epoch's StopIteration (the wait runs from that call).
         self._dali_epoch_ahead = True
+        self.online = OnlineTune(cfg.tune_epochs) if cfg.tune_epochs else None  # fix --online
 
     # -- iterator creation -------------------------------------------------------------------
     def iter_for(self, loader: Any, orig_iter: Callable[[Any], Any]) -> Any:
         """Called by a patched ``__iter__``: the timed iterator for the profiled loader."""
         if self.depth > 0 or self.done or (self.loader is not None and loader is not self.loader):
             return orig_iter(loader)
+        if self.online is not None and self.loader is not None and self.online.done():
+            self.finish("tuned")  # the tuner tried what it would: the fix has its result
+            sys.stderr.write("dsanalyzer: the loader's tuning is done, stopping the script\n")
+            raise SystemExit(0)
         self.depth += 1
         try:
             if self.loader is None:
@@ -131,6 +137,15 @@ class ProbeState:
         self.default_batch = getattr(loader, "batch_size", None) or 1
         from dsanalyzer.jobs.coordl_loader import fresh_iter, remote_counters
 
+        if self.online is not None:  # fix --online: the job as it runs (no cold start), tuning itself
+            from dsanalyzer.jobs.torch_loader import loader_facts
+
+            self.info["loader"] = loader_facts(loader)
+            self.online.start(loader)
+            if self.online.error is not None:  # not a loader that tunes itself: said in the result
+                self.finish("not tuned")
+                raise SystemExit(0)
+            return
         prepared = jobs.prepare(
             self.cfg,  # a HookConfig is the RunPlan it asks for
             loader,
@@ -151,6 +166,8 @@ class ProbeState:
             return
         self.done = True
         info = dict(self.info)
+        if self.online is not None:
+            info["tune"] = self.online.facts()
         if self.comm.per_iter:
             info["comm"] = self.comm.series(self.recorder.batches)
         self.recorder.write_result(status, info)

@@ -21,6 +21,7 @@ ENV_WORKERS_LIST = "DSANALYZER_WORKERS_LIST"
 ENV_DATA = "DSANALYZER_DATA"
 ENV_BUDGET = "DSANALYZER_MEMORY_BUDGET_BYTES"
 ENV_MIN_SECONDS = "DSANALYZER_MIN_SECONDS"
+ENV_TUNE_EPOCHS = "DSANALYZER_TUNE_EPOCHS"
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class HookConfig(RunPlan):
 
     result_dir: str = field(kw_only=True)
     min_seconds: float = field(default=0.0, kw_only=True)  # measure at least this long, past ``iters``
+    # ``fix --online``: the loader tunes itself (tune=True) for at most this many epochs (0: not tuning)
+    tune_epochs: int = field(default=0, kw_only=True)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> HookConfig:
@@ -46,6 +49,7 @@ class HookConfig(RunPlan):
             data_path=env.get(ENV_DATA) or None,
             memory_budget_bytes=int(env.get(ENV_BUDGET, str(1 << 30))),
             min_seconds=float(env.get(ENV_MIN_SECONDS, "0") or 0),
+            tune_epochs=int(env.get(ENV_TUNE_EPOCHS, "0") or 0),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -57,6 +61,7 @@ class HookConfig(RunPlan):
             ENV_WORKERS_LIST: ",".join(str(k) for k in self.workers_list),
             ENV_BUDGET: str(self.memory_budget_bytes),
             ENV_MIN_SECONDS: repr(float(self.min_seconds)),
+            ENV_TUNE_EPOCHS: str(int(self.tune_epochs)),
         }
         if self.data_path:
             env[ENV_DATA] = self.data_path

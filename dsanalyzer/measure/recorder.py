@@ -91,11 +91,11 @@ class RunRecorder:
             pass
 
     def progress_counts(self) -> tuple[int, int]:
-        """(progress, total) with a fixed total, warm-up + ``iters``: a bar whose total moved (157 to 411
-        iterations when ``min_seconds`` kept a verify run measuring) looked like a run that grew. Past
-        warm-up, progress is the measured part's share done, the lesser of iterations over ``iters`` and
-        seconds over ``min_seconds`` (the run stops when both are reached), so it reaches the total as
-        the run ends."""
+        """(progress, total) with a fixed total, warm-up + ``iters`` (a total that moved looked like a run that
+        grew). Past warm-up, the measured part's share done, the lesser of iterations over ``iters`` and seconds
+        over ``min_seconds`` (the run stops when both are reached). ``fix --online``: epochs begun, of the most."""
+        if self.cfg.tune_epochs:
+            return min(len(self.timeline.epoch_starts), self.cfg.tune_epochs), self.cfg.tune_epochs
         total = self.cfg.warmup + self.cfg.iters
         done = total - self.remaining  # past total when min_seconds keeps the run going
         if self.cfg.min_seconds > 0 and self.measure_from is not None:

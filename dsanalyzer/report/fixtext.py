@@ -45,8 +45,41 @@ def _nothing(result: dict) -> str:
     )
 
 
+def _online_text(result: dict) -> str:
+    """``fix --online``: the tuner's changes, one row each, against your settings in the same run."""
+    base = result["base_samples_per_s"]
+    rows: list[Row] = [("0", "your configuration", "", f"{base:,.0f}", "", "1.00x", "epoch 1")]
+    for r in result["rounds"]:
+        rows.append((str(r["round"]), r["change"], f"{r['predicted_samples_per_s']:,.0f}",
+                     f"{r['measured_samples_per_s']:,.0f}", f"{r['before_samples_per_s']:,.0f}",
+                     f"{r['speedup']:.2f}x", f"{r['status']} (epoch {r['epoch'] + 1})"))  # fmt: skip
+    ended = "nothing left to try" if result["settled"] else f"stopped at --epochs {result['most_epochs']}"
+    lines = [
+        f"dsanalyzer fix --online: one run of {result['epochs']} epoch(s) in {result['wall_s']:.0f} s on "
+        f"{result['cpus']} cpus ({ended}); the loader tuned itself (coordl.DataLoader(tune=True)), each change "
+        "tried at an epoch's start and kept only if that epoch measured 3% faster; samples/s",
+        *_table(rows),
+        f"final: {result['speedup']:.2f}x your configuration ({result['final_samples_per_s']:,.0f} vs {base:,.0f} "
+        "samples/s, in the same run)",
+    ]
+    return "\n".join(lines + _keep_lines(result))
+
+
+def _keep_lines(result: dict) -> list[str]:
+    if "patch" not in result:
+        return ["no change measured faster than your configuration: keep the script as it is"]
+    if result["patch"]:
+        return ["the change to keep:", result["patch"].rstrip("\n")]
+    return [
+        "the change to keep (the loader's call site was not found in a readable script):",
+        *(f"  {line}" for line in result["lines_to_add"]),
+    ]
+
+
 def fix_text(result: dict) -> str:
-    """The plan (``--dry-run``), or the rounds' table, the speedup and the patch."""
+    """The plan (``--dry-run``), or the rounds' table, the speedup and the patch (``--online``: the tuner's)."""
+    if result.get("online"):
+        return _online_text(result)
     if not result["plan"]:
         return _nothing(result)
     if result["dry_run"]:
@@ -80,12 +113,4 @@ def fix_text(result: dict) -> str:
             f"then {kept[-1]['predicted_bound']}-bound by the model: no further change the hook can make on this "
             "machine is predicted to gain 2% or more (the report's remedies name what would need more)"
         )
-    if "patch" not in result:
-        lines.append("no change measured faster than your configuration: keep the script as it is")
-        return "\n".join(lines)
-    if result["patch"]:
-        lines += ["the change to keep:", result["patch"].rstrip("\n")]
-    else:
-        lines += ["the change to keep (the loader's call site was not found in a readable script):"]
-        lines += [f"  {line}" for line in result["lines_to_add"]]
-    return "\n".join(lines)
+    return "\n".join(lines + _keep_lines(result))
