@@ -112,7 +112,9 @@ def job_cpu_per_sample(
     """CPU seconds per sample of the job's processes (None: not measured), with the GPU ``gpu_speedup``
     times as fast, under the cache ``policy`` with ``hit_ratio`` (default: as profiled).
 
-    The real run's measured CPU when it ran one intra-op thread and reads through the page cache
+    The real run's measured CPU when it ran one intra-op thread, as the job predicted does (``cpu_threads``:
+    a run with more holds their spin; one thread predicted from it was capped at 911 samples/s where it
+    measured 1,630 with 2 workers, bench_fix's prep job, 2026-11-29), and reads through the page cache
     (every read costs its system calls, cached or not); with a MinIO cache or a bucket a miss's
     request costs CPU that a hit does not, so the in-memory run's (no read charged, as the fetch
     stage has them); else (a profile on more cores with torch's threads in it) the loader alone's
@@ -129,7 +131,8 @@ def job_cpu_per_sample(
     host where the slow run's CPU per second (timers, polling) was shared by few samples.
     """
     base: float | None = None
-    if (job.torch_threads or 1) <= 1:
+    measured_with = job.cpu_threads if job.cpu_threads is not None else job.torch_threads
+    if (job.torch_threads or 1) <= 1 and (measured_with or 1) <= 1:
         base = job.job_cpu_s if job.cache_policy == "pagecache" else job.in_memory_cpu_s
         if (
             job.cache_policy == "pagecache"

@@ -121,6 +121,7 @@ def main_process_costs(report: dict, cpus: int) -> dict:
         "job_cpu_s": _number(mp.get("job_cpu_s_per_sample")) or None,
         "in_memory_cpu_s": _number(mp.get("in_memory_job_cpu_s_per_sample")) or None,
         "torch_threads": int(mp["torch_threads"]) if _number(mp.get("torch_threads")) else None,
+        "cpu_threads": int(mp["torch_threads"]) if _number(mp.get("torch_threads")) else None,
         "threads_follow_cores": bool(mp.get("threads_follow_cores")),
         "step_on_cpu": mp.get("step_device", "cpu") == "cpu",
         "omp_spin_s": _number((report.get("machine") or {}).get("omp_spin_s")),

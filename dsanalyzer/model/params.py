@@ -44,6 +44,9 @@ class JobParams:
     job_cpu_s: float | None = None  # CPU per sample of the whole job as it ran (the real run), all processes
     in_memory_cpu_s: float | None = None  # the same in the in-memory run (no item read)
     torch_threads: int | None = None  # torch's intra-op threads in the main process while profiled
+    # the threads job_cpu_s and in_memory_cpu_s were measured with (None: torch_threads): a remedy's what-if
+    # replaces torch_threads, and the CPU measured with spinning helpers is no 1-thread job's CPU
+    cpu_threads: int | None = None
     threads_follow_cores: bool = False  # torch's default: as many intra-op threads as cores
     step_on_cpu: bool = True  # the step runs on the CPU (its intra-op threads spin between regions)
     omp_spin_s: float | None = (
@@ -122,6 +125,7 @@ def params_json(job: JobParams) -> dict:
         "job_cpu_s": job.job_cpu_s,
         "in_memory_cpu_s": job.in_memory_cpu_s,
         "torch_threads": job.torch_threads,
+        "cpu_threads": job.cpu_threads,
         "threads_follow_cores": job.threads_follow_cores,
         "omp_spin_s": job.omp_spin_s,
         "main_preempts_per_batch": job.main_preempts_per_batch,
