@@ -54,6 +54,21 @@ def test_model_prefers_the_real_runs_cpu_per_sample_and_charges_the_spin_on_more
     assert spun.cpu_per_sample() == pytest.approx(m.prep_cpu_s + m.step_cpu_s / m.batch_size)
 
 
+def test_one_thread_predicted_from_a_two_thread_profile_leaves_out_the_spin_it_measured():
+    """A remedy's what-if replaces ``torch_threads`` (one intra-op thread): the real run's CPU was measured with
+    two, its helper's spin in it, so it is no 1-thread job's CPU (bench_fix's prep job: capped at 911 samples/s
+    with 2 workers where they measured 1,630)."""
+    rep = one_cpu_prep_bound_report()
+    rep["main_process"].update(job_cpu_s_per_sample=1.25e-3, torch_threads=2, threads_follow_cores=True)
+    m = Model.from_report(rep)
+    assert m.cpu_threads == 2
+    one = replace(m, torch_threads=1, threads_follow_cores=False)
+    assert one.cpu_per_sample() == pytest.approx(m.prep_cpu_s + m.step_cpu_s / m.batch_size)
+    assert one.cpu_per_sample() < 1.25e-3
+    measured_alone = replace(one, cpu_threads=1)  # a profile that ran one thread: its real run's CPU stands
+    assert measured_alone.cpu_per_sample() == pytest.approx(1.25e-3)
+
+
 def test_an_old_report_without_thread_facts_charges_no_spin():
     m = Model.from_report(one_cpu_prep_bound_report())
     assert m.spin_cores(16) == 0 and m.job_cpu_s is None
