@@ -82,7 +82,9 @@ def fix_online(
     cfg = HookConfig("real", _UNBOUNDED, 0, result_dir=str(out / "logs" / "online"), tune_epochs=epochs)
     change = Change(switch_to="coordl.DataLoader", site=site).to_env()
     started = time.perf_counter()
-    run = run_once(command, cfg, out / "logs" / "online.log", timeout_s, "online", show_progress, change)
+    run = run_once(
+        command, cfg, out / "logs" / "online.log", timeout_s, "online", show_progress, change, unit="epochs"
+    )
     run["wall_s"] = time.perf_counter() - started
     tune = run.get("tune") or {"error": "the run recorded no tuning"}
     if tune.get("error"):

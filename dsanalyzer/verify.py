@@ -83,10 +83,11 @@ def run_once(
     label: str,
     progress: bool,
     extra_env: dict[str, str] | None = None,
+    unit: str = "iterations",
 ) -> dict:
     """One run of ``command`` under the hook, with the cores other processes used beside it (``extra_env``:
-    a change for the hook to apply, as ``dsanalyzer fix`` gives it)."""
-    bar = ProgressBar(f"{label:>12}", progress)
+    a change for the hook to apply, as ``dsanalyzer fix`` gives it; ``unit``: what its progress counts)."""
+    bar = ProgressBar(f"{label:>12}", progress, unit=unit)
     with SysMonitor() as mon:
         try:
             result = run_child(command, cfg, log, timeout_s, bar.update, extra_env)

@@ -192,9 +192,11 @@ class ProgressBar:
     into one long line, so a plain line is printed every ``interval_s`` seconds instead.
     """
 
-    def __init__(self, desc: str, enabled: bool, interval_s: float = 5.0, stream: Any = None) -> None:
+    def __init__(
+        self, desc: str, enabled: bool, interval_s: float = 5.0, stream: Any = None, unit: str = "iterations"
+    ) -> None:
         self._stream = stream or sys.stderr
-        self._desc = desc.strip()
+        self._desc, self._unit = desc.strip(), unit
         self._bar = None
         self._lines = enabled and not self._stream.isatty()
         self._interval_s = interval_s
@@ -204,7 +206,9 @@ class ProgressBar:
         if enabled and not self._lines:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=1, desc=desc, unit="it", file=self._stream, leave=True)
+            self._bar = tqdm(
+                total=1, desc=desc, unit="it" if unit == "iterations" else unit, file=self._stream, leave=True
+            )
 
     def update(self, done: int, total: int) -> None:
         self._done, self._total = done, total
@@ -221,7 +225,7 @@ class ProgressBar:
             return
         self._printed = (self._done, self._total)
         print(
-            f"dsanalyzer: {self._desc} run: {self._done}/{self._total} iterations",
+            f"dsanalyzer: {self._desc} run: {self._done}/{self._total} {self._unit}",
             file=self._stream,
             flush=True,
         )

@@ -45,16 +45,22 @@ class OnlineTune:
         t = self.tuner
         if t is None:
             return self.error is not None  # nothing to tune: stop at once
-        if t.clock is not None:  # the epoch ended without StopIteration (Lightning stops at len()): judge it
-            t.epoch_ended()
+        self._judge_last_epoch()
         if t.epoch >= self.most_epochs:
             return True
         return t.best is not None and t.trial is None and t.pending is None and t.window is None
+
+    def _judge_last_epoch(self) -> None:
+        """An epoch that ended without StopIteration (Lightning and Accelerate stop at ``len()``) is judged
+        at the next ``iter()``: here, when the hook asks first, or when the script ends after it."""
+        if self.tuner is not None and self.tuner.clock is not None:
+            self.tuner.epoch_ended()
 
     def facts(self) -> dict:
         """The run's ``tune`` section (see the module's docstring)."""
         if self.tuner is None:
             return {"error": self.error or "the loader was never iterated"}
+        self._judge_last_epoch()
         t = self.tuner
         log = [dict(e) for e in t.log]
         best = t.best

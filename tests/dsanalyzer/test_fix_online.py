@@ -8,10 +8,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from coordl.tune import Knobs
 from dsanalyzer.measure.online import OnlineTune
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ class _Tuner:
     def __init__(self, **state) -> None:
         self.epoch, self.best, self.trial, self.pending, self.window, self.clock = (
             1,
-            ("k", 100.0),
+            (Knobs(1, 2, 2), 100.0),
             None,
             None,
             None,
@@ -94,8 +94,8 @@ class _Tuner:
         self.ended += 1
         self.clock, self.epoch = None, self.epoch + 1
 
-    def knobs(self):
-        return SimpleNamespace(num_workers=1, prefetch_factor=2, intra_op_threads=2)
+    def knobs(self) -> Knobs:
+        return Knobs(1, 2, 2)
 
 
 def _online(tuner: _Tuner, most: int = 8) -> OnlineTune:
@@ -131,3 +131,10 @@ def test_a_loader_that_cannot_tune_itself_is_named():
     online.start(object())
     assert online.done() and "only coordl.DataLoader tunes itself" in online.facts()["error"]
     assert "builtins.object" in online.facts()["error"]
+
+
+def test_the_last_epoch_is_judged_when_the_script_ends_after_it():
+    tuner = _Tuner(clock="closed at len()", epoch=3)
+    tuner.log = [{"before_items_per_s": 90.0, "knob": "num_workers=2", "kept": True}]
+    facts = _online(tuner).facts()
+    assert tuner.ended == 1 and facts["epochs"] == 4 and facts["first_items_per_s"] == 90.0
