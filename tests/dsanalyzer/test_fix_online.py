@@ -68,6 +68,67 @@ def test_a_compute_bound_job_is_left_as_it_is(tmp_path):
     assert result["speedup"] == 1.0 and "keep the script as it is" in text
 
 
+LIGHTNING = r"""
+import time
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Sleepy(Dataset):  # 8 ms of prep an item, a sleep: more workers help on any host
+    def __len__(self):
+        return 320
+
+    def __getitem__(self, i):
+        time.sleep(0.008)
+        return torch.full((32,), float(i)), i % 4
+
+class Module(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(32, 4)
+
+    def train_dataloader(self):
+        return DataLoader(Sleepy(), batch_size=8, shuffle=True, num_workers=1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=30, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+trainer.fit(Module())
+"""
+
+
+@pytest.mark.slow
+def test_a_lightning_job_is_tuned_and_stopped_by_the_hook(tmp_path):
+    """Lightning stops each epoch at len() (no StopIteration) and builds the loader in its own hook method:
+    the tuner's epochs are judged all the same, the run stops long before max_epochs, and the patch names
+    the line in train_dataloader()."""
+    pytest.importorskip("lightning")
+    script = tmp_path / "lit.py"
+    script.write_text(LIGHTNING)
+    cmd = [sys.executable, "-m", "dsanalyzer.cli", "fix", "--online", "--quiet", "--out", str(tmp_path / "fix"),
+           "--", sys.executable, str(script)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "fix" / "fix.json").read_text())
+    assert result["settled"] and 2 <= result["epochs"] < 8, result
+    assert result["kept"]["loader_args"]["num_workers"] >= 2 and result["speedup"] > 1.3, proc.stdout
+    workers = result["kept"]["loader_args"]["num_workers"]
+    assert (
+        f"+        return DataLoader(Sleepy(), batch_size=8, shuffle=True, num_workers={workers})"
+        in proc.stdout
+    )
+    assert (
+        "the loader's tuning is done, stopping the script"
+        in (tmp_path / "fix" / "logs" / "online.log").read_text()
+    )
+
+
 def test_dry_run_is_refused_with_the_reason():
     text, _ = _fix_online("--dry-run", job=[], code=2)
     assert "--online runs the job to find its plan" in text
