@@ -85,4 +85,8 @@ def test_pipelined_gather_is_hidden(graph):
         report = profile_gnn(loader, long_step, iters=8, warmup=2)
     assert report["per_iter_s"]["gather_stall"] < GATHER_DELAY_S / 2
     assert report["hidden_fraction"] > 0.5
-    assert report["bound"] == "compute"
+    # compute-bound on a quiet host. Under CI's load (4 test processes on 2 cores) the pipeline thread's
+    # sampling, pure Python sharing the GIL with the loop, lost more than 5% of the 120 ms step once (CI,
+    # 2026-11-29: bound "sample"): whatever binds then, it is not the gather the pipeline hides
+    assert report["bound"] in ("compute", "sample")
+    assert report["per_iter_s"]["sample_stall"] < GATHER_DELAY_S
