@@ -46,8 +46,11 @@ class OnlineTune:
         if t is None:
             return self.error is not None  # nothing to tune: stop at once
         self._judge_last_epoch()
-        if t.epoch >= self.most_epochs:
-            return True
+        return t.epoch >= self.most_epochs or self._settled()
+
+    def _settled(self) -> bool:
+        """The tuner judged its last trial and chose no other (nothing waits for another epoch)."""
+        t = self.tuner
         return t.best is not None and t.trial is None and t.pending is None and t.window is None
 
     def _judge_last_epoch(self) -> None:
@@ -68,7 +71,7 @@ class OnlineTune:
         return {
             "epochs": t.epoch,
             "most_epochs": self.most_epochs,
-            "settled": t.best is not None and t.trial is None and t.pending is None and t.window is None,
+            "settled": self._settled(),
             "log": log,
             "first_knobs": self.first_knobs,
             "first_items_per_s": first_rate,
